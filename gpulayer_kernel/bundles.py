@@ -1,0 +1,150 @@
+"""Content-addressed source bundles: a deterministic tar whose sha256 is its identity.
+
+The same files give the same digest on any machine and any day: entries are sorted, and mtimes,
+owners and modes are fixed. Unpacking is defensive: it checks the digest first, then lets
+``tarfile``'s ``data`` filter refuse absolute paths, ``..``, links that leave the target and device
+files (Python 3.11's default filter is unsafe, so the filter is always passed explicitly).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path, PurePosixPath
+
+from .errors import BundleError
+
+MAX_BUNDLE_BYTES = 256 << 20
+_FIXED_MTIME = 0
+
+
+def digest_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _check_name(name: str) -> str:
+    p = PurePosixPath(name)
+    if not name or p.is_absolute() or ".." in p.parts or name.startswith("./"):
+        raise BundleError(
+            f"bundle entry {name!r} is not a relative path inside the bundle",
+            hint="name bundle files with relative paths such as 'pkg/mod.py'",
+            details={"entry": name},
+        )
+    return str(p)
+
+
+def build(files: Mapping[str, bytes]) -> tuple[str, bytes]:
+    """Pack ``{relative path: content}`` into a deterministic tar; returns (sha256, bytes)."""
+    buf = io.BytesIO()
+    # format=PAX with no pax headers for plain ASCII names; GNU/PAX both deterministic here.
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(_check_name(n) for n in files):
+            data = files[name]
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = _FIXED_MTIME
+            info.mode = 0o644
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            tar.addfile(info, io.BytesIO(data))
+    raw = buf.getvalue()
+    return digest_of(raw), raw
+
+
+def build_from_paths(paths: Iterable[Path], base: Path, extra: Mapping[str, bytes] = {}) -> tuple[
+    str, bytes
+]:
+    """Bundle files (and folders, recursively) named relative to ``base``, plus ``extra``."""
+    files: dict[str, bytes] = dict(extra)
+    for path in paths:
+        full = path if path.is_absolute() else base / path
+        if not full.exists():
+            raise BundleError(
+                f"file {str(path)!r} does not exist",
+                hint=f"paths are relative to {base}",
+                details={"path": str(path)},
+            )
+        members = sorted(full.rglob("*")) if full.is_dir() else [full]
+        for member in members:
+            if member.is_file() and "__pycache__" not in member.parts:
+                try:
+                    rel = member.resolve().relative_to(base.resolve())
+                except ValueError:
+                    rel = Path(member.name) if not full.is_dir() else member.relative_to(
+                        full.parent
+                    )
+                files[rel.as_posix()] = member.read_bytes()
+    return build(files)
+
+
+def verify(data: bytes, digest: str) -> None:
+    actual = digest_of(data)
+    if actual != digest:
+        raise BundleError(
+            f"bundle content has sha256 {actual[:12]}…, not the {digest[:12]}… it claims",
+            hint="the upload was corrupted or altered; upload the bundle again",
+            details={"expected": digest, "actual": actual},
+        )
+
+
+def unpack(data: bytes, digest: str, target: Path) -> Path:
+    """Verify ``data`` against ``digest`` and unpack it into ``target`` (atomically)."""
+    verify(data, digest)
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=target.parent))
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            for member in tar.getmembers():
+                if member.issym() or member.islnk():
+                    # The data filter already refuses links that leave the target; a bundle is
+                    # source code, so refuse links altogether rather than reason about them.
+                    _link_inside(member, tmp)
+            try:
+                tar.extractall(tmp, filter="data")
+            except tarfile.FilterError as exc:
+                raise BundleError(
+                    f"bundle {digest[:12]}… has an unsafe entry: {exc}",
+                    hint="bundles may hold only regular files with relative paths",
+                    details={"digest": digest},
+                ) from None
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not target.exists():  # lost a race with another unpacker: theirs is identical
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _link_inside(member: tarfile.TarInfo, root: Path) -> None:
+    link = PurePosixPath(member.linkname)
+    base = PurePosixPath(member.name).parent
+    resolved = os.path.normpath(str(base / link)) if not link.is_absolute() else "/"
+    if link.is_absolute() or resolved.startswith(".."):
+        raise BundleError(
+            f"bundle entry {member.name!r} links to {member.linkname!r}, outside the bundle",
+            hint="bundles may hold only regular files with relative paths",
+            details={"entry": member.name, "link": member.linkname},
+        )
+
+
+def read_files(data: bytes) -> dict[str, bytes]:
+    """Return the regular files of a bundle (for tests and inspection)."""
+    out: dict[str, bytes] = {}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                f = tar.extractfile(member)
+                assert f is not None
+                out[member.name] = f.read()
+    return out

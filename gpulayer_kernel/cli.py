@@ -1,0 +1,318 @@
+"""The ``gpulayer`` command line: a thin edge that parses, calls the control plane, and prints.
+
+Every command works against whichever control plane ``session.open_session`` finds: a served one
+(``GPULAYER_URL``), the live owner of ``$GPULAYER_HOME``, or the embedded default in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .contracts import CommandWorkload, Job, JobSpec, JobState, Resources, parse
+from .errors import GPUlayerError
+from .session import Session, open_session
+
+
+def _env_pairs(values: Sequence[str], flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise GPUlayerError(
+                f"{flag} {item!r} is not KEY=VALUE", hint=f"write it as {flag} NAME=value"
+            )
+        out[key] = value
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpulayer",
+        description="Run jobs on the right GPU, from a terminal or from Jupyter.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a command as a job and stream its logs")
+    run.add_argument("--gpus", type=int, default=0, help="GPUs per node (default 0)")
+    run.add_argument("--nodes", type=int, default=1, help="nodes for a multi-node gang")
+    run.add_argument("--gpu-kind", default="", help="acceptable kinds in order, e.g. h100,a100")
+    run.add_argument("--fallback", choices=["cpu"], action="append", default=[],
+                     help="let a GPU job run on CPU when no GPU can take it")
+    run.add_argument("--timeout", type=float, default=None, help="seconds before it is killed")
+    run.add_argument("--retries", type=int, default=0, help="re-runs after failure (opt-in)")
+    run.add_argument("--env", action="append", default=[], metavar="K=V")
+    run.add_argument("--secret", action="append", default=[], metavar="NAME")
+    run.add_argument("--label", action="append", default=[], metavar="K=V")
+    run.add_argument("--selector", action="append", default=[], metavar="K=V",
+                     help="worker labels the job needs")
+    run.add_argument("--worker", default=None, help="run only on the worker with this name")
+    run.add_argument("--name", default=None)
+    run.add_argument("--priority", type=int, default=0)
+    run.add_argument("--workdir", default=None,
+                     help="directory on the worker (default: the current directory)")
+    run.add_argument("--detach", action="store_true", help="print the job id and return")
+    run.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+
+    jobs = sub.add_parser("jobs", help="list jobs")
+    jobs.add_argument("--state", action="append", default=[], choices=[s.value for s in JobState])
+    jobs.add_argument("--limit", type=int, default=20)
+    jobs.add_argument("--json", action="store_true")
+
+    logs = sub.add_parser("logs", help="show a job's logs")
+    logs.add_argument("job")
+    logs.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
+
+    show = sub.add_parser("show", help="show one job in full (JSON)")
+    show.add_argument("job")
+
+    explain = sub.add_parser("explain", help="say why a job waits, or why it went where it went")
+    explain.add_argument("job")
+
+    cancel = sub.add_parser("cancel", help="cancel a job (stops its processes)")
+    cancel.add_argument("job")
+
+    workers = sub.add_parser("workers", help="list workers and their devices")
+    workers.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return asyncio.run(COMMANDS[args.command](args))
+    except GPUlayerError as exc:
+        print(f"gpulayer: error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"gpulayer: hint: {exc.hint}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _spec_from_args(args: argparse.Namespace) -> JobSpec:
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise GPUlayerError(
+            "no command given", hint="write the command after --, e.g. gpulayer run -- python x.py"
+        )
+    return parse(
+        JobSpec,
+        {
+            "name": args.name or os.path.basename(argv[0]),
+            "workload": CommandWorkload(argv=argv).model_dump(),
+            "resources": Resources.model_validate(
+                {
+                    "gpus": args.gpus,
+                    "nodes": args.nodes,
+                    "gpu_kind": [k for k in args.gpu_kind.split(",") if k],
+                    "fallback": args.fallback,
+                    "selector": _env_pairs(args.selector, "--selector"),
+                    "worker": args.worker,
+                }
+            ).model_dump(),
+            "env": _env_pairs(args.env, "--env"),
+            "secrets": args.secret,
+            "labels": _env_pairs(args.label, "--label"),
+            "timeout": args.timeout,
+            "retries": args.retries,
+            "priority": args.priority,
+            "workdir": args.workdir or os.getcwd(),
+        },
+    )
+
+
+def _print_record(stream: str, text: str, rank: int | None) -> None:
+    prefix = f"[rank {rank}] " if rank is not None else ""
+    if stream == "stdout":
+        sys.stdout.write(f"{prefix}{text}\n")
+        sys.stdout.flush()
+    else:
+        tag = "gpulayer: " if stream == "system" else ""
+        sys.stderr.write(f"{tag}{prefix}{text}\n")
+        sys.stderr.flush()
+
+
+async def _follow(s: Session, job_id: str, since: int = 0) -> Job:
+    """Print log records as they arrive until the job ends and every line is printed."""
+    while True:
+        page = await s.logs(job_id, since=since, wait=25.0)
+        for r in page.records:
+            _print_record(r.stream, r.text, r.rank)
+        since = page.next_since
+        if page.state.terminal and not page.records:
+            return await s.get(job_id)
+
+
+def exit_code_of(job: Job) -> int:
+    if job.state == JobState.SUCCEEDED:
+        return 0
+    if job.state == JobState.CANCELLED:
+        return 130
+    if job.exit_code not in (None, 0):
+        assert job.exit_code is not None
+        return job.exit_code
+    return 1
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    spec = _spec_from_args(args)
+    async with open_session(local_worker=True) as s:
+        job = await s.submit(spec)
+        if args.detach:
+            print(job.id)
+            return 0
+        print(f"gpulayer: job {job.id} submitted ({spec.name})", file=sys.stderr)
+        loop = asyncio.get_running_loop()
+        follow = asyncio.create_task(_follow(s, job.id))
+        interrupted = asyncio.Event()
+        loop.add_signal_handler(signal.SIGINT, interrupted.set)
+        loop.add_signal_handler(signal.SIGTERM, interrupted.set)
+        try:
+            stop = asyncio.create_task(interrupted.wait())
+            done, _ = await asyncio.wait({follow, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if follow in done:
+                stop.cancel()
+                final = follow.result()
+            else:
+                print("\ngpulayer: interrupted; cancelling the job", file=sys.stderr)
+                await s.cancel(job.id)
+                # Keep printing what the job writes while it is being stopped.
+                try:
+                    final = await asyncio.wait_for(follow, 60.0)
+                except TimeoutError:
+                    final = await s.get(job.id)
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+            loop.remove_signal_handler(signal.SIGTERM)
+        if final.state != JobState.SUCCEEDED:
+            why = f": {final.reason}" if final.reason else ""
+            print(f"gpulayer: job {final.id} {final.state.value}{why}", file=sys.stderr)
+        return exit_code_of(final)
+
+
+def _age(t: float | None) -> str:
+    if t is None:
+        return "-"
+    d = max(0.0, time.time() - t)
+    if d < 60:
+        return f"{d:.0f}s ago"
+    if d < 3600:
+        return f"{d / 60:.0f}m ago"
+    return f"{d / 3600:.1f}h ago"
+
+
+def _placement(job: Job) -> str:
+    if job.placement is None:
+        return "-"
+    parts = []
+    for n in job.placement.nodes:
+        dev = ",".join(map(str, n.devices))
+        where = n.worker_name + (f":{dev}" if dev else "")
+        if n.simulated:
+            where += "(sim)"
+        if n.cpu_fallback:
+            where += "(cpu)"
+        parts.append(where)
+    return " ".join(parts)
+
+
+async def cmd_jobs(args: argparse.Namespace) -> int:
+    async with open_session() as s:
+        jobs = await s.list(states=[JobState(x) for x in args.state], limit=args.limit)
+    if args.json:
+        print(json.dumps([j.model_dump(mode="json") for j in jobs], indent=2))
+        return 0
+    if not jobs:
+        print("no jobs yet; submit one with: gpulayer run -- python -c \"print('hi')\"")
+        return 0
+    print(f"{'ID':<13}{'NAME':<20}{'STATE':<11}{'EXIT':<6}{'SUBMITTED':<12}PLACEMENT")
+    for j in jobs:
+        code = "-" if j.exit_code is None else str(j.exit_code)
+        print(
+            f"{j.id:<13}{j.spec.name[:19]:<20}{j.state.value:<11}{code:<6}"
+            f"{_age(j.submitted_at):<12}{_placement(j)}"
+        )
+    return 0
+
+
+async def cmd_logs(args: argparse.Namespace) -> int:
+    async with open_session() as s:
+        job = await s.get(args.job)
+        if args.follow:
+            job = await _follow(s, job.id)
+            return exit_code_of(job) if job.state.terminal else 0
+        since = 0
+        while True:
+            page = await s.logs(job.id, since=since, limit=5000)
+            for r in page.records:
+                _print_record(r.stream, r.text, r.rank)
+            if not page.records:
+                return 0
+            since = page.next_since
+
+
+async def cmd_show(args: argparse.Namespace) -> int:
+    async with open_session() as s:
+        job = await s.get(args.job)
+    data: dict[str, Any] = job.model_dump(mode="json")
+    print(json.dumps(data, indent=2))
+    return 0
+
+
+async def cmd_explain(args: argparse.Namespace) -> int:
+    async with open_session() as s:
+        print(await s.explain(args.job))
+    return 0
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    async with open_session() as s:
+        job = await s.cancel(args.job)
+        if not job.state.terminal:
+            job = await s.wait(job.id, timeout=30.0)
+    print(f"job {job.id}: {job.state.value}")
+    return 0
+
+
+async def cmd_workers(args: argparse.Namespace) -> int:
+    async with open_session() as s:
+        workers = await s.workers()
+    if args.json:
+        print(json.dumps([w.model_dump(mode="json") for w in workers], indent=2))
+        return 0
+    if not workers:
+        print("no workers yet; start one with: gpulayer worker --server URL --join-token TOKEN")
+        return 0
+    for w in workers:
+        sim = " (simulated GPUs)" if w.capabilities.simulated else ""
+        print(f"{w.name}  {w.state.value}  heartbeat {_age(w.last_heartbeat)}{sim}")
+        for d in w.capabilities.devices:
+            user = w.device_jobs.get(d.index)
+            mem = f"{d.memory_bytes / 2**30:.0f} GiB" if d.memory_bytes else "?"
+            tag = " [simulated]" if d.simulated else ""
+            print(f"  gpu {d.index}: {d.kind} {mem}{tag}  {'job ' + user if user else 'free'}")
+    return 0
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "jobs": cmd_jobs,
+    "logs": cmd_logs,
+    "show": cmd_show,
+    "explain": cmd_explain,
+    "cancel": cmd_cancel,
+    "workers": cmd_workers,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""Job contracts: what a user submits (JobSpec) and what the control plane knows (Job)."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, JsonValue, field_validator, model_validator
+
+from ._base import SHA256_PATTERN, Contract, ensure_json
+from .artifacts import Artifact
+from .scheduling import PlacementReport
+
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    PLACED = "placed"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset(
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.LOST}
+)
+
+
+class Resources(Contract):
+    """What a job needs. ``gpus`` is per node; ``nodes`` > 1 makes a multi-node gang."""
+
+    gpus: int = Field(0, ge=0, le=64)
+    gpu_kind: list[str] = Field(
+        default_factory=list, description="acceptable GPU kinds, tried in the order given"
+    )
+    gpu_memory_min: int | None = Field(None, ge=0, description="bytes per GPU")
+    cpus: float | None = Field(None, gt=0)
+    nodes: int = Field(1, ge=1, le=64)
+    fallback: list[Literal["cpu"]] = Field(
+        default_factory=list, description='["cpu"] lets a GPU job run on a CPU-only worker'
+    )
+    selector: dict[str, str] = Field(
+        default_factory=dict, description="worker labels that must all match"
+    )
+    worker: str | None = Field(None, description="run only on the worker with this name")
+
+    @field_validator("gpu_kind")
+    @classmethod
+    def _kinds_lower(cls, v: list[str]) -> list[str]:
+        return [k.strip().lower() for k in v if k.strip()]
+
+    @model_validator(mode="after")
+    def _nodes_need_gpus(self) -> Resources:
+        if self.nodes > 1 and self.gpus == 0:
+            raise ValueError("nodes > 1 needs gpus >= 1 per node")
+        return self
+
+
+class CommandWorkload(Contract):
+    """Run an argv as it is (no shell)."""
+
+    kind: Literal["command"] = "command"
+    argv: list[str] = Field(min_length=1)
+
+    @field_validator("argv")
+    @classmethod
+    def _no_empty_program(cls, v: list[str]) -> list[str]:
+        if not v[0]:
+            raise ValueError("argv[0] (the program) is empty")
+        return v
+
+
+class PythonWorkload(Contract):
+    """Run Python from a content-addressed bundle.
+
+    ``entrypoint`` is ``"pkg.mod:func"`` (called with ``**args``; its return value is the result),
+    a script path inside the bundle (``"train.py"``, run as ``__main__`` with ``args`` available
+    through ``gpulayer_kernel.job.args()``), or ``"cell:<file>"`` (a notebook cell: the value of
+    its last expression is the result).
+    """
+
+    kind: Literal["python"] = "python"
+    bundle: str = Field(pattern=SHA256_PATTERN)
+    entrypoint: str = Field(min_length=1, max_length=500)
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_shape(cls, v: str) -> str:
+        if v.startswith("cell:") or v.endswith(".py"):
+            path = v.removeprefix("cell:")
+            if path.startswith("/") or ".." in path.split("/"):
+                raise ValueError("script path must be relative and inside the bundle")
+            return v
+        mod, sep, func = v.partition(":")
+        ident = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+        if not sep or not all(ident.match(p) for p in mod.split(".")) or not ident.match(func):
+            raise ValueError('must be "package.module:function", "script.py" or "cell:file.py"')
+        return v
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _args_are_json(cls, v: Any) -> Any:
+        return ensure_json(v, "args")
+
+
+Workload = Annotated[CommandWorkload | PythonWorkload, Field(discriminator="kind")]
+
+
+class JobSpec(Contract):
+    """What a user asks for. Validated strictly: an unknown field is an error naming it."""
+
+    name: str = Field("job", min_length=1, max_length=200)
+    workload: Workload
+    resources: Resources = Field(default_factory=Resources)
+    env: dict[str, str] = Field(default_factory=dict)
+    secrets: list[str] = Field(default_factory=list, description="names resolved on the worker")
+    timeout: float | None = Field(None, gt=0, description="seconds; the job is killed past it")
+    retries: int = Field(
+        0,
+        ge=0,
+        le=10,
+        description="opt-in re-runs after a failure; never applied to gang (multi-GPU) jobs",
+    )
+    labels: dict[str, str] = Field(default_factory=dict)
+    priority: int = Field(0, ge=-1000, le=1000)
+    workdir: str | None = Field(
+        None,
+        description="directory on the worker to run a command in (it must exist there); "
+        "default: the job's own scratch directory",
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not ENV_NAME_RE.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return v
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, v: list[str]) -> list[str]:
+        for key in v:
+            if not ENV_NAME_RE.match(key):
+                raise ValueError(f"{key!r} is not a valid secret name (letters, digits, _)")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _label_keys(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not LABEL_KEY_RE.match(key):
+                raise ValueError(f"{key!r} is not a valid label key")
+        return v
+
+    @property
+    def is_gang(self) -> bool:
+        """A job with more than one rank: it gets all its devices at once, and never retries."""
+        return self.resources.gpus > 1 or self.resources.nodes > 1
+
+
+class NodePlacement(Contract):
+    """One worker's share of a placed job."""
+
+    worker_id: str
+    worker_name: str
+    devices: list[int] = Field(default_factory=list)
+    simulated: bool = False
+    node_rank: int = 0
+    cpu_fallback: bool = False
+
+
+class Placement(Contract):
+    nodes: list[NodePlacement] = Field(min_length=1)
+    explanation: str = ""
+
+    @property
+    def worker_ids(self) -> list[str]:
+        return [n.worker_id for n in self.nodes]
+
+
+class Job(Contract):
+    """The control plane's record of one job."""
+
+    id: str
+    seq: int
+    spec: JobSpec
+    state: JobState = JobState.QUEUED
+    attempts: int = 0
+    placement: Placement | None = None
+    pending: PlacementReport | None = None
+    submitted_at: float
+    placed_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    exit_code: int | None = None
+    reason: str | None = Field(None, description="why it failed, was cancelled or lost")
+    result: JsonValue = None
+    artifacts: list[Artifact] = Field(default_factory=list)
+    progress: dict[str, JsonValue] | None = None
+    cancel_requested: bool = False
+
+
+class LogRecord(Contract):
+    seq: int
+    time: float
+    stream: Literal["stdout", "stderr", "system"]
+    rank: int | None = None
+    text: str
+
+
+class LogLine(Contract):
+    """A log line as a worker sends it, before the control plane numbers it."""
+
+    time: float
+    stream: Literal["stdout", "stderr", "system"]
+    rank: int | None = None
+    text: str
+
+
+class JobList(Contract):
+    jobs: list[Job]
+
+
+class LogPage(Contract):
+    job_id: str
+    records: list[LogRecord]
+    next_since: int
+    state: JobState

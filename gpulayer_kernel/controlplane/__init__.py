@@ -1,0 +1,8 @@
+"""The ControlPlane (ADR 0001) and its job state machine."""
+
+from __future__ import annotations
+
+from .core import ControlPlane
+from .states import TRANSITIONS, check_transition
+
+__all__ = ["TRANSITIONS", "ControlPlane", "check_transition"]

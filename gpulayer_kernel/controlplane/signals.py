@@ -1,0 +1,36 @@
+"""Wake-ups without polling (ADR 0016): waiters park on a future that the next change resolves."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+
+class Signal:
+    """A broadcast edge: ``fire()`` wakes every current waiter at once.
+
+    Use as: check your condition; if unmet, ``await signal.wait(timeout)``; check again. Between the
+    check and the wait there is no ``await``, so no change can slip by on a single event loop.
+    """
+
+    __slots__ = ("_fut",)
+
+    def __init__(self) -> None:
+        self._fut: asyncio.Future[None] | None = None
+
+    def fire(self) -> None:
+        fut, self._fut = self._fut, None
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Wait for the next ``fire()``; False when ``timeout`` seconds passed first."""
+        if self._fut is None or self._fut.done():
+            self._fut = asyncio.get_running_loop().create_future()
+        fut = self._fut
+        if timeout is not None and timeout <= 0:
+            return False
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+            return True
+        return False

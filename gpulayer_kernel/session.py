@@ -1,0 +1,73 @@
+"""Finding the control plane to talk to, the same way for the CLI, magics and scripts.
+
+Order: ``GPULAYER_URL`` (a served control plane, with ``GPULAYER_TOKEN``) → the live owner of
+``$GPULAYER_HOME`` when it publishes an address → the embedded default, opened in-process. Whatever
+is found offers the ControlPlane's calls (``Session``), so callers never care which one they hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Iterable
+from typing import Protocol
+
+from .contracts import EventPage, Job, JobSpec, JobState, LogPage, WorkerInfo
+from .embedded import Embedded
+from .errors import Unavailable
+from .home import Layout, home_dir, read_owner
+
+URL_ENV = "GPULAYER_URL"
+TOKEN_ENV = "GPULAYER_TOKEN"
+
+
+class Session(Protocol):
+    """The client-side calls shared by the in-process ControlPlane and the HTTP client."""
+
+    async def submit(self, spec: JobSpec) -> Job: ...
+    async def get(self, job_id: str) -> Job: ...
+    async def list(
+        self,
+        states: Iterable[JobState] = (),
+        *,
+        name: str | None = None,
+        label: tuple[str, str] | None = None,
+        limit: int = 100,
+    ) -> list[Job]: ...
+    async def cancel(self, job_id: str, reason: str = ...) -> Job: ...
+    async def wait(self, job_id: str, timeout: float | None = None) -> Job: ...
+    async def logs(
+        self, job_id: str, since: int = 0, wait: float = 0.0, limit: int = 1000
+    ) -> LogPage: ...
+    async def explain(self, job_id: str) -> str: ...
+    async def workers(self) -> list[WorkerInfo]: ...
+    async def events(self, since: int = 0, wait: float = 0.0) -> EventPage: ...
+    async def put_bundle(self, data: bytes, digest: str | None = None) -> str: ...
+    async def has_bundle(self, digest: str) -> bool: ...
+    async def get_blob(self, digest: str) -> bytes: ...
+
+
+def _remote() -> tuple[str, str] | None:
+    url = os.environ.get(URL_ENV)
+    if url:
+        return url, os.environ.get(TOKEN_ENV, "")
+    owner = read_owner(Layout(home_dir()))
+    if owner.get("url") and owner.get("token"):
+        return str(owner["url"]), str(owner["token"])
+    return None
+
+
+@contextlib.asynccontextmanager
+async def open_session(*, local_worker: bool = False) -> AsyncIterator[Session]:
+    """Yield a Session; ``local_worker`` starts an in-process worker when embedded."""
+    remote = _remote()
+    if remote is not None:
+        try:
+            from .client import AsyncClient
+        except ImportError as exc:  # pragma: no cover - the client ships with the package
+            raise Unavailable(f"the HTTP client is unavailable: {exc}") from None
+        async with AsyncClient(remote[0], remote[1]) as client:
+            yield client
+        return
+    async with Embedded(local_worker=local_worker) as emb:
+        yield emb.cp

@@ -1,0 +1,94 @@
+"""The metadata store interface (ADR 0008): jobs, logs, workers, tokens, secrets."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..contracts import Job, JobState, LogRecord, WorkerInfo
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """A stored token: only its hash is kept; the secret is shown once at creation."""
+
+    id: str
+    kind: str  # client | join | worker | instance
+    hash: str
+    created_at: float
+    expires_at: float | None
+    revoked: bool = False
+    used: bool = False
+    worker_id: str | None = None
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class JobQuery:
+    states: Sequence[JobState] = ()
+    name: str | None = None
+    label: tuple[str, str] | None = None
+    limit: int = 100
+    before_seq: int | None = None
+
+
+class MetadataStore(abc.ABC):
+    """Durable metadata. Every write method is one transaction; writes are group-committed."""
+
+    @abc.abstractmethod
+    async def open(self) -> None: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    @abc.abstractmethod
+    async def save_jobs(self, jobs: Sequence[Job]) -> None: ...
+
+    @abc.abstractmethod
+    async def get_job(self, job_id: str) -> Job | None: ...
+
+    @abc.abstractmethod
+    async def find_job_ids(self, prefix: str, limit: int = 2) -> list[str]: ...
+
+    @abc.abstractmethod
+    async def list_jobs(self, query: JobQuery) -> list[Job]: ...
+
+    @abc.abstractmethod
+    async def max_job_seq(self) -> int: ...
+
+    @abc.abstractmethod
+    async def append_logs(self, job_id: str, records: Sequence[LogRecord]) -> None: ...
+
+    @abc.abstractmethod
+    async def read_logs(self, job_id: str, since: int, limit: int) -> list[LogRecord]: ...
+
+    @abc.abstractmethod
+    async def max_log_seq(self, job_id: str) -> int: ...
+
+    @abc.abstractmethod
+    async def save_workers(self, workers: Sequence[WorkerInfo]) -> None: ...
+
+    @abc.abstractmethod
+    async def load_workers(self) -> list[WorkerInfo]: ...
+
+    @abc.abstractmethod
+    async def save_token(self, token: TokenRecord) -> None: ...
+
+    @abc.abstractmethod
+    async def get_token(self, token_id: str) -> TokenRecord | None: ...
+
+    @abc.abstractmethod
+    async def list_tokens(self) -> list[TokenRecord]: ...
+
+    @abc.abstractmethod
+    async def set_secret(self, name: str, value: str) -> None: ...
+
+    @abc.abstractmethod
+    async def get_secrets(self, names: Sequence[str]) -> dict[str, str]: ...
+
+    @abc.abstractmethod
+    async def list_secret_names(self) -> list[str]: ...
+
+    @abc.abstractmethod
+    async def delete_secret(self, name: str) -> bool: ...
