@@ -102,10 +102,7 @@ def unpack(data: bytes, digest: str, target: Path) -> Path:
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
             for member in tar.getmembers():
-                if member.issym() or member.islnk():
-                    # The data filter already refuses links that leave the target; a bundle is
-                    # source code, so refuse links altogether rather than reason about them.
-                    _link_inside(member, tmp)
+                _check_member(member, digest)
             try:
                 tar.extractall(tmp, filter="data")
             except tarfile.FilterError as exc:
@@ -126,15 +123,27 @@ def unpack(data: bytes, digest: str, target: Path) -> Path:
     return target
 
 
-def _link_inside(member: tarfile.TarInfo, root: Path) -> None:
-    link = PurePosixPath(member.linkname)
-    base = PurePosixPath(member.name).parent
-    resolved = os.path.normpath(str(base / link)) if not link.is_absolute() else "/"
-    if link.is_absolute() or resolved.startswith(".."):
+def _check_member(member: tarfile.TarInfo, digest: str) -> None:
+    """Bundles are source code: regular files and folders with relative paths, nothing else.
+
+    The ``data`` filter would silently strip a leading ``/`` and allow links that stay inside;
+    refusing them outright makes a hand-crafted archive fail loudly instead.
+    """
+    path = PurePosixPath(member.name)
+    problem = None
+    if path.is_absolute():
+        problem = "is an absolute path"
+    elif ".." in path.parts:
+        problem = "climbs out with '..'"
+    elif member.issym() or member.islnk():
+        problem = f"is a link to {member.linkname!r}"
+    elif not (member.isfile() or member.isdir()):
+        problem = "is not a regular file (device, fifo or other special file)"
+    if problem:
         raise BundleError(
-            f"bundle entry {member.name!r} links to {member.linkname!r}, outside the bundle",
+            f"bundle {digest[:12]}… entry {member.name!r} {problem}",
             hint="bundles may hold only regular files with relative paths",
-            details={"entry": member.name, "link": member.linkname},
+            details={"digest": digest, "entry": member.name},
         )
 
 

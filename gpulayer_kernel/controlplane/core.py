@@ -38,6 +38,7 @@ from ..contracts import (
     WorkerState,
     ensure_json,
 )
+from ..contracts.jobs import ENV_NAME_RE
 from ..errors import Conflict, InvalidInput, NotFound
 from ..redact import Redactor
 from ..scheduler import JobRequest, Reservation, RunningJob, Snapshot, WorkerView, schedule
@@ -288,7 +289,12 @@ class ControlPlane:
     # secrets: stored here, resolved for the worker at assignment, never returned by a read API
 
     async def set_secret(self, name: str, value: str) -> None:
-        JobSpec.model_validate({"workload": {"argv": ["x"]}, "secrets": [name]})  # name check
+        if not ENV_NAME_RE.match(name):
+            raise InvalidInput(
+                f"{name!r} is not a valid secret name",
+                hint="secret names are environment variable names: letters, digits and _",
+                details={"name": name},
+            )
         await self.store.set_secret(name, value)
         self.redactor.add(name, value)
 

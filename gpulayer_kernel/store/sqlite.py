@@ -89,9 +89,10 @@ class SqliteStore(MetadataStore):
         try:
             self._db = await aiosqlite.connect(str(self.path), isolation_level=None)
             await self._db.execute("PRAGMA busy_timeout = 5000")
+            version = await self._schema_version()  # before WAL: a newer file stays untouched
             await self._db.execute("PRAGMA journal_mode = WAL")
             await self._db.execute("PRAGMA synchronous = NORMAL")
-            await self._migrate()
+            await self._migrate(version)
         except sqlite3.OperationalError as exc:
             await self.close()
             if "locked" in str(exc) or "busy" in str(exc):
@@ -106,7 +107,7 @@ class SqliteStore(MetadataStore):
             await self.close()
             raise
 
-    async def _migrate(self) -> None:
+    async def _schema_version(self) -> int:
         async with self.db.execute("PRAGMA user_version") as cur:
             row = await cur.fetchone()
         version = int(row[0]) if row else 0
@@ -118,6 +119,9 @@ class SqliteStore(MetadataStore):
                 "another folder; the file was left untouched",
                 details={"schema": version, "supported": LATEST_SCHEMA, "path": str(self.path)},
             )
+        return version
+
+    async def _migrate(self, version: int) -> None:
         for number, description, sql in MIGRATIONS:
             if number <= version:
                 continue

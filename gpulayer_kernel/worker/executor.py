@@ -230,7 +230,7 @@ class JobExecutor:
 
     async def _supervise(self, timeout: float | None) -> tuple[str, str]:
         assert self.proc is not None
-        exited = asyncio.create_task(self.proc.wait())
+        exited = asyncio.create_task(_main_exited(self.proc))
         cancelled = asyncio.create_task(self._cancel.wait())
         try:
             done, _ = await asyncio.wait(
@@ -238,6 +238,7 @@ class JobExecutor:
             )
         finally:
             cancelled.cancel()
+            exited.cancel()
         if exited in done:
             return "exited", ""
         if cancelled in done:
@@ -359,6 +360,27 @@ def _missing_program(program: str, path: str, cwd: Path) -> str | None:
     if shutil.which(program, path=path) is None:
         return f"command not found: {program} (not on the job's PATH)"
     return None
+
+
+async def _main_exited(proc: asyncio.subprocess.Process) -> None:
+    """Wait for the job's main process to exit, even while its children hold the pipes open.
+
+    On Python 3.11 ``Process.wait()`` also waits for stdout/stderr to close, which a leftover
+    grandchild can delay forever; a pidfd becomes readable the moment the main process exits.
+    """
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        await proc.wait()
+        return
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+    try:
+        await fut
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
 
 
 def _killpg(pgid: int, sig: int) -> None:

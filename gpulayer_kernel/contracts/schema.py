@@ -1,0 +1,75 @@
+"""Export the JSON Schema of every contract to the checked-in ``schema.json``.
+
+Run ``python -m gpulayer_kernel.contracts.schema`` after changing a contract; a test fails while
+the file is stale, so a contract cannot change without the change showing up in review.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from . import (
+    Artifact,
+    Event,
+    EventPage,
+    FinishReport,
+    Job,
+    JobAssignment,
+    JobList,
+    JobSpec,
+    LogBatch,
+    LogLine,
+    LogPage,
+    LogRecord,
+    PlacementReport,
+    ProgressReport,
+    Rendezvous,
+    Work,
+    WorkerCapabilities,
+    WorkerInfo,
+    WorkerRegistration,
+)
+
+SCHEMA_PATH = Path(__file__).with_name("schema.json")
+
+CONTRACTS: tuple[type[BaseModel], ...] = (
+    JobSpec,
+    Job,
+    JobList,
+    LogLine,
+    LogRecord,
+    LogPage,
+    LogBatch,
+    Artifact,
+    WorkerRegistration,
+    WorkerCapabilities,
+    WorkerInfo,
+    PlacementReport,
+    JobAssignment,
+    Work,
+    FinishReport,
+    ProgressReport,
+    Rendezvous,
+    Event,
+    EventPage,
+)
+
+
+def export_schema() -> dict[str, Any]:
+    return {
+        "api_version": "gpulayer/v1",
+        "contracts": {c.__name__: c.model_json_schema() for c in CONTRACTS},
+    }
+
+
+def main() -> None:
+    SCHEMA_PATH.write_text(json.dumps(export_schema(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {SCHEMA_PATH}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""SQLite store: WAL, numbered migrations, refusal of newer schemas, group commit."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from gpulayer_kernel.contracts import CommandWorkload, Job, JobSpec, JobState, LogRecord
+from gpulayer_kernel.errors import SchemaTooNew
+from gpulayer_kernel.store import LATEST_SCHEMA, JobQuery, SqliteStore
+
+
+def _job(i: int, state: JobState = JobState.QUEUED, **labels: str) -> Job:
+    spec = JobSpec(name=f"j{i}", workload=CommandWorkload(argv=["true"]), labels=labels)
+    return Job(id=f"job{i:08d}", seq=i, spec=spec, state=state, submitted_at=time.time())
+
+
+async def test_wal_mode_and_migrations_are_recorded(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "db")
+    await store.open()
+    await store.close()
+    con = sqlite3.connect(tmp_path / "db")
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert con.execute("PRAGMA user_version").fetchone()[0] == LATEST_SCHEMA
+    versions = [r[0] for r in con.execute("SELECT version FROM schema_migrations ORDER BY 1")]
+    assert versions == list(range(1, LATEST_SCHEMA + 1))
+    con.close()
+
+
+async def test_reopening_applies_nothing_twice(tmp_path: Path) -> None:
+    for _ in range(2):
+        store = SqliteStore(tmp_path / "db")
+        await store.open()
+        await store.save_jobs([_job(1)])
+        await store.close()
+    con = sqlite3.connect(tmp_path / "db")
+    assert con.execute("SELECT COUNT(*) FROM schema_migrations").fetchone()[0] == LATEST_SCHEMA
+    con.close()
+
+
+async def test_database_from_a_newer_version_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE future (x)")
+    con.execute(f"PRAGMA user_version = {LATEST_SCHEMA + 7}")
+    con.commit()
+    con.close()
+    before = path.read_bytes()
+    store = SqliteStore(path)
+    with pytest.raises(SchemaTooNew) as info:
+        await store.open()
+    assert f"schema version {LATEST_SCHEMA + 7}" in info.value.message
+    assert "upgrade" in info.value.hint
+    assert path.read_bytes() == before
+
+
+async def test_jobs_round_trip_and_filters(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "db")
+    await store.open()
+    await store.save_jobs([_job(1), _job(2, JobState.SUCCEEDED, team="vision"), _job(3)])
+    await store.save_jobs([_job(3, JobState.RUNNING)])  # upsert
+    assert (await store.get_job("job00000003")).state == JobState.RUNNING  # type: ignore[union-attr]
+    assert await store.get_job("missing") is None
+    queued = await store.list_jobs(JobQuery(states=[JobState.QUEUED]))
+    assert [j.id for j in queued] == ["job00000001"]
+    labelled = await store.list_jobs(JobQuery(label=("team", "vision")))
+    assert [j.id for j in labelled] == ["job00000002"]
+    newest_first = await store.list_jobs(JobQuery(limit=2))
+    assert [j.seq for j in newest_first] == [3, 2]
+    assert await store.max_job_seq() == 3
+    assert await store.find_job_ids("job0000000") == ["job00000001", "job00000002"]
+    assert await store.find_job_ids("job_") == []  # '_' is not a wildcard
+    await store.close()
+
+
+async def test_logs_append_read_and_ignore_duplicates(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "db")
+    await store.open()
+    recs = [LogRecord(seq=i, time=float(i), stream="stdout", text=f"line {i}") for i in (1, 2, 3)]
+    await store.append_logs("j", recs)
+    await store.append_logs("j", recs[:1])  # a resent batch is not duplicated
+    assert [r.text for r in await store.read_logs("j", 1, 10)] == ["line 2", "line 3"]
+    assert await store.max_log_seq("j") == 3
+    assert await store.max_log_seq("other") == 0
+    await store.close()
+
+
+async def test_concurrent_writes_are_group_committed_and_all_kept(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "db")
+    await store.open()
+    await asyncio.gather(*(store.save_jobs([_job(i)]) for i in range(1, 301)))
+    assert await store.max_job_seq() == 300
+    assert len(await store.list_jobs(JobQuery(limit=1000))) == 300
+    await store.close()
+
+
+async def test_a_second_connection_sees_committed_data(tmp_path: Path) -> None:
+    # WAL lets a reader (e.g. `gpulayer logs` after the fact) read while a writer is open.
+    writer = SqliteStore(tmp_path / "db")
+    await writer.open()
+    await writer.save_jobs([_job(1)])
+    reader = SqliteStore(tmp_path / "db")
+    await reader.open()
+    assert (await reader.get_job("job00000001")) is not None
+    await reader.close()
+    await writer.close()
+
+
+async def test_secrets_are_stored_and_listed_by_name(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "db")
+    await store.open()
+    await store.set_secret("HF_TOKEN", "hf_abc")
+    assert await store.list_secret_names() == ["HF_TOKEN"]
+    assert await store.get_secrets(["HF_TOKEN", "NOPE"]) == {"HF_TOKEN": "hf_abc"}
+    assert await store.delete_secret("HF_TOKEN")
+    assert not await store.delete_secret("HF_TOKEN")
+    await store.close()
