@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .contracts import CommandWorkload, Job, JobSpec, JobState, Resources, parse
+from .contracts import Job, JobSpec, JobState, parse
 from .errors import GPUlayerError
 from .session import Session, open_session
 
@@ -109,17 +109,15 @@ def _spec_from_args(args: argparse.Namespace) -> JobSpec:
         JobSpec,
         {
             "name": args.name or os.path.basename(argv[0]),
-            "workload": CommandWorkload(argv=argv).model_dump(),
-            "resources": Resources.model_validate(
-                {
-                    "gpus": args.gpus,
-                    "nodes": args.nodes,
-                    "gpu_kind": [k for k in args.gpu_kind.split(",") if k],
-                    "fallback": args.fallback,
-                    "selector": _env_pairs(args.selector, "--selector"),
-                    "worker": args.worker,
-                }
-            ).model_dump(),
+            "workload": {"kind": "command", "argv": argv},
+            "resources": {
+                "gpus": args.gpus,
+                "nodes": args.nodes,
+                "gpu_kind": [k for k in args.gpu_kind.split(",") if k],
+                "fallback": args.fallback,
+                "selector": _env_pairs(args.selector, "--selector"),
+                "worker": args.worker,
+            },
             "env": _env_pairs(args.env, "--env"),
             "secrets": args.secret,
             "labels": _env_pairs(args.label, "--label"),

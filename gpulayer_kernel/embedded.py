@@ -6,13 +6,20 @@ takes the state directory's lock for as long as it lives.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import importlib.util
+import json
 import os
 import socket
+import sys
+import time
 from pathlib import Path
 from types import TracebackType
 
 from .contracts import WorkerCapabilities, WorkerRegistration
 from .controlplane import ControlPlane
+from .errors import InvalidInput
 from .home import Layout, StateLock, home_dir
 from .store import LocalArtifactStore, SqliteStore
 from .worker.agent import WorkerAgent
@@ -23,18 +30,58 @@ SIMULATE_ENV = "GPULAYER_SIMULATE_GPUS"
 SIMULATE_KIND_ENV = "GPULAYER_SIMULATE_KIND"
 
 
+PROBE_CACHE_TTL = 24 * 3600.0
+
+
+def _probe_key() -> str:
+    """What the probe's answer depends on: the interpreter, torch's install, the GPU driver."""
+    parts = [sys.executable, sys.version]
+    spec = importlib.util.find_spec("torch")  # finds the package without importing it (~2 s)
+    if spec is not None and spec.origin:
+        parts.append(f"torch@{os.stat(spec.origin).st_mtime_ns}")
+    with contextlib.suppress(OSError):
+        parts.append(Path("/proc/driver/nvidia/version").read_text())
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
 async def local_capabilities(
-    simulate_gpus: int | None = None, simulate_kind: str | None = None
+    simulate_gpus: int | None = None,
+    simulate_kind: str | None = None,
+    cache: Path | None = None,
 ) -> WorkerCapabilities:
-    """This machine's capabilities: simulated GPUs when asked, else the isolated probe's."""
+    """This machine's capabilities: simulated GPUs when asked, else the isolated probe's.
+
+    The probe imports torch in a subprocess (~2.5 s here), so its answer is cached in ``cache``
+    for a day, keyed by interpreter, torch install and driver version.
+    """
     from . import capabilities
 
     if simulate_gpus is None and os.environ.get(SIMULATE_ENV):
-        simulate_gpus = int(os.environ[SIMULATE_ENV])
+        try:
+            simulate_gpus = int(os.environ[SIMULATE_ENV])
+        except ValueError:
+            raise InvalidInput(
+                f"{SIMULATE_ENV}={os.environ[SIMULATE_ENV]!r} is not a number",
+                hint=f"set {SIMULATE_ENV} to how many simulated GPUs the local worker has",
+            ) from None
     simulate_kind = simulate_kind or os.environ.get(SIMULATE_KIND_ENV) or "a100-80gb"
     if simulate_gpus:
         return capabilities.simulated_capabilities(simulate_gpus, simulate_kind)
-    return await capabilities.run_probe()
+    key = _probe_key()
+    if cache is not None:
+        with contextlib.suppress(OSError, ValueError):
+            data = json.loads(cache.read_text())
+            if data["key"] == key and time.time() - data["time"] < PROBE_CACHE_TTL:
+                return WorkerCapabilities.model_validate(data["capabilities"])
+    caps = await capabilities.run_probe()
+    # A failed probe run ("probe: timed out …") is not cached: the next start tries again.
+    if cache is not None and not any(e.startswith("probe:") for e in caps.probe_errors):
+        with contextlib.suppress(OSError):
+            cache.write_text(
+                json.dumps({"key": key, "time": time.time(),
+                            "capabilities": caps.model_dump(mode="json")})
+            )
+    return caps
 
 
 class Embedded:
@@ -69,7 +116,7 @@ class Embedded:
             await self.store.open()
             await self.cp.start()
             if self._want_worker:
-                caps = await local_capabilities(*self._simulate)
+                caps = await local_capabilities(*self._simulate, cache=self.layout.root / "probe.json")
                 self.worker = WorkerAgent(
                     InProcessTransport(self.cp),
                     WorkerRegistration(name=self._worker_name, capabilities=caps),

@@ -14,7 +14,7 @@ import random
 
 from ..contracts import FinishReport, JobAssignment, WorkerInfo, WorkerRegistration
 from ..errors import Conflict, GPUlayerError, NotFound, Unauthorized
-from .executor import ExecutorConfig, JobExecutor
+from .executor import ExecutorConfig, JobExecutor, reap_leftovers
 from .transport import Transport
 
 log = logging.getLogger("gpulayer.worker")
@@ -48,6 +48,9 @@ class WorkerAgent:
         self.joined = asyncio.Event()
 
     async def start(self) -> WorkerInfo:
+        killed = await asyncio.to_thread(reap_leftovers, self.config.work_root)
+        if killed:
+            log.warning("stopped %d process(es) left by jobs of a crashed worker", len(killed))
         self.info = await self.transport.register(self.registration)
         self.joined.set()
         self._loops = [

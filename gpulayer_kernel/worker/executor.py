@@ -185,6 +185,8 @@ class JobExecutor:
         except PermissionError:
             control.close()
             return self._launch_failed(126, f"permission denied: {argv[0]}")
+        # Recorded so that a worker restarted after a hard crash can stop what this job left.
+        (self.dir / "pgid").write_text(str(self.proc.pid))
         try:
             await self.transport.report_started(self.job.id)
         except GPUlayerError as exc:
@@ -360,6 +362,37 @@ def _missing_program(program: str, path: str, cwd: Path) -> str | None:
     if shutil.which(program, path=path) is None:
         return f"command not found: {program} (not on the job's PATH)"
     return None
+
+
+def reap_leftovers(work_root: Path) -> list[int]:
+    """Stop processes of jobs whose worker died hard, and remove their directories.
+
+    Called when a worker starts, before it runs anything: every job directory still present
+    belongs to a previous incarnation. Only processes in the recorded process group whose
+    environment names that job are killed, so a recycled pid is never hit.
+    """
+    killed: list[int] = []
+    jobs_dir = work_root / "jobs"
+    if not jobs_dir.is_dir():
+        return killed
+    for job_dir in jobs_dir.iterdir():
+        job_id = job_dir.name.split("-")[0]
+        with contextlib.suppress(OSError, ValueError):
+            pgid = int((job_dir / "pgid").read_text())
+            marker = f"{JOB_ID_ENV}={job_id}".encode()
+            for proc_dir in Path("/proc").iterdir():
+                if not proc_dir.name.isdigit():
+                    continue
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    stat = (proc_dir / "stat").read_text()
+                    if int(stat.rsplit(")", 1)[1].split()[2]) != pgid:
+                        continue
+                    if marker not in (proc_dir / "environ").read_bytes().split(b"\0"):
+                        continue
+                    os.kill(int(proc_dir.name), signal.SIGKILL)
+                    killed.append(int(proc_dir.name))
+        shutil.rmtree(job_dir, ignore_errors=True)
+    return killed
 
 
 async def _main_exited(proc: asyncio.subprocess.Process) -> None:

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Set up GPUlayer in ./.venv (idempotent: run it again any time).
+#
+#   ./install.sh          the package with torch and Jupyter: enough to use GPUlayer
+#   ./install.sh --dev    also everything the test suite needs (test tools, Chromium for the
+#                         browser tests when run as root with apt)
+#
+# Environment: PYTHON (default python3, must be >= 3.11); GPULAYER_TORCH (default torch==2.13.0,
+# the CPU build; set e.g. GPULAYER_TORCH="torch" to let pip choose a CUDA build).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+dev=0
+for arg in "$@"; do
+  case "$arg" in
+    --dev) dev=1 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown option $arg (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "install.sh: $PYTHON is missing or older than Python 3.11; set PYTHON=/path/to/python3.11" >&2
+  exit 1
+fi
+
+step() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+if [ ! -x .venv/bin/python ]; then
+  step "creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
+
+step "installing torch (${GPULAYER_TORCH:-torch==2.13.0})"
+if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+  "${PIP[@]}" install "${GPULAYER_TORCH:-torch==2.13.0}" numpy
+fi
+
+extras="torch,jupyter"
+if [ "$dev" = 1 ]; then
+  extras="$extras,dev"
+fi
+step "installing gpulayer[$extras]"
+"${PIP[@]}" install -e ".[$extras]"
+
+if [ "$dev" = 1 ]; then
+  if [ -x /usr/bin/chromium ]; then
+    :
+  elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    step "installing Chromium for the browser tests (apt)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "install.sh: Chromium not found and not root: the browser tests will be skipped" >&2
+  fi
+fi
+step "ready: .venv/bin/gpulayer --help"
