@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -51,6 +51,8 @@ log = logging.getLogger("gpulayer.controlplane")
 ACTIVE_STATES = (JobState.QUEUED, JobState.PLACED, JobState.RUNNING)
 MAX_EVENTS = 10_000
 MAX_LOG_PAGE = 5_000
+FINISHED_CACHE = 1_024
+TAIL_CACHE = 5_000
 
 
 def new_id() -> str:
@@ -77,6 +79,10 @@ class ControlPlane:
         self.reserve_after = reserve_after
         self.rendezvous_timeout = rendezvous_timeout
         self._jobs: dict[str, Job] = {}  # active jobs (queued/placed/running) by id
+        # Recently finished jobs and active jobs' log tails stay in memory: each store read is a
+        # thread hop, and a job's end is exactly when every waiter reads it.
+        self._finished: OrderedDict[str, Job] = OrderedDict()
+        self._tails: dict[str, list[LogRecord]] = {}
         self._workers: dict[str, WorkerInfo] = {}
         self._seq = 0
         self._log_seq: dict[str, int] = {}
@@ -115,6 +121,7 @@ class ControlPlane:
                 self._workers[w.id] = w.model_copy(update={"last_heartbeat": now})
         for name, value in (await self._secret_values()).items():
             self.redactor.add(name, value)
+        await self._redeliver_placed()
         self._started = True
         self._reaper = asyncio.create_task(self._reap_loop())
         self._kick()
@@ -147,6 +154,8 @@ class ControlPlane:
         self._seq += 1
         job = Job(id=new_id(), seq=self._seq, spec=spec, submitted_at=self.clock())
         self._jobs[job.id] = job
+        self._log_seq[job.id] = 0
+        self._tails[job.id] = []
         await self.store.save_jobs([job])
         self._job_event(job)
         self._kick()
@@ -154,7 +163,7 @@ class ControlPlane:
 
     async def resolve(self, job_id: str) -> str:
         """Accept a unique id prefix (at least 4 characters), as git does."""
-        if job_id in self._jobs:
+        if job_id in self._jobs or job_id in self._finished:
             return job_id
         if len(job_id) < 4:
             raise InvalidInput(
@@ -178,7 +187,9 @@ class ControlPlane:
 
     async def get(self, job_id: str) -> Job:
         job_id = await self.resolve(job_id)
-        job = self._jobs.get(job_id) or await self.store.get_job(job_id)
+        job = self._jobs.get(job_id) or self._finished.get(job_id)
+        if job is None:
+            job = await self.store.get_job(job_id)
         if job is None:  # pragma: no cover - resolve() found it
             raise NotFound(f"no job {job_id!r}", code="job_not_found")
         return job
@@ -238,13 +249,20 @@ class ControlPlane:
         deadline = time.monotonic() + max(0.0, wait)
         while True:
             job = await self.get(job_id)
-            records = await self.store.read_logs(job_id, since, limit)
+            records = await self._read_logs(job_id, since, limit)
             left = deadline - time.monotonic()
             if records or job.state.terminal or left <= 0:
                 next_since = records[-1].seq if records else since
                 return LogPage(job_id=job_id, records=records, next_since=next_since,
                                state=job.state)
             await self._job_signal(job_id).wait(left)
+
+    async def _read_logs(self, job_id: str, since: int, limit: int) -> list[LogRecord]:
+        tail = self._tails.get(job_id)
+        if tail is not None and (not tail or tail[0].seq <= since + 1):
+            start = max(0, since - tail[0].seq + 1) if tail else 0
+            return tail[start : start + limit]
+        return await self.store.read_logs(job_id, since, limit)
 
     async def explain(self, job_id: str) -> str:
         job = await self.get(job_id)
@@ -504,6 +522,10 @@ class ControlPlane:
         job = job.model_copy(update=fields)
         if job.state.terminal:
             self._jobs.pop(job.id, None)
+            self._tails.pop(job.id, None)
+            self._finished[job.id] = job
+            while len(self._finished) > FINISHED_CACHE:
+                self._finished.popitem(last=False)
         else:
             self._jobs[job.id] = job
         await self.store.save_jobs([job])
@@ -574,6 +596,11 @@ class ControlPlane:
                 )
             )
         self._log_seq[job_id] = seq
+        tail = self._tails.get(job_id)
+        if tail is not None:
+            tail.extend(records)
+            if len(tail) > TAIL_CACHE:
+                del tail[: len(tail) - TAIL_CACHE]
         await self.store.append_logs(job_id, records)
         self._job_signal(job_id).fire()
         return seq
@@ -754,14 +781,11 @@ class ControlPlane:
                 self._job_signal(job_id).fire()
         if not placed:
             return
-        await self.store.save_jobs(placed)
-        secrets_cache: dict[str, str] = {}
+        names = sorted({n for job in placed for n in job.spec.secrets})
+        known = await self.store.get_secrets(names) if names else {}
+        ready: list[Job] = []
         for job in placed:
-            assert job.placement is not None
-            names = [n for n in job.spec.secrets if n not in secrets_cache]
-            if names:
-                secrets_cache.update(await self.store.get_secrets(names))
-            missing = [n for n in job.spec.secrets if n not in secrets_cache]
+            missing = [n for n in job.spec.secrets if n not in known]
             if missing:
                 await self._system_log(job.id, f"secret(s) not set: {', '.join(missing)}")
                 await self._transition(
@@ -770,9 +794,16 @@ class ControlPlane:
                     reason=f"secret(s) not set on the control plane: {', '.join(missing)}; "
                     "set them with `gpulayer secret set NAME`",
                 )
-                continue
-            secrets = {n: secrets_cache[n] for n in job.spec.secrets}
-            await self._system_log(job.id, _describe(job.placement))
+            else:
+                ready.append(job)
+        # One group commit carries every placement and its log line.
+        await asyncio.gather(
+            self.store.save_jobs(ready),
+            *(self._system_log(j.id, _describe(j.placement)) for j in ready if j.placement),
+        )
+        for job in ready:
+            assert job.placement is not None
+            secrets = {n: known[n] for n in job.spec.secrets}
             for node in job.placement.nodes:
                 self._inbox.setdefault(node.worker_id, []).append(
                     JobAssignment(
@@ -787,6 +818,40 @@ class ControlPlane:
                 self._workers[wid] = self._with_usage(self._workers[wid])
                 self._worker_event(wid)
             self._wake_worker(wid)
+
+    # -- for the HTTP API (ADR 0003) -------------------------------------------------------------
+
+    async def job_counts(self) -> dict[str, int]:
+        """How many jobs are in each state (for ``GET /status``)."""
+        return await self.store.count_jobs()
+
+    def return_work(self, worker_id: str, work: Work) -> None:
+        """Put undelivered work back (its long-poll's client left before the answer went out)."""
+        if worker_id not in self._workers:
+            return
+        inbox = self._inbox.setdefault(worker_id, [])
+        inbox[:0] = [a for a in work.assignments if a.job.id in self._jobs]
+        if work.cancel:
+            self._cancels.setdefault(worker_id, set()).update(work.cancel)
+        self._wake_worker(worker_id)
+
+    async def _redeliver_placed(self) -> None:
+        """After a restart, hand placed-but-not-started jobs to their workers again.
+
+        Assignments wait in memory, so a restart between placement and delivery would leave the
+        job placed forever; a worker that already runs it ignores the duplicate.
+        """
+        for job in list(self._jobs.values()):
+            if job.state != JobState.PLACED or job.placement is None:
+                continue
+            if not all(wid in self._workers for wid in job.placement.worker_ids):
+                continue
+            secrets = await self.store.get_secrets(job.spec.secrets)
+            for node in job.placement.nodes:
+                self._inbox.setdefault(node.worker_id, []).append(
+                    JobAssignment(job=job, node=node, nnodes=len(job.placement.nodes),
+                                  secrets=secrets)
+                )
 
     def pending_report(self, job_id: str) -> PlacementReport | None:
         job = self._jobs.get(job_id)

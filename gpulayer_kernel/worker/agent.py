@@ -140,6 +140,7 @@ class WorkerAgent:
             await self._deliver(job_id, report)
         finally:
             self.running.pop(job_id, None)
+            await asyncio.to_thread(ex.cleanup)
 
     async def _deliver(self, job_id: str, report: FinishReport) -> None:
         """Report a result until the control plane has it: a finished job's result is never lost."""

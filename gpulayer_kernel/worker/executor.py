@@ -60,6 +60,8 @@ class JobExecutor:
         self.config = config
         self.redactor = Redactor(assignment.secrets)
         self.shipper = LogShipper(self._send_logs, self.redactor)
+        # torchrun around a gang (ADR 0007): its argv, rank tags, failure reason, reserved port.
+        self.launch = launch.Launch(assignment, transport, config, self.system)
         self._cancel = asyncio.Event()
         self._cancel_reason = "cancelled"
         self.proc: asyncio.subprocess.Process | None = None
@@ -90,10 +92,14 @@ class JobExecutor:
             log.exception("job %s crashed the executor", self.job.id)
             report = FinishReport(state="failed", reason=f"worker error: {exc!r}")
         finally:
+            self.launch.close()  # the process is gone: release the rendezvous port
             await self.shipper.close()
-            if not self.config.keep_job_dirs:
-                shutil.rmtree(self.dir, ignore_errors=True)
         return report
+
+    def cleanup(self) -> None:
+        """Remove the job's directory (called after its result is delivered: off the hot path)."""
+        if not self.config.keep_job_dirs:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     async def _prepare(self) -> tuple[list[str], dict[str, str], Path]:
         spec = self.job.spec
@@ -143,7 +149,7 @@ class JobExecutor:
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p
             )
-        argv = await launch.wrap(self.a, argv, env, self.transport, self.config)
+        argv = await self.launch.wrap(argv, env)
         return argv, env, cwd
 
     async def _bundle(self, digest: str) -> bytes:
@@ -187,18 +193,16 @@ class JobExecutor:
             return self._launch_failed(126, f"permission denied: {argv[0]}")
         # Recorded so that a worker restarted after a hard crash can stop what this job left.
         (self.dir / "pgid").write_text(str(self.proc.pid))
-        try:
-            await self.transport.report_started(self.job.id)
-        except GPUlayerError as exc:
-            # Cancelled or reassigned between placement and start: stop at once.
-            self.cancel(exc.message)
+        started = asyncio.create_task(self._report_started())
         assert self.proc.stdout is not None and self.proc.stderr is not None
-        split = launch.rank_splitter(self.a)
         pumps = [
-            asyncio.create_task(pump_stream(self.proc.stdout, "stdout", self.shipper, split)),
-            asyncio.create_task(pump_stream(self.proc.stderr, "stderr", self.shipper, split)),
+            asyncio.create_task(pump_stream(self.proc.stdout, "stdout", self.shipper,
+                                            self.launch.splitter("stdout"))),
+            asyncio.create_task(pump_stream(self.proc.stderr, "stderr", self.shipper,
+                                            self.launch.splitter("stderr"))),
         ]
         outcome, reason = await self._supervise(spec.timeout)
+        await started
         # The main process is gone; stop anything it left behind in its group.
         await self._stop_group(grace=0.0 if outcome == "exited" else self.config.kill_grace)
         with contextlib.suppress(asyncio.TimeoutError):
@@ -217,7 +221,12 @@ class JobExecutor:
                                 artifacts=await self._artifacts())
         artifacts = await self._artifacts()
         if code != 0:
-            why = launch.failure_reason(self.a, code, self.shipper) or _describe_exit(code)
+            why = self.launch.failure_reason(code) or _describe_exit(code)
+            if self.launch.peer_failure():
+                # Our rank only lost a peer on another node: let that node's report (the root
+                # cause) reach the control plane first; its cancel of this node ends the wait.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._cancel.wait(), launch.PEER_GRACE)
             return FinishReport(state="failed", exit_code=exit_code, reason=why,
                                 artifacts=artifacts)
         result, problem = self._result()
@@ -225,6 +234,14 @@ class JobExecutor:
             self.system(problem)
             return FinishReport(state="failed", exit_code=0, reason=problem, artifacts=artifacts)
         return FinishReport(state="succeeded", exit_code=0, result=result, artifacts=artifacts)
+
+    async def _report_started(self) -> None:
+        # Runs beside the process's own start-up rather than before it.
+        try:
+            await self.transport.report_started(self.job.id)
+        except GPUlayerError as exc:
+            # Cancelled or reassigned between placement and start: stop at once.
+            self.cancel(exc.message)
 
     def _launch_failed(self, code: int, reason: str) -> FinishReport:
         self.system(reason)
@@ -288,17 +305,16 @@ class JobExecutor:
         found: list[Artifact] = []
         if not out.is_dir():
             return found
-        rank_suffix = f"rank{self.a.node.node_rank}/" if self.a.nnodes > 1 else ""
         for path in sorted(p for p in out.rglob("*") if p.is_file() and not p.is_symlink()):
             size = path.stat().st_size
-            name = rank_suffix + path.relative_to(out).as_posix()
+            # A gang's ranks each write under rank<R>/ (ADR 0007); others keep their paths.
+            name, rank = self.launch.artifact_name(path.relative_to(out).as_posix())
             if size > MAX_ARTIFACT_BYTES:
                 self.system(f"artifact {name} skipped: {size} bytes is over the limit")
                 continue
             data = await asyncio.to_thread(path.read_bytes)
             digest = await self.transport.put_blob(data)
-            found.append(Artifact(digest=digest, size=size, name=name,
-                                  rank=self.a.node.node_rank if self.a.nnodes > 1 else None))
+            found.append(Artifact(digest=digest, size=size, name=name, rank=rank))
         return found
 
 

@@ -100,8 +100,10 @@ async def test_timeout_kills_the_job_and_says_so(
 
 
 async def _pid_of(cp: ControlPlane, job_id: str) -> int:
+    since = 0
     while True:
-        page = await cp.logs(job_id, wait=10)
+        page = await cp.logs(job_id, since=since, wait=10)
+        since = page.next_since
         for r in page.records:
             if r.text.startswith("pid "):
                 return int(r.text.split()[1])

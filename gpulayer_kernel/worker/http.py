@@ -1,0 +1,246 @@
+"""The worker protocol over HTTP (ADR 0003): the same WorkerAgent/JobExecutor, another transport.
+
+Errors map onto what the agent already knows how to handle:
+
+* the server unreachable, restarting, or answering 502/503/504 → ``Unavailable`` (status 503):
+  the agent backs off and retries; calls the executor makes mid-job (``report_started``, logs,
+  blobs, rendezvous) are retried here first for a while, so a control-plane restart does not
+  fail a running job;
+* 401 → ``Unauthorized``: the agent re-joins; ``register`` first tries the worker's own session
+  token (it keeps its id and gets a new session), then the join token;
+* 403 → ``Forbidden``, 404 → ``NotFound``, 409 → ``Conflict``: the job is not (or no longer) ours.
+
+Long-polls ask the server for at most its ``max_wait`` and give the HTTP request that much plus a
+margin, so the server always answers first and no assignment is lost in a client timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import httpx
+
+from ..client import error_from, http_client, unreachable
+from ..contracts import FinishReport, LogLine, Rendezvous, Work, WorkerInfo, WorkerRegistration
+from ..errors import Unauthorized, Unavailable
+from .agent import backoff
+from .transport import Transport
+
+log = logging.getLogger("gpulayer.worker")
+T = TypeVar("T")
+
+RETRYABLE_STATUS = (502, 503, 504)
+# Keep each log request well under the server's 8 MiB JSON limit.
+MAX_LOG_REQUEST_BYTES = 2 << 20
+
+
+class HttpTransport(Transport):
+    """Talks to ``/api/v1`` with a join token (to enrol) and then its session token."""
+
+    def __init__(
+        self,
+        server: str,
+        join_token: str,
+        *,
+        ca_cert: str | None = None,
+        timeout: float = 30.0,
+        retry_for: float = 120.0,
+    ) -> None:
+        self.server = server
+        self.join_token = join_token
+        self.session_token: str | None = None
+        self.retry_for = retry_for
+        self.heartbeat_interval: float | None = None
+        self.max_wait = 60.0
+        client = http_client(server, ca_cert=ca_cert, timeout=timeout, asynchronous=True)
+        assert isinstance(client, httpx.AsyncClient)
+        self._http = client
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        token: str | None = None,
+        body: str | None = None,
+        content: bytes | None = None,
+        params: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        token = token or self.session_token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            content = body.encode()
+        elif content is not None:
+            headers["Content-Type"] = "application/octet-stream"
+        try:
+            resp = await self._http.request(
+                method,
+                path,
+                content=content,
+                params=params,
+                headers=headers,
+                timeout=httpx.Timeout(timeout, connect=10.0)
+                if timeout
+                else httpx.USE_CLIENT_DEFAULT,
+            )
+        except httpx.TransportError as exc:
+            raise unreachable(self.server, exc) from None
+        if resp.status_code >= 400:
+            raise error_from(resp)
+        return resp
+
+    async def _retrying(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """Retry while the server is unreachable or restarting, up to ``retry_for`` seconds."""
+        deadline = time.monotonic() + self.retry_for
+        attempt = 0
+        while True:
+            try:
+                return await fn()
+            except Unavailable as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                delay = backoff(attempt)
+                attempt += 1
+                log.info("%s: %s; retrying in %.1fs", what, exc.message, delay)
+                await asyncio.sleep(delay)
+
+    # -- the Transport ---------------------------------------------------------------------------
+
+    async def register(self, reg: WorkerRegistration) -> WorkerInfo:
+        body = reg.model_copy(update={"transport": "http"}).model_dump_json()
+        params = {"worker_id": self.worker_id} if self.worker_id else None
+        resp: httpx.Response | None = None
+        if self.session_token:
+            try:
+                resp = await self._request(
+                    "POST", "/workers/join", token=self.session_token, body=body
+                )
+            except Unauthorized:
+                resp = None  # the session ended (revoked, or a new server): join afresh
+        if resp is None:
+            resp = await self._request(
+                "POST", "/workers/join", token=self.join_token, body=body, params=params
+            )
+        data = resp.json()
+        info = WorkerInfo.model_validate(data["worker"])
+        self.session_token = str(data["session_token"])
+        self.heartbeat_interval = float(data.get("heartbeat_interval") or 5.0)
+        self.max_wait = float(data.get("max_wait") or 60.0)
+        self.worker_id = info.id
+        return info
+
+    async def heartbeat(self) -> None:
+        await self._request("POST", "/worker/heartbeat")
+
+    async def next_work(self, wait: float) -> Work:
+        wait = max(0.0, min(wait, self.max_wait))
+        resp = await self._request(
+            "GET", "/worker/work", params={"wait": f"{wait:.3f}"}, timeout=wait + 30.0
+        )
+        return Work.model_validate_json(resp.content)
+
+    async def report_started(self, job_id: str) -> None:
+        await self._retrying(
+            f"reporting job {job_id} started",
+            lambda: self._request("POST", f"/worker/jobs/{job_id}/started"),
+        )
+
+    async def append_logs(self, job_id: str, lines: list[LogLine]) -> None:
+        for chunk in _chunks(lines, MAX_LOG_REQUEST_BYTES):
+            body = '{"lines":[' + ",".join(line.model_dump_json() for line in chunk) + "]}"
+            await self._retrying(
+                f"sending logs of job {job_id}",
+                lambda body=body: self._request(  # type: ignore[misc]
+                    "POST", f"/worker/jobs/{job_id}/logs", body=body
+                ),
+            )
+
+    async def report_progress(self, job_id: str, fields: dict[str, Any]) -> None:
+        import json
+
+        body = json.dumps({"fields": fields}, allow_nan=False)
+        await self._request("POST", f"/worker/jobs/{job_id}/progress", body=body)
+
+    async def report_finished(self, job_id: str, report: FinishReport) -> None:
+        # Not retried here: the agent retries delivery until the control plane has the result.
+        await self._request(
+            "POST", f"/worker/jobs/{job_id}/finished", body=report.model_dump_json()
+        )
+
+    async def fetch_blob(self, digest: str) -> bytes:
+        resp = await self._retrying(
+            f"fetching bundle {digest[:12]}",
+            lambda: self._request("GET", f"/worker/blobs/{digest}", timeout=600.0),
+        )
+        return resp.content
+
+    async def put_blob(self, data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        await self._retrying(
+            f"uploading artifact {digest[:12]}",
+            lambda: self._request("PUT", f"/worker/blobs/{digest}", content=data, timeout=600.0),
+        )
+        return digest
+
+    async def publish_rendezvous(self, job_id: str, rdzv: Rendezvous) -> None:
+        await self._retrying(
+            f"publishing the rendezvous of job {job_id}",
+            lambda: self._request(
+                "POST", f"/worker/jobs/{job_id}/rendezvous", body=rdzv.model_dump_json()
+            ),
+        )
+
+    async def get_rendezvous(self, job_id: str, wait: float) -> Rendezvous:
+        from ..errors import Conflict
+
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            chunk = max(0.0, min(deadline - time.monotonic(), self.max_wait))
+            try:
+                resp = await self._retrying(
+                    f"waiting for the rendezvous of job {job_id}",
+                    lambda chunk=chunk: self._request(  # type: ignore[misc]
+                        "GET",
+                        f"/worker/jobs/{job_id}/rendezvous",
+                        params={"wait": f"{chunk:.3f}"},
+                        timeout=chunk + 30.0,
+                    ),
+                )
+                return Rendezvous.model_validate_json(resp.content)
+            except Conflict as exc:
+                if exc.code != "rendezvous_pending" or time.monotonic() >= deadline:
+                    raise
+
+    async def deregister(self) -> None:
+        if self.session_token:
+            await self._request("POST", "/worker/leave")
+            self.session_token = None
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+
+def _chunks(lines: list[LogLine], max_bytes: int) -> list[list[LogLine]]:
+    """Split a batch so no request is near the server's body limit (lines are ≤ 64 KiB)."""
+    out: list[list[LogLine]] = []
+    current: list[LogLine] = []
+    size = 0
+    for line in lines:
+        n = len(line.text) * 2 + 100  # JSON escaping at most doubles most text
+        if current and (size + n > max_bytes or len(current) >= 10_000):
+            out.append(current)
+            current, size = [], 0
+        current.append(line)
+        size += n
+    if current:
+        out.append(current)
+    return out
