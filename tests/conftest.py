@@ -41,8 +41,7 @@ async def gl_cp(tmp_path: Path) -> AsyncIterator[ControlPlane]:
 def sim_caps(n: int) -> WorkerCapabilities:
     return WorkerCapabilities(
         devices=[
-            Device(index=i, vendor="sim", name="Simulated A100", kind="a100",
-                   memory_bytes=80 << 30)
+            Device(index=i, vendor="sim", name="Simulated A100", kind="a100", memory_bytes=80 << 30)
             for i in range(n)
         ],
         simulated=True,

@@ -123,8 +123,9 @@ names = st.lists(
 
 @settings(max_examples=50, deadline=None)
 @given(names, st.data())
-def test_repacking_unpacked_files_gives_the_same_digest(files: list[str], data: st.DataObject)\
-        -> None:
+def test_repacking_unpacked_files_gives_the_same_digest(
+    files: list[str], data: st.DataObject
+) -> None:
     contents = {n: data.draw(st.binary(max_size=64)) for n in files}
     # a file and a folder of the same name cannot coexist
     if any(other.startswith(n[:-3] + "/") for n in files for other in files):

@@ -20,7 +20,11 @@ GL = [sys.executable, "-m", "gpulayer_kernel.cli"]
 
 def gl(*args: str, timeout: float = 60, **kw: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*GL, *args], capture_output=True, text=True, timeout=timeout, **kw  # type: ignore[call-overload]
+        [*GL, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kw,  # type: ignore[call-overload]
     )
 
 

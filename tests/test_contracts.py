@@ -84,8 +84,14 @@ def test_non_json_arguments_are_refused_with_a_way_out(value: object, path: str,
     with pytest.raises(NotJSON) as info:
         parse(
             JobSpec,
-            {"workload": {"kind": "python", "bundle": "0" * 64, "entrypoint": "m:f",
-                          "args": value}},
+            {
+                "workload": {
+                    "kind": "python",
+                    "bundle": "0" * 64,
+                    "entrypoint": "m:f",
+                    "args": value,
+                }
+            },
         )
     assert info.value.details["path"] == path
     assert hint in info.value.hint
@@ -98,7 +104,10 @@ def test_oversized_json_is_refused() -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(),
     lambda children: st.lists(children) | st.dictionaries(st.text(), children),
     max_leaves=20,

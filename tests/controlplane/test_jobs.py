@@ -55,9 +55,7 @@ async def test_failing_command_reports_its_exit_code_and_stderr(
     await gl_worker()
     job = await gl_cp.submit(cmd("sh", "-c", "echo oops >&2; exit 7"))
     done = await gl_cp.wait(job.id, timeout=30)
-    assert (done.state, done.exit_code, done.reason) == (
-        JobState.FAILED, 7, "exited with code 7"
-    )
+    assert (done.state, done.exit_code, done.reason) == (JobState.FAILED, 7, "exited with code 7")
     assert await texts(gl_cp, job.id, "stderr") == ["oops"]
 
 
@@ -263,7 +261,9 @@ async def test_artifacts_written_to_output_are_kept(
     gl_cp: ControlPlane, gl_worker: WorkerFactory
 ) -> None:
     await gl_worker()
-    script = "import os, pathlib; pathlib.Path(os.environ['GPULAYER_OUTPUT'], 'm.txt').write_text('42')"
+    script = (
+        "import os, pathlib\npathlib.Path(os.environ['GPULAYER_OUTPUT'], 'm.txt').write_text('42')"
+    )
     done = await gl_cp.wait((await gl_cp.submit(cmd(PY, "-c", script))).id, timeout=30)
     assert done.state == JobState.SUCCEEDED
     [art] = done.artifacts
@@ -360,9 +360,7 @@ async def test_restart_marks_in_process_jobs_lost_and_keeps_finished_ones(
         assert (await cp2.get(running.id)).state == JobState.LOST
         kept = await cp2.get(ok.id)
         assert kept.state == JobState.SUCCEEDED
-        assert [r.text for r in (await cp2.logs(ok.id)).records if r.stream == "stdout"] == [
-            "kept"
-        ]
+        assert [r.text for r in (await cp2.logs(ok.id)).records if r.stream == "stdout"] == ["kept"]
     finally:
         await cp2.close()
         await store.close()
@@ -394,4 +392,3 @@ async def test_events_follow_job_changes(gl_cp: ControlPlane, gl_worker: WorkerF
     assert JobState.RUNNING in states
     assert any(e.kind == "worker" for e in page.events)
     assert page.next_since > first.next_since
-
