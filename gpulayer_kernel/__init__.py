@@ -1,0 +1,89 @@
+"""GPUlayer: run notebook cells, scripts and PyTorch training on the right GPU from Jupyter.
+
+The public names are re-exported here. Importing the package is light: Jupyter, IPython and torch
+are imported only by the pieces that need them (``%load_ext gpulayer_kernel`` loads the magics).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .contracts import (
+    CommandWorkload,
+    Job,
+    JobSpec,
+    JobState,
+    PythonWorkload,
+    Resources,
+)
+from .controlplane import ControlPlane
+from .embedded import Embedded
+from .errors import (
+    BundleError,
+    Conflict,
+    Forbidden,
+    GPUlayerError,
+    InvalidInput,
+    NotFound,
+    NotJSON,
+    SchemaTooNew,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+    ValidationFailed,
+)
+from .session import open_session
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BundleError",
+    "CommandWorkload",
+    "Conflict",
+    "ControlPlane",
+    "Embedded",
+    "Forbidden",
+    "GPUlayerError",
+    "InvalidInput",
+    "Job",
+    "JobSpec",
+    "JobState",
+    "NotFound",
+    "NotJSON",
+    "PythonWorkload",
+    "Resources",
+    "SchemaTooNew",
+    "TooLarge",
+    "Unauthorized",
+    "Unavailable",
+    "ValidationFailed",
+    "__version__",
+    "load_ipython_extension",
+    "open_session",
+    "unload_ipython_extension",
+]
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext gpulayer_kernel``: register ``%%gpulayer`` and ``%gpulayer``."""
+    from .jupyter.magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from .jupyter.magics import unload_ipython_extension as unload
+
+    unload(ipython)
+
+
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    from .jupyter import _jupyter_server_extension_points as points
+
+    return points()
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    from .jupyter import _jupyter_labextension_paths as paths
+
+    return paths()

@@ -14,8 +14,10 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from . import cli_server
 from .contracts import Job, JobSpec, JobState, parse
 from .errors import GPUlayerError
 from .session import Session, open_session
@@ -44,20 +46,27 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--gpus", type=int, default=0, help="GPUs per node (default 0)")
     run.add_argument("--nodes", type=int, default=1, help="nodes for a multi-node gang")
     run.add_argument("--gpu-kind", default="", help="acceptable kinds in order, e.g. h100,a100")
-    run.add_argument("--fallback", choices=["cpu"], action="append", default=[],
-                     help="let a GPU job run on CPU when no GPU can take it")
+    run.add_argument(
+        "--fallback",
+        choices=["cpu"],
+        action="append",
+        default=[],
+        help="let a GPU job run on CPU when no GPU can take it",
+    )
     run.add_argument("--timeout", type=float, default=None, help="seconds before it is killed")
     run.add_argument("--retries", type=int, default=0, help="re-runs after failure (opt-in)")
     run.add_argument("--env", action="append", default=[], metavar="K=V")
     run.add_argument("--secret", action="append", default=[], metavar="NAME")
     run.add_argument("--label", action="append", default=[], metavar="K=V")
-    run.add_argument("--selector", action="append", default=[], metavar="K=V",
-                     help="worker labels the job needs")
+    run.add_argument(
+        "--selector", action="append", default=[], metavar="K=V", help="worker labels the job needs"
+    )
     run.add_argument("--worker", default=None, help="run only on the worker with this name")
     run.add_argument("--name", default=None)
     run.add_argument("--priority", type=int, default=0)
-    run.add_argument("--workdir", default=None,
-                     help="directory on the worker (default: the current directory)")
+    run.add_argument(
+        "--workdir", default=None, help="directory on the worker (default: the current directory)"
+    )
     run.add_argument("--detach", action="store_true", help="print the job id and return")
     run.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
@@ -81,13 +90,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     workers = sub.add_parser("workers", help="list workers and their devices")
     workers.add_argument("--json", action="store_true")
+
+    lab = sub.add_parser(
+        "lab", help="start JupyterLab with GPUlayer on the embedded default, at the quickstart"
+    )
+    lab.add_argument("notebook", nargs="?", default=None, help="notebook to open")
+    lab.add_argument("lab_args", nargs=argparse.REMAINDER, help="-- more `jupyter lab` options")
+    cli_server.add_commands(sub)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return asyncio.run(COMMANDS[args.command](args))
+        handler = COMMANDS.get(args.command) or cli_server.COMMANDS[args.command]
+        return asyncio.run(handler(args))
     except GPUlayerError as exc:
         print(f"gpulayer: error: {exc.message}", file=sys.stderr)
         if exc.hint:
@@ -302,6 +319,28 @@ async def cmd_workers(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_lab(args: argparse.Namespace) -> int:
+    """Replace this process with ``jupyter lab`` (the server extension hosts the control plane)."""
+    notebook = args.notebook
+    if notebook is None:
+        quickstart = Path("notebooks/01-quickstart.ipynb")
+        notebook = str(quickstart) if quickstart.exists() else None
+    argv = [sys.executable, "-m", "jupyterlab"]
+    if notebook:
+        argv.append(notebook)
+    if os.geteuid() == 0:
+        argv.append("--allow-root")  # JupyterLab refuses root without it (containers, CI)
+    extra = list(args.lab_args)
+    argv.extend(extra[1:] if extra[:1] == ["--"] else extra)
+    try:
+        os.execv(sys.executable, argv)
+    except OSError as exc:
+        raise GPUlayerError(
+            f"cannot start JupyterLab: {exc}", hint="install it with ./install.sh"
+        ) from None
+    return 0  # pragma: no cover - execv does not return
+
+
 COMMANDS = {
     "run": cmd_run,
     "jobs": cmd_jobs,
@@ -310,6 +349,7 @@ COMMANDS = {
     "explain": cmd_explain,
     "cancel": cmd_cancel,
     "workers": cmd_workers,
+    "lab": cmd_lab,
 }
 
 if __name__ == "__main__":
