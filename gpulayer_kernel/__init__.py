@@ -6,33 +6,67 @@ are imported only by the pieces that need them (``%load_ext gpulayer_kernel`` lo
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from .contracts import (
-    CommandWorkload,
-    Job,
-    JobSpec,
-    JobState,
-    PythonWorkload,
-    Resources,
-)
-from .controlplane import ControlPlane
-from .embedded import Embedded
-from .errors import (
-    BundleError,
-    Conflict,
-    Forbidden,
-    GPUlayerError,
-    InvalidInput,
-    NotFound,
-    NotJSON,
-    SchemaTooNew,
-    TooLarge,
-    Unauthorized,
-    Unavailable,
-    ValidationFailed,
-)
-from .session import open_session
+if TYPE_CHECKING:
+    from .contracts import CommandWorkload, Job, JobSpec, JobState, PythonWorkload, Resources
+    from .controlplane import ControlPlane
+    from .embedded import Embedded
+    from .errors import (
+        BundleError,
+        Conflict,
+        Forbidden,
+        GPUlayerError,
+        InvalidInput,
+        NotFound,
+        NotJSON,
+        SchemaTooNew,
+        TooLarge,
+        Unauthorized,
+        Unavailable,
+        ValidationFailed,
+    )
+    from .session import open_session
+
+# Imported on first use: every job process imports this package (the runner, the in-job API), and
+# pydantic + the control plane cost ~300 ms of start-up that a job never needs.
+_LAZY = {
+    **dict.fromkeys(
+        ["CommandWorkload", "Job", "JobSpec", "JobState", "PythonWorkload", "Resources"],
+        "contracts",
+    ),
+    "ControlPlane": "controlplane",
+    "Embedded": "embedded",
+    "open_session": "session",
+    **dict.fromkeys(
+        [
+            "BundleError",
+            "Conflict",
+            "Forbidden",
+            "GPUlayerError",
+            "InvalidInput",
+            "NotFound",
+            "NotJSON",
+            "SchemaTooNew",
+            "TooLarge",
+            "Unauthorized",
+            "Unavailable",
+            "ValidationFailed",
+        ],
+        "errors",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpulayer_kernel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 

@@ -2,8 +2,9 @@
 
 A job talks back to its worker through a FIFO named by ``$GPULAYER_CONTROL`` (progress: one JSON
 object per line, each under ``PIPE_BUF`` bytes where possible so that writes from several ranks
-never interleave) and a result file named by ``$GPULAYER_RESULT`` (JSON, written by rank 0). Outside a job (a plain notebook, a script) every call is a cheap no-op, so the same
-code runs anywhere.
+never interleave) and a result file named by ``$GPULAYER_RESULT`` (JSON, written by rank 0).
+Outside a job (a plain notebook, a script) every call is a cheap no-op, so the same code runs
+anywhere.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .contracts import ensure_json
 
 CONTROL_ENV = "GPULAYER_CONTROL"
 OUTPUT_ENV = "GPULAYER_OUTPUT"
@@ -90,6 +90,8 @@ def _send(message: dict[str, Any]) -> bool:
 def result(value: Any) -> None:
     """Set the job's result (JSON). In a distributed job, rank 0's result is the job's."""
     global _result_set, _result_value
+    from .contracts import ensure_json  # lazily: pydantic costs a job ~100 ms of start-up
+
     ensure_json(value, "result")
     _result_set, _result_value = True, value
     write_result(value)
@@ -118,5 +120,7 @@ def progress(**fields: Any) -> None:
     """
     if _rank() != 0:
         return
+    from .contracts import ensure_json
+
     ensure_json(fields, "progress")
     _send({"kind": "progress", "time": time.time(), "fields": fields})

@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from ..contracts import LogLine
+from ..errors import Conflict, NotFound
 from ..redact import Redactor
 
 log = logging.getLogger("gpulayer.worker")
@@ -54,6 +55,11 @@ class LogShipper:
                 try:
                     await asyncio.wait_for(self._send(batch), timeout=30)
                     self.sent += len(batch)
+                    break
+                except (Conflict, NotFound):
+                    # The control plane no longer takes lines for this job (it ended, or its
+                    # gang failed elsewhere): retrying cannot succeed.
+                    self.dropped += len(batch)
                     break
                 except Exception as exc:  # noqa: BLE001 - logs must not kill the job
                     log.warning("sending %d log lines failed (%s); retrying", len(batch), exc)
