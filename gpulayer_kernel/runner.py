@@ -4,14 +4,18 @@ Modes by entrypoint shape: ``pkg.mod:func`` (called with the job's JSON args; it
 the result), ``script.py`` (run as ``__main__``), ``cell:cell.py`` (a notebook cell: the ``--in``
 values are bound as variables, and the value of the last expression is the result). The result is
 JSON or the job fails with an error that says so; nothing is pickled.
+
+Start-up cost matters here: every cell pays it. This module imports nothing heavy on the common
+path (pydantic alone costs ~90 ms); a result that is plain JSON is written without loading the
+contracts, and only a value that needs a precise error message loads ``ensure_json``.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
+import json
+import math
 import os
-import runpy
 import sys
 import traceback
 from pathlib import Path
@@ -19,6 +23,9 @@ from typing import Any
 
 from . import job
 from .errors import NotJSON
+
+# ensure_json's size limit (contracts._base.MAX_JSON_BYTES); bigger values take the slow path.
+_FAST_JSON_BYTES = 1 << 20
 
 
 def run_cell(path: Path, namespace: dict[str, Any]) -> tuple[bool, Any]:
@@ -50,9 +57,13 @@ def main(argv: list[str]) -> int:
             namespace: dict[str, Any] = {"__name__": "__main__", **args}
             has_value, value = run_cell(Path(entry.removeprefix("cell:")), namespace)
         elif entry.endswith(".py"):
+            import runpy
+
             sys.argv = [entry]
             runpy.run_path(entry, run_name="__main__")
         else:
+            import importlib
+
             module, _, func = entry.partition(":")
             value = getattr(importlib.import_module(module), func)(**args)
             has_value = True
@@ -66,16 +77,55 @@ def main(argv: list[str]) -> int:
         print("".join(traceback.format_list(frames)), end="", file=sys.stderr)
         print("".join(traceback.format_exception_only(etype, evalue)), end="", file=sys.stderr)
         return 1
-    explicit, explicit_value = job.result_was_set()
+    explicit, _ = job.result_was_set()
     if explicit:
         return 0
     if has_value and value is not None:
+        what = "the cell's last expression" if entry.startswith("cell:") else "the return value"
         try:
-            job.result(value)
-        except NotJSON as exc:
+            if not _plain_json(value):
+                from .contracts import ensure_json  # the slow path: an exact error message
+
+                ensure_json(value, what)
+            job.write_result(value)
+        except (NotJSON, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
     return 0
+
+
+def _plain_json(value: Any) -> bool:
+    """True when ``value`` is certainly JSON that ``ensure_json`` accepts (a fast, strict check).
+
+    False means "not sure", never "refused": the caller then asks ``ensure_json``, which owns the
+    rules and names the offending item.
+    """
+    stack = [value]
+    count = 0
+    while stack:
+        v = stack.pop()
+        count += 1
+        if count > 100_000:
+            return False
+        if v is None or type(v) in (bool, int, str):
+            continue
+        if type(v) is float:
+            if not math.isfinite(v):
+                return False
+            continue
+        if type(v) is list:
+            stack.extend(v)
+            continue
+        if type(v) is dict:
+            if not all(type(k) is str for k in v):
+                return False
+            stack.extend(v.values())
+            continue
+        return False
+    try:
+        return len(json.dumps(value, allow_nan=False)) <= _FAST_JSON_BYTES
+    except (TypeError, ValueError):
+        return False
 
 
 _HERE = str(Path(__file__).resolve().parent)

@@ -196,10 +196,16 @@ class JobExecutor:
         started = asyncio.create_task(self._report_started())
         assert self.proc.stdout is not None and self.proc.stderr is not None
         pumps = [
-            asyncio.create_task(pump_stream(self.proc.stdout, "stdout", self.shipper,
-                                            self.launch.splitter("stdout"))),
-            asyncio.create_task(pump_stream(self.proc.stderr, "stderr", self.shipper,
-                                            self.launch.splitter("stderr"))),
+            asyncio.create_task(
+                pump_stream(
+                    self.proc.stdout, "stdout", self.shipper, self.launch.splitter("stdout")
+                )
+            ),
+            asyncio.create_task(
+                pump_stream(
+                    self.proc.stderr, "stderr", self.shipper, self.launch.splitter("stderr")
+                )
+            ),
         ]
         outcome, reason = await self._supervise(spec.timeout)
         await started
@@ -213,12 +219,20 @@ class JobExecutor:
         code = self.proc.returncode
         exit_code = _exit_code(code)
         if outcome == "cancelled":
-            return FinishReport(state="cancelled", exit_code=exit_code, reason=reason,
-                                artifacts=await self._artifacts())
+            return FinishReport(
+                state="cancelled",
+                exit_code=exit_code,
+                reason=reason,
+                artifacts=await self._artifacts(),
+            )
         if outcome == "timeout":
             self.system(reason)
-            return FinishReport(state="failed", exit_code=exit_code, reason=reason,
-                                artifacts=await self._artifacts())
+            return FinishReport(
+                state="failed",
+                exit_code=exit_code,
+                reason=reason,
+                artifacts=await self._artifacts(),
+            )
         artifacts = await self._artifacts()
         if code != 0:
             why = self.launch.failure_reason(code) or _describe_exit(code)
@@ -227,8 +241,9 @@ class JobExecutor:
                 # cause) reach the control plane first; its cancel of this node ends the wait.
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._cancel.wait(), launch.PEER_GRACE)
-            return FinishReport(state="failed", exit_code=exit_code, reason=why,
-                                artifacts=artifacts)
+            return FinishReport(
+                state="failed", exit_code=exit_code, reason=why, artifacts=artifacts
+            )
         result, problem = self._result()
         if problem:
             self.system(problem)

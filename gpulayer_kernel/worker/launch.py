@@ -9,7 +9,7 @@ A job on one device (or none) runs its argv as it is. A gang job runs under PyTo
   ``(address, port)`` to the control plane; the other workers long-poll for that record (no
   sleeps), then start their own torchrun with their ``--node-rank``.
 
-``CUDA_VISIBLE_DEVICES`` names exactly the placed devices. Each rank runs behind a two-line shell
+``CUDA_VISIBLE_DEVICES`` names exactly the placed devices. Each rank runs behind a one-line shell
 shim that gives it its own ``$GPULAYER_OUTPUT/rank<R>`` (artifacts are named by rank) and, through
 ``setpriv --pdeathsig SIGKILL``, dies with its torchrun: torchrun starts every rank in a session
 of its own, so stopping the job's process group alone would orphan them.
@@ -144,10 +144,9 @@ def reserve_port(host: str, candidates: Iterable[int] | None = None) -> socket.s
             s.bind((host, port))
         except OSError as exc:
             s.close()
-            if exc.errno == errno.EADDRNOTAVAIL:
-                raise  # not an address of this machine: the caller decides
-
-            tried.append(port)
+            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+                raise  # not an address of this machine (EADDRNOTAVAIL): the caller decides
+            tried.append(port)  # taken (or privileged): try the next candidate
             continue
         _reserved_ports.add(int(s.getsockname()[1]))
         return s
@@ -275,10 +274,11 @@ class Launch:
             # torchrun runs scripts with its own interpreter; so do we: the one with torch.
             argv = [config.python, *argv[1:]]
         deathsig = [_SETPRIV, "--pdeathsig", "SIGKILL", "--"] if _SETPRIV else []
+        last = self.rank_base + self.nproc - 1
+        ranks = f"rank {last}" if self.nproc == 1 else f"ranks {self.rank_base}-{last}"
         self.system(
-            f"torchrun: {self.nproc} rank(s) here (ranks {self.rank_base}-"
-            f"{self.rank_base + self.nproc - 1} of {self.nproc * a.nnodes}), node "
-            f"{a.node.node_rank} of {a.nnodes}, rendezvous at {addr}:{port}"
+            f"torchrun: {ranks} of {self.nproc * a.nnodes} here (node {a.node.node_rank} of "
+            f"{a.nnodes}), rendezvous at {addr}:{port}"
         )
         return [*launcher, "/bin/sh", "-c", _RANK_SHIM, "gpulayer-rank", *deathsig, *argv]
 
@@ -308,7 +308,7 @@ class Launch:
                 if pending and spent >= min(left, 1.0) - 0.05 and deadline - time.monotonic() > 0:
                     continue
                 raise GPUlayerError(
-                    f"rendezvous did not complete within {timeout:.0f}s: {exc.message}",
+                    f"rendezvous did not complete within {timeout:g}s: {exc.message}",
                     hint="check that the rank-0 worker is running and reachable at its "
                     "--advertise-addr",
                 ) from None
@@ -371,7 +371,8 @@ class Launch:
             rank = int(self._root["rank"])
             exitcode = int(self._root.get("exitcode", "1"))
             where = "" if self.a.nnodes > 1 else f" on {self.a.node.worker_name}"
-            return f"rank {rank}{where} {_describe_code(exitcode)}" + self._quote(rank)
+            lost = " after losing a peer (look at the other nodes)" if self.peer_failure() else ""
+            return f"rank {rank}{where} {_describe_code(exitcode)}{lost}" + self._quote(rank)
         if self._launcher_error is not None:
             if self._addr_in_use and self.master is not None:
                 return (

@@ -1,0 +1,207 @@
+"""What a ``%%gpulayer`` cell costs: a trivial cell vs a bare process, and log-line latency.
+
+    .venv/bin/python benchmarks/bench_cell.py [--rounds N] [--quick]
+
+Starts a real ipykernel (isolated ``GPULAYER_HOME``, Jupyter and IPython folders in tmp) with the
+extension loaded, so the embedded control plane and its local worker live in the kernel, as in a
+notebook opened without the GPUlayer server. Then, in one run:
+
+1. paired, interleaved rounds (after a warm-up) of
+   * cell: execute ``%%gpulayer --out x`` / ``1 + 1`` in the kernel, from the execute request to
+     its reply (the result is in ``x`` by then);
+   * bare: ``python -c "1 + 1"`` in a fresh process, from spawn to exit;
+2. a job printing ``time.time()`` on lines 50 ms apart; each line's latency is the time the
+   notebook client (this process) received it over iopub minus the time the worker printed it
+   (same machine clock). That is the kernel receiving it plus one iopub hop.
+
+The last line is the median of the per-round cell/bare ratios, e.g. ``cell/bare: 2.10x``.
+Targets: cell <= 1.5x bare; log line p50 <= 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TRIVIAL = "%%gpulayer --out x\n1 + 1\n"
+LOG_CELL = """%%gpulayer --out n
+import time
+for i in range({lines}):
+    print(f"t={{time.time():.6f}}", flush=True)
+    time.sleep(0.05)
+{lines}
+"""
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+class Kernel:
+    def __init__(self, root: Path) -> None:
+        from jupyter_client.manager import start_new_kernel
+
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k
+            not in (
+                "GPULAYER_URL",
+                "GPULAYER_TOKEN",
+                "GPULAYER_SIMULATE_GPUS",
+                "JPY_SESSION_NAME",
+                "GPULAYER_DISPLAY",
+            )
+        }
+        for name in (
+            "GPULAYER_HOME",
+            "JUPYTER_CONFIG_DIR",
+            "JUPYTER_DATA_DIR",
+            "JUPYTER_RUNTIME_DIR",
+            "IPYTHONDIR",
+        ):
+            (root / name).mkdir()
+            env[name] = str(root / name)
+        os.environ["JUPYTER_RUNTIME_DIR"] = env["JUPYTER_RUNTIME_DIR"]
+        self.km, self.kc = start_new_kernel(kernel_name="python3", env=env, cwd=str(root))
+
+    def run(self, code: str, timeout: float = 120.0) -> tuple[dict[str, Any], list[Any]]:
+        """Execute; return the reply and the stream messages, each with its arrival time."""
+        msg_id = self.kc.execute(code, allow_stdin=False)
+        streams: list[Any] = []
+        deadline = time.monotonic() + timeout
+        idle = False
+        while not idle:
+            msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            arrived = time.time()
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                streams.append((arrived, msg["content"]["text"]))
+            idle = msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
+        while True:
+            reply = self.kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if reply["parent_header"].get("msg_id") == msg_id:
+                if reply["content"]["status"] != "ok":
+                    raise RuntimeError(f"cell failed: {reply['content']}\n{streams}")
+                return reply, streams
+
+    def timed(self, code: str) -> float:
+        """Seconds from the execute request to its reply."""
+        msg_id = self.kc.execute(code, allow_stdin=False)
+        start = time.perf_counter()
+        while True:
+            reply = self.kc.get_shell_msg(timeout=120)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                took = time.perf_counter() - start
+                if reply["content"]["status"] != "ok":
+                    raise RuntimeError(f"cell failed: {reply['content']}")
+                return took
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=False)
+        self.km.cleanup_resources()
+
+
+def bare() -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "1 + 1"], check=True)
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--lines", type=int, default=60, help="log lines for the latency test")
+    p.add_argument("--quick", action="store_true", help="a smoke test: few rounds and lines")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rounds, args.lines = 3, 10
+    root = Path(tempfile.mkdtemp(prefix="gpulayer-bench-cell-"))
+    kernel = Kernel(root)
+    try:
+        started = time.perf_counter()
+        kernel.run("%load_ext gpulayer_kernel.jupyter")
+        first = kernel.timed(TRIVIAL)  # opens the control plane (probe) and runs a cell
+        print(f"machine: {cpu_model()}, {os.cpu_count()} cores; python {platform.python_version()}")
+        print(
+            f"first cell after kernel start: {1000 * first:.0f} ms "
+            f"(extension load + control plane + worker probe + job); "
+            f"{1000 * (time.perf_counter() - started):.0f} ms in all"
+        )
+        for _ in range(3):  # warm-up: page cache, imports, sqlite
+            kernel.timed(TRIVIAL)
+            bare()
+        cells, bares, ratios = [], [], []
+        for i in range(args.rounds):
+            # Alternate which goes first, so neither always gets the warmer moment.
+            if i % 2:
+                b = bare()
+                c = kernel.timed(TRIVIAL)
+            else:
+                c = kernel.timed(TRIVIAL)
+                b = bare()
+            cells.append(c)
+            bares.append(b)
+            ratios.append(c / b)
+        _, check = kernel.run("print(x)")
+        assert check and check[-1][1].strip() == "2", check
+        _, streams = kernel.run(LOG_CELL.format(lines=args.lines))
+        lat = [
+            arrived - float(line[2:])
+            for arrived, text in streams
+            for line in text.splitlines()
+            if line.startswith("t=")
+        ]
+        assert len(lat) == args.lines, f"got {len(lat)} of {args.lines} lines"
+        ms = [1000 * v for v in lat]
+        print(
+            f"cell (%%gpulayer --out x: 1 + 1): p50 {1000 * statistics.median(cells):.1f} ms, "
+            f"p95 {1000 * pct(cells, 0.95):.1f} ms ({args.rounds} rounds)"
+        )
+        print(
+            f'bare (python -c "1 + 1"):          p50 {1000 * statistics.median(bares):.1f} ms, '
+            f"p95 {1000 * pct(bares, 0.95):.1f} ms"
+        )
+        print(
+            f"log line, worker print -> notebook client: p50 {statistics.median(ms):.1f} ms, "
+            f"p95 {pct(ms, 0.95):.1f} ms, max {max(ms):.1f} ms ({len(ms)} lines)"
+        )
+        ratio = statistics.median(ratios)
+        print(
+            f"per-round cell/bare ratios: p5 {pct(ratios, 0.05):.2f}x, p95 {pct(ratios, 0.95):.2f}x"
+        )
+        print(
+            f"targets: cell <= 1.5x bare {'met' if ratio <= 1.5 else 'MISSED'}; "
+            f"log p50 <= 50 ms {'met' if statistics.median(ms) <= 50 else 'MISSED'}"
+        )
+        print(f"cell/bare: {ratio:.2f}x")
+    finally:
+        kernel.close()
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

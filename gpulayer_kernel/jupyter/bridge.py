@@ -1,0 +1,419 @@
+"""A synchronous bridge from the kernel's main thread to a GPUlayer Session on a private loop.
+
+A ``%%gpulayer`` cell runs synchronously on the kernel's main thread, and ipykernel's own event
+loop is busy running that very cell, so the Session cannot live there. The bridge owns one daemon
+thread with its own asyncio loop; on it lives the Session the kernel talks to:
+
+* the embedded default (ControlPlane on SQLite under ``$GPULAYER_HOME`` + an in-process local
+  worker) when no server is configured — plain IPython, a script, nbval;
+* the HTTP client (``gpulayer_kernel.client.AsyncClient``) when ``GPULAYER_URL`` is set (the
+  Jupyter server extension sets it, with ``GPULAYER_TOKEN``, in every kernel's environment) or
+  after ``%gpulayer connect URL``.
+
+Each call hops onto that loop with ``run_coroutine_threadsafe`` and blocks the caller until the
+answer. The wait is interruptible: Ctrl-C or "interrupt kernel" raises ``KeyboardInterrupt`` in the
+caller and cancels the call on the loop. ``watch`` follows a job (logs long-poll + events
+long-poll, no timers) and hands updates to a callback on the loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import os
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar
+
+from ..contracts import Job, JobSpec, JobState, LogPage, LogRecord, WorkerInfo
+from ..errors import GPUlayerError, InvalidInput, Unavailable
+from ..home import home_dir
+from ..session import URL_ENV, Session, open_session
+
+T = TypeVar("T")
+
+LONG_POLL = 25.0  # seconds one logs/events long-poll may wait; a server answers at once on news
+CONNECT_TIMEOUT = 120.0  # the probe of a local worker takes ~1.5 s; a cold import can take more
+CLOSE_TIMEOUT = 30.0  # a running job gets its kill grace (5 s) to stop when the kernel exits
+
+
+@dataclass(frozen=True)
+class Target:
+    """Which control plane to open: a URL, an explicit embedded one, or the default choice."""
+
+    url: str | None = None
+    token: str | None = None
+    local: bool = False  # embedded even when GPULAYER_URL is set
+    home: str | None = None
+    simulate_gpus: int | None = None
+    simulate_kind: str | None = None
+
+
+@dataclass
+class Update:
+    """One thing that happened to a watched job."""
+
+    kind: Literal["job", "logs", "done", "error"]
+    job: Job | None = None
+    records: Sequence[LogRecord] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+class Watch:
+    """A running ``Bridge.watch``; ``stop()`` ends it (the job goes on)."""
+
+    def __init__(self, future: concurrent.futures.Future[None]) -> None:
+        self._future = future
+
+    def stop(self) -> None:
+        self._future.cancel()
+
+    @property
+    def done(self) -> bool:
+        return self._future.done()
+
+
+class Bridge:
+    """A Session on a background loop, with blocking, interruptible calls for the kernel."""
+
+    def __init__(self, target: Target | None = None) -> None:
+        self.target = target or Target()
+        self.embedded = False
+        self.closed = False
+        self._session: Session | None = None
+        self._error: BaseException | None = None
+        self._ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self._watches: set[asyncio.Task[None]] = set()
+        self._thread = threading.Thread(target=self._run, name="gpulayer-bridge", daemon=True)
+        self._thread.start()
+
+    # -- life ------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._main())
+        finally:
+            with contextlib.suppress(Exception):
+                self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        try:
+            async with self._open() as session:
+                self._session = session
+                self._ready.set()
+                await self._stop.wait()
+                # Stop following jobs before the session goes away; an embedded worker then
+                # stops its running jobs and reports them cancelled.
+                for t in self._watches:
+                    t.cancel()
+                await asyncio.gather(*self._watches, return_exceptions=True)
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller of ready()
+            self._error = exc
+        finally:
+            self._session = None
+            self._ready.set()
+
+    @contextlib.asynccontextmanager
+    async def _open(self) -> AsyncIterator[Session]:
+        t = self.target
+        if t.url:
+            try:
+                from ..client import AsyncClient  # type: ignore[import-not-found,unused-ignore]
+            except ImportError as exc:  # pragma: no cover - ships with the package
+                raise Unavailable(f"the HTTP client is unavailable: {exc}") from None
+            async with AsyncClient(t.url, t.token or "") as client:
+                yield client
+            return
+        if t.local or t.home or t.simulate_gpus is not None or t.simulate_kind:
+            from ..embedded import Embedded
+
+            async with Embedded(
+                t.home,
+                local_worker=True,
+                simulate_gpus=t.simulate_gpus,
+                simulate_kind=t.simulate_kind,
+            ) as emb:
+                self.embedded = True
+                yield emb.cp
+            return
+        async with open_session(local_worker=True) as session:
+            from ..controlplane import ControlPlane
+
+            self.embedded = isinstance(session, ControlPlane)
+            yield session
+
+    def ready(self, timeout: float | None = CONNECT_TIMEOUT) -> Session:
+        """The Session, once open; raises why it could not be opened."""
+        if not self._ready.wait(timeout):
+            raise Unavailable(
+                f"the control plane did not open within {timeout:g}s",
+                hint="check `%gpulayer status`; restart the kernel if it persists",
+            )
+        if self._session is None:
+            err = self._error
+            if isinstance(err, GPUlayerError):
+                raise err
+            if err is not None:
+                raise Unavailable(
+                    f"could not open the GPUlayer control plane: {err}",
+                    hint="check GPULAYER_URL/GPULAYER_TOKEN, or set GPULAYER_HOME to a free folder",
+                ) from err
+            raise Unavailable("this GPUlayer connection is closed", hint="run the cell again")
+        return self._session
+
+    @property
+    def failed(self) -> bool:
+        """True when opening the Session failed (the next ``get_bridge()`` tries again)."""
+        return self._ready.is_set() and self._session is None and self._error is not None
+
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Close the Session (an embedded worker stops its running jobs first)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._thread.is_alive() and self._stop is not None:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                self._loop.call_soon_threadsafe(self._stop.set)
+        elif self._thread.is_alive():  # still opening: let it finish, then stop
+            self._ready.wait(timeout)
+            if self._stop is not None:
+                with contextlib.suppress(RuntimeError):
+                    self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    def call(self, fn: Callable[[Session], Awaitable[T]], timeout: float | None = None) -> T:
+        """Run ``fn(session)`` on the bridge loop and wait for it (Ctrl-C cancels it)."""
+        session = self.ready()
+        if self.closed:
+            raise Unavailable("this GPUlayer connection is closed", hint="run the cell again")
+
+        async def run() -> T:
+            return await fn(session)
+
+        future = asyncio.run_coroutine_threadsafe(run(), self._loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
+        except KeyboardInterrupt:
+            future.cancel()
+            raise
+
+    def submit(self, spec: JobSpec) -> Job:
+        return self.call(lambda s: s.submit(spec))
+
+    def get(self, job_id: str) -> Job:
+        return self.call(lambda s: s.get(job_id))
+
+    def jobs(self, states: Iterable[JobState] = (), *, limit: int = 20) -> list[Job]:
+        return self.call(lambda s: s.list(tuple(states), limit=limit))
+
+    def cancel(self, job_id: str, reason: str = "cancelled by user") -> Job:
+        return self.call(lambda s: s.cancel(job_id, reason))
+
+    def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        return self.call(lambda s: s.wait(job_id, timeout))
+
+    def logs(self, job_id: str, since: int = 0, limit: int = 1000) -> LogPage:
+        return self.call(lambda s: s.logs(job_id, since=since, limit=limit))
+
+    def all_logs(self, job_id: str) -> list[LogRecord]:
+        out: list[LogRecord] = []
+        since = 0
+        while True:
+            page = self.logs(job_id, since=since, limit=5000)
+            if not page.records:
+                return out
+            out.extend(page.records)
+            since = page.next_since
+
+    def explain(self, job_id: str) -> str:
+        return self.call(lambda s: s.explain(job_id))
+
+    def workers(self) -> list[WorkerInfo]:
+        return self.call(lambda s: s.workers())
+
+    def get_blob(self, digest: str) -> bytes:
+        return self.call(lambda s: s.get_blob(digest))
+
+    def wait_scheduled(self, job_id: str, timeout: float = 2.0) -> Job:
+        """The job after its first scheduling pass: placed, or queued with a pending reason.
+
+        ``--no-wait`` returns after this, so the handle it shows already says where the job went
+        or why it waits. Returns the job as it is at ``timeout`` otherwise.
+        """
+
+        async def run(s: Session) -> Job:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            cursor = await _event_cursor(s)
+            job = await s.get(job_id)
+            while job.state == JobState.QUEUED and job.pending is None:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                page = await s.events(since=cursor, wait=left)
+                cursor = page.next_since
+                job = await s.get(job_id)
+            return job
+
+        return self.call(run)
+
+    def upload_bundle(self, digest: str, data: bytes) -> bool:
+        """Upload a bundle unless the control plane has that digest already; True if uploaded."""
+
+        async def run(s: Session) -> bool:
+            if await s.has_bundle(digest):
+                return False
+            await s.put_bundle(data, digest)
+            return True
+
+        return self.call(run)
+
+    # -- following a job -------------------------------------------------------------------------
+
+    def watch(self, job_id: str, sink: Callable[[Update], None]) -> Watch:
+        """Follow a job: ``sink`` gets its changes and log batches, then ``done`` (or ``error``).
+
+        ``sink`` runs on the bridge thread: it must be quick and thread-safe (a queue put, a
+        widget trait update).
+        """
+        session = self.ready()
+
+        async def run() -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            self._watches.add(task)
+            try:
+                await _follow(session, job_id, sink)
+            finally:
+                self._watches.discard(task)
+
+        return Watch(asyncio.run_coroutine_threadsafe(run(), self._loop))
+
+    def describe(self) -> str:
+        """Which control plane this bridge talks to, in words."""
+        if self.target.url:
+            return f"served control plane at {self.target.url}"
+        if self.embedded:
+            home = self.target.home or str(home_dir())
+            sim = self.target.simulate_gpus
+            extra = f", {sim} simulated GPUs" if sim else ""
+            return f"embedded control plane in {home} (local worker in this kernel{extra})"
+        where = os.environ.get(URL_ENV) or f"the owner of {home_dir()}"
+        return f"served control plane at {where}"
+
+
+async def _follow(s: Session, job_id: str, sink: Callable[[Update], None]) -> None:
+    try:
+        cursor = await _event_cursor(s)
+        sink(Update("job", job=await s.get(job_id)))
+        changes = asyncio.create_task(_job_changes(s, job_id, cursor, sink))
+        try:
+            since = 0
+            while True:
+                page = await s.logs(job_id, since=since, wait=LONG_POLL, limit=1000)
+                if page.records:
+                    sink(Update("logs", records=page.records))
+                    since = page.next_since
+                elif page.state.terminal:
+                    break
+        finally:
+            changes.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await changes
+        sink(Update("done", job=await s.get(job_id)))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - handed to the cell, which shows it
+        sink(Update("error", error=exc))
+
+
+async def _event_cursor(s: Session) -> int:
+    """The current end of the event stream, without fetching the backlog.
+
+    Asking for events after a point far ahead, without waiting, answers at once with no events
+    and ``next_since`` = the newest event's number.
+    """
+    try:
+        return (await s.events(since=1 << 53, wait=0.0)).next_since
+    except InvalidInput:  # a server that refuses a cursor from the future: take the backlog
+        return (await s.events(since=0, wait=0.0)).next_since
+
+
+async def _job_changes(s: Session, job_id: str, since: int, sink: Callable[[Update], None]) -> None:
+    """Pass on the job's state, pending explanation and progress as they change (long-poll)."""
+    failures = 0
+    while True:
+        try:
+            page = await s.events(since=since, wait=LONG_POLL)
+            failures = 0
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a restarting server; logs still flow
+            failures += 1
+            await asyncio.sleep(min(5.0, 0.2 * 2**failures))  # retry backoff
+            continue
+        since = page.next_since
+        latest: Job | None = None
+        for e in page.events:
+            if e.kind == "job" and e.job is not None and e.job.id == job_id:
+                latest = e.job
+        if page.reset:
+            latest = await s.get(job_id)
+        if latest is not None:
+            sink(Update("job", job=latest))
+
+
+# -- the kernel's bridge ---------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_current: Bridge | None = None
+
+
+def get_bridge() -> Bridge:
+    """The kernel's bridge, opened on first use (and again after a failed open)."""
+    global _current
+    with _lock:
+        if _current is None or _current.closed or _current.failed:
+            target = _current.target if _current is not None and _current.failed else None
+            _current = Bridge(target)
+        return _current
+
+
+def current_bridge() -> Bridge | None:
+    return _current
+
+
+def reconnect(target: Target) -> Bridge:
+    """Close the kernel's bridge (if any) and open one to ``target``."""
+    global _current
+    with _lock:
+        old, _current = _current, None
+    if old is not None:
+        old.close()
+    with _lock:
+        _current = Bridge(target)
+        return _current
+
+
+def close_bridge() -> None:
+    global _current
+    with _lock:
+        old, _current = _current, None
+    if old is not None:
+        old.close()
+
+
+atexit.register(close_bridge)

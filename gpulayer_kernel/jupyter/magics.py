@@ -1,0 +1,506 @@
+"""The IPython extension: ``%%gpulayer`` runs a cell as a GPUlayer job, ``%gpulayer`` manages jobs.
+
+``%load_ext gpulayer_kernel`` registers both and opens the kernel's bridge in the background: to
+the served control plane when ``GPULAYER_URL`` is set (the Jupyter server extension sets it), else
+to the embedded default in this process, so a notebook runs the same in JupyterLab, plain IPython,
+nbconvert or nbval. A thin edge: parse the options, bundle the cell, call the control plane,
+render. The cell source (+ ``--files``) becomes a content-addressed bundle uploaded only when the
+control plane lacks its digest; the worker runs it with ``python -m gpulayer_kernel.runner
+cell:cell.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import getpass
+import json
+import os
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+from IPython.core import magic, magic_arguments
+from IPython.core.error import StdinNotImplementedError, UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.core.magic import Magics, magics_class
+from IPython.core.magic_arguments import MagicArgumentParser
+
+from .. import bundles
+from ..contracts import Job, JobSpec, JobState, ensure_json, parse
+from ..errors import GPUlayerError, NotJSON
+from . import render
+from .bridge import Bridge, Target, get_bridge, reconnect
+from .handle import CellError, JobHandle, NoResult, follow, result_of
+
+CELL_FILE = "cell.py"
+# Line 1 of cell.py stands for the %%gpulayer line, so traceback line numbers match the cell.
+CELL_HEADER = "# %%gpulayer cell (this line stands for the magic line)\n"
+DISPLAY_ENV = "GPULAYER_DISPLAY"
+DISPLAY_MODES = ("auto", "widget", "text")
+IN_HINT = (
+    "--in sends plain JSON (numbers, strings, lists, dicts). For a tensor or an array, send a "
+    "list (x.tolist()) when it is small, or save it to a file (torch.save, numpy.save) and send "
+    "the file with --files PATH; a job's own files come back as artifacts"
+)
+# JobSpec fields named by a validation error, and the option the user typed.
+_OPTION_OF = {
+    "resources.gpus": "--gpus",
+    "resources.nodes": "--nodes",
+    "resources.gpu_kind": "--gpu-kind",
+    "resources.worker": "--worker",
+    "timeout": "--timeout",
+    "retries": "--retries",
+    "env": "--env",
+    "secrets": "--secret",
+    "name": "--name",
+}
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+# IPython's magic_arguments is untyped, and its magic markers return a union; typed views of them:
+argument = cast(Callable[..., Callable[[_F], _F]], magic_arguments.argument)
+magic_args = cast(Callable[[str], Callable[[_F], _F]], magic_arguments.magic_arguments)
+parse_argstring = cast(Callable[[Any, str], Any], magic_arguments.parse_argstring)
+cell_magic = cast(Callable[[str], Callable[[_F], _F]], magic.cell_magic)
+line_magic = cast(Callable[[str], Callable[[_F], _F]], magic.line_magic)
+new_parser = cast(Callable[..., MagicArgumentParser], MagicArgumentParser)
+
+_display_mode: str | None = None
+_last: JobHandle | None = None
+
+
+def last_job() -> JobHandle | None:
+    """The handle of the last job a ``%%gpulayer`` cell submitted in this kernel."""
+    return _last
+
+
+def display_mode() -> str:
+    """``widget`` or ``text``: how this kernel shows jobs (``%gpulayer display`` sets it)."""
+    mode = _display_mode or os.environ.get(DISPLAY_ENV, "auto").strip().lower() or "auto"
+    if mode == "text":
+        return "text"
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return "text"  # plain IPython in a terminal, or a script: nothing renders widgets
+    try:
+        import anywidget  # noqa: F401
+    except ImportError:
+        return "text"
+    if mode == "widget":
+        return "widget"
+    # A kernel started by a Jupyter server for a notebook (JupyterLab, Notebook 7) has this;
+    # nbval, nbconvert and jupyter_client scripts do not, and nothing renders widgets there.
+    return "widget" if os.environ.get("JPY_SESSION_NAME") else "text"
+
+
+def _error(exc: GPUlayerError) -> CellError:
+    """A GPUlayer error, shown in the cell as its message and hint (no internal traceback)."""
+    message = exc.message
+    for field, option in _OPTION_OF.items():
+        message = message.replace(f"JobSpec: {field}:", f"{option}:")
+    return CellError(message, hint=exc.hint, details=exc.details, code=exc.code)
+
+
+def _pairs(values: list[str], flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CellError(f"{flag} {item!r} is not KEY=VALUE", hint=f"write {flag} NAME=value")
+        out[key] = value
+    return out
+
+
+@magics_class
+class GPUlayerMagics(Magics):
+    """``%%gpulayer`` (run a cell as a job) and ``%gpulayer`` (status, jobs, logs, cancel...)."""
+
+    @property
+    def ns(self) -> dict[str, Any]:
+        assert self.shell is not None
+        ns: dict[str, Any] = self.shell.user_ns
+        return ns
+
+    # -- %%gpulayer --------------------------------------------------------------------------------
+
+    @magic_args("%gpulayer")
+    @argument("-h", "--help", action="store_true", help="show this help; submit nothing")
+    @argument("--gpus", type=int, default=0, metavar="N", help="GPUs per node (default 0: CPU)")
+    @argument(
+        "--gpu-kind",
+        default="",
+        metavar="KIND[,KIND...]",
+        help="acceptable GPU kinds, preferred first, e.g. h100,a100",
+    )
+    @argument(
+        "--fallback",
+        choices=["cpu"],
+        default=None,
+        help="run on a CPU-only worker when no GPU can take the job",
+    )
+    @argument("--nodes", type=int, default=1, metavar="M", help="workers for a multi-node gang")
+    @argument("--timeout", type=float, default=None, metavar="SECONDS", help="kill it after this")
+    @argument("--retries", type=int, default=0, metavar="N", help="re-runs after a failure")
+    @argument("--env", action="append", default=[], metavar="K=V", help="environment variable")
+    @argument(
+        "--secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a secret set on the control plane, as an environment variable of the job",
+    )
+    @argument(
+        "--in",
+        dest="inputs",
+        action="append",
+        default=[],
+        metavar="a,b",
+        help="kernel variables sent to the job as JSON and bound to the same names",
+    )
+    @argument(
+        "--out",
+        default=None,
+        metavar="NAME",
+        help="assign the cell's result (its last expression, or job.result(...)) to NAME",
+    )
+    @argument(
+        "--files",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="PATH",
+        help="local files or folders bundled with the cell (relative to the notebook)",
+    )
+    @argument("--name", default=None, help="the job's name (default: cell)")
+    @argument("--worker", default=None, metavar="NAME", help="run only on this worker")
+    @argument(
+        "--no-wait",
+        action="store_true",
+        help="return a JobHandle at once: .result(), .logs(), .cancel(), .wait(), .job",
+    )
+    @argument("--handle", default=None, metavar="NAME", help="also bind the JobHandle to NAME")
+    @cell_magic("gpulayer")
+    def gpulayer_cell(self, line: str, cell: str) -> JobHandle | None:
+        """Run this cell as a GPUlayer job and bring its logs and result back.
+
+        The cell runs as plain Python on a worker, in a fresh namespace: ``--in`` variables are
+        bound, and the value of its last expression (or what it passes to
+        ``gpulayer_kernel.job.result``) is its result, as JSON. Files it writes to
+        ``$GPULAYER_OUTPUT`` come back as artifacts (``handle.artifacts``). Interrupting the kernel
+        cancels the job.
+        """
+        try:
+            args = parse_argstring(self.gpulayer_cell, line)
+        except UsageError as exc:
+            usage = _cell_parser().format_usage().replace("::\n\n  ", "usage: ", 1)
+            raise UsageError(f"{exc}\n{usage}see all options with %%gpulayer --help") from None
+        if args.help:
+            print(_cell_parser().format_help().replace("::\n\n  ", "usage: ", 1))
+            return None
+        try:
+            return self._run_cell(args, cell)
+        except CellError:
+            raise
+        except GPUlayerError as exc:
+            raise _error(exc) from None
+
+    def _run_cell(self, args: Any, cell: str) -> JobHandle | None:
+        global _last
+        if args.out is not None and args.no_wait:
+            raise CellError(
+                "--out needs the cell to wait for its result",
+                hint="with --no-wait, take the result from the handle: handle.result()",
+            )
+        for flag, name in (("--out", args.out), ("--handle", args.handle)):
+            if name is not None and not name.isidentifier():
+                raise CellError(f"{flag} {name!r} is not a valid Python variable name")
+        if not cell.strip():
+            raise CellError("the cell is empty", hint="write the code to run below %%gpulayer")
+        _check_syntax(cell)
+        inputs = self._inputs(args.inputs)
+        digest, data = _bundle(cell, args.files)
+        spec = parse(
+            JobSpec,
+            {
+                "name": args.name or "cell",
+                "workload": {
+                    "kind": "python",
+                    "bundle": digest,
+                    "entrypoint": f"cell:{CELL_FILE}",
+                    "args": inputs,
+                },
+                "resources": {
+                    "gpus": args.gpus,
+                    "nodes": args.nodes,
+                    "gpu_kind": [k for k in args.gpu_kind.split(",") if k.strip()],
+                    "fallback": [args.fallback] if args.fallback else [],
+                    "worker": args.worker,
+                },
+                "env": _pairs(args.env, "--env"),
+                "secrets": args.secret,
+                "timeout": args.timeout,
+                "retries": args.retries,
+            },
+        )
+        bridge = get_bridge()
+        bridge.upload_bundle(digest, data)
+        job = bridge.submit(spec)
+        widget = _widget(bridge, job, blocking=not args.no_wait)
+        handle = JobHandle(bridge, job, widget)
+        _last = handle
+        if args.handle:
+            self.ns[args.handle] = handle
+        if args.no_wait:
+            if widget is not None:
+                bridge.watch(job.id, widget.feed)
+            else:
+                bridge.wait_scheduled(job.id)  # so the handle shown says where it went or why not
+            return handle
+        if widget is not None:
+            from IPython.display import display
+
+            display(widget)  # type: ignore[no-untyped-call]  # IPython.display is untyped
+        view: render.JobView = render.TextView() if widget is None else widget
+        final = follow(bridge, job.id, view)
+        value = result_of(final)
+        if args.out is not None:
+            if value is None:
+                raise NoResult(
+                    f"--out {args.out}: the cell produced no value, so nothing was assigned",
+                    hint="end the cell with an expression, or call "
+                    "gpulayer_kernel.job.result(value) in it",
+                )
+            self.ns[args.out] = value
+        return None
+
+    def _inputs(self, specs: list[str]) -> dict[str, Any]:
+        names = [n.strip() for s in specs for n in s.split(",") if n.strip()]
+        out: dict[str, Any] = {}
+        for name in names:
+            if not name.isidentifier():
+                raise CellError(f"--in {name!r} is not a variable name", hint="write --in a,b")
+            if name not in self.ns:
+                raise CellError(
+                    f"--in {name}: there is no variable {name!r} in the kernel",
+                    hint="define it in a cell above first",
+                )
+            try:
+                ensure_json(self.ns[name], f"--in {name}")
+            except NotJSON as exc:
+                raise CellError(
+                    exc.message, hint=IN_HINT, details=exc.details, code=exc.code
+                ) from None
+            # Tuples become lists here, as they would on the wire.
+            out[name] = json.loads(json.dumps(self.ns[name]))
+        return out
+
+    # -- %gpulayer ---------------------------------------------------------------------------------
+
+    @line_magic("gpulayer")
+    def gpulayer_line(self, line: str) -> Any:
+        """Manage GPUlayer from a notebook: ``%gpulayer COMMAND [ARGS]``.
+
+        Commands: status, workers, jobs [--state S] [--limit N], logs JOB, show JOB, explain JOB,
+        cancel JOB, connect URL [--token T], local [--home DIR] [--simulate-gpus N]
+        [--simulate-kind KIND], display auto|widget|text, help. JOB is a job id (or a unique
+        prefix of 4+ characters).
+        """
+        words = shlex.split(line)
+        command = words[0] if words else "status"
+        if command in ("help", "-h", "--help"):
+            print(_LINE_HELP)
+            return None
+        handler = _LINE_COMMANDS.get(command)
+        if handler is None:
+            raise UsageError(f"unknown command {command!r}\n{_LINE_HELP}")
+        try:
+            return handler(self, words[1:])
+        except GPUlayerError as exc:
+            raise exc if isinstance(exc, CellError) else _error(exc) from None
+
+    def _status(self, argv: list[str]) -> None:
+        _parser("status").parse_args(argv)
+        bridge = get_bridge()
+        workers = bridge.workers()
+        jobs = bridge.jobs(limit=1000)
+        print(f"GPUlayer: {bridge.describe()}")
+        gpus = sum(len(w.capabilities.devices) for w in workers)
+        sim = " (simulated)" if any(w.capabilities.simulated for w in workers) else ""
+        print(f"workers: {len(workers)}, GPUs: {gpus}{sim}")
+        counts: dict[str, int] = {}
+        for j in jobs:
+            counts[j.state.value] = counts.get(j.state.value, 0) + 1
+        shown = ", ".join(f"{counts[s.value]} {s.value}" for s in JobState if s.value in counts)
+        print(f"jobs: {shown or 'none yet'}")
+        print(f"display: {display_mode()}")
+
+    def _workers(self, argv: list[str]) -> None:
+        _parser("workers").parse_args(argv)
+        print(render.workers_table(get_bridge().workers()))
+
+    def _jobs(self, argv: list[str]) -> None:
+        p = _parser("jobs")
+        p.add_argument("--state", action="append", default=[], choices=[s.value for s in JobState])
+        p.add_argument("--limit", type=int, default=20)
+        a = p.parse_args(argv)
+        jobs = get_bridge().jobs([JobState(s) for s in a.state], limit=a.limit)
+        print(render.jobs_table(jobs))
+
+    def _job_command(self, name: str, argv: list[str]) -> str:
+        p = _parser(name)
+        p.add_argument("job", help="job id (or a unique prefix)")
+        job_id: str = p.parse_args(argv).job
+        return job_id
+
+    def _logs(self, argv: list[str]) -> None:
+        job_id = self._job_command("logs", argv)
+        text = render.logs(get_bridge().all_logs(job_id))
+        print(text or "(no log lines)")
+
+    def _show(self, argv: list[str]) -> None:
+        print(render.summary(get_bridge().get(self._job_command("show", argv))))
+
+    def _explain(self, argv: list[str]) -> None:
+        print(get_bridge().explain(self._job_command("explain", argv)))
+
+    def _cancel(self, argv: list[str]) -> None:
+        bridge = get_bridge()
+        job = bridge.cancel(self._job_command("cancel", argv))
+        if not job.state.terminal:
+            job = bridge.wait(job.id, timeout=30.0)
+        print(render.state_line(job))
+
+    def _connect(self, argv: list[str]) -> None:
+        p = _parser("connect")
+        p.add_argument("url", help="the control plane, e.g. https://gpu-box:8800")
+        p.add_argument("--token", default=None, help="a client token (asked for when omitted)")
+        a = p.parse_args(argv)
+        token = a.token
+        if token is None:
+            try:
+                token = getpass.getpass(f"GPUlayer token for {a.url}: ")
+            except StdinNotImplementedError:
+                raise CellError(
+                    "this frontend cannot ask for the token",
+                    hint="pass it: %gpulayer connect URL --token TOKEN",
+                ) from None
+        bridge = reconnect(Target(url=a.url, token=token))
+        workers = bridge.workers()  # fails here, clearly, when the URL or token is wrong
+        print(f"connected to the {bridge.describe()} ({len(workers)} workers)")
+
+    def _local(self, argv: list[str]) -> None:
+        p = _parser("local")
+        p.add_argument("--home", default=None, help="state folder (default $GPULAYER_HOME)")
+        p.add_argument("--simulate-gpus", type=int, default=None, metavar="N")
+        p.add_argument("--simulate-kind", default=None, metavar="KIND", help="e.g. a100-80gb")
+        a = p.parse_args(argv)
+        bridge = reconnect(
+            Target(
+                local=True,
+                home=a.home,
+                simulate_gpus=a.simulate_gpus,
+                simulate_kind=a.simulate_kind,
+            )
+        )
+        workers = bridge.workers()
+        print(f"using the {bridge.describe()}")
+        print(render.workers_table(workers))
+
+    def _display(self, argv: list[str]) -> None:
+        global _display_mode
+        p = _parser("display")
+        p.add_argument("mode", choices=DISPLAY_MODES)
+        _display_mode = p.parse_args(argv).mode
+        print(f"display: {display_mode()}")
+
+
+def _cell_parser() -> MagicArgumentParser:
+    """The parser magic_arguments built for ``%%gpulayer`` (its options and their help)."""
+    parser: MagicArgumentParser = GPUlayerMagics.gpulayer_cell.parser  # type: ignore[attr-defined]
+    return parser
+
+
+def _parser(command: str) -> MagicArgumentParser:
+    return new_parser(prog=f"%gpulayer {command}")
+
+
+_LINE_COMMANDS: dict[str, Callable[[GPUlayerMagics, list[str]], Any]] = {
+    "status": GPUlayerMagics._status,
+    "workers": GPUlayerMagics._workers,
+    "jobs": GPUlayerMagics._jobs,
+    "logs": GPUlayerMagics._logs,
+    "show": GPUlayerMagics._show,
+    "explain": GPUlayerMagics._explain,
+    "cancel": GPUlayerMagics._cancel,
+    "connect": GPUlayerMagics._connect,
+    "local": GPUlayerMagics._local,
+    "display": GPUlayerMagics._display,
+}
+
+_LINE_HELP = """\
+%gpulayer COMMAND
+  status                      where jobs go, workers, GPUs and job counts (the default)
+  workers                     workers and their devices
+  jobs [--state S] [--limit N] recent jobs
+  logs JOB                    a job's log so far
+  show JOB                    a job's state, placement, progress, result and artifacts
+  explain JOB                 why a job waits, or why it went where it went
+  cancel JOB                  cancel a job and wait until its processes are stopped
+  connect URL [--token T]     use a served control plane (asks for the token if omitted)
+  local [--home DIR] [--simulate-gpus N] [--simulate-kind KIND]
+                              use an embedded control plane in this kernel
+  display auto|widget|text    how %%gpulayer cells show jobs
+Run a cell as a job with %%gpulayer; see its options with %%gpulayer --help."""
+
+
+def _check_syntax(cell: str) -> None:
+    try:
+        ast.parse(CELL_HEADER + cell, filename=CELL_FILE)
+    except SyntaxError as exc:
+        raise CellError(
+            f"line {exc.lineno} of the cell: {exc.msg}",
+            hint="a %%gpulayer cell runs as plain Python on the worker (no ! or % lines)",
+            code="cell_syntax",
+        ) from None
+
+
+def _bundle(cell: str, files: list[str]) -> tuple[str, bytes]:
+    """The cell (+ files) as a content-addressed bundle: same source, same digest."""
+    source = (CELL_HEADER + cell).encode()
+    digest, data = bundles.build_from_paths(
+        [Path(f) for f in files], Path.cwd(), extra={CELL_FILE: source}
+    )
+    if files and bundles.read_files(data).get(CELL_FILE) != source:
+        raise CellError(
+            f"--files: a file named {CELL_FILE} would replace the cell's own source",
+            hint=f"rename it; {CELL_FILE} at the top of the bundle is the cell",
+        )
+    return digest, data
+
+
+def _widget(bridge: Bridge, job: Job, *, blocking: bool) -> Any:
+    if display_mode() != "widget":
+        return None
+    from .widget import JobWidget
+
+    return JobWidget(bridge, job, blocking=blocking)
+
+
+def _job_text(obj: Job, p: Any, cycle: bool) -> None:
+    p.text(render.summary(obj))
+
+
+def load_ipython_extension(ipython: InteractiveShell) -> None:
+    """``%load_ext gpulayer_kernel``: register the magics and open the bridge in the background."""
+    ipython.register_magics(GPUlayerMagics)
+    if ipython.display_formatter is not None:
+        ipython.display_formatter.formatters["text/plain"].for_type(Job, _job_text)
+    get_bridge()  # starts opening now (a local worker probes its GPUs: ~1-2 s)
+
+
+def unload_ipython_extension(ipython: InteractiveShell) -> None:
+    from .bridge import close_bridge
+
+    close_bridge()

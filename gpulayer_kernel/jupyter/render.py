@@ -1,0 +1,273 @@
+"""Plain-text rendering of jobs, logs and workers, and the text view of a running cell.
+
+Where widgets cannot render (nbval, nbconvert, a terminal IPython) a ``%%gpulayer`` cell shows the
+same information as the widget, as text: one line when the job is submitted, the pending
+explanation while it waits, its log lines as they arrive (``[rank N]`` prefixed for a gang),
+progress now and then, and one closing line. The widget and the reprs use the same helpers, so
+a placement or a progress line reads the same everywhere.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol, TextIO
+
+from ..contracts import Job, JobState, LogRecord, WorkerInfo
+
+PROGRESS_EVERY = 2.0  # seconds between two printed progress lines: a log, not a progress bar
+
+
+class JobView(Protocol):
+    """What a running cell shows; implemented by ``TextView`` and the widget."""
+
+    def update(self, job: Job) -> None: ...
+    def add_logs(self, records: Sequence[LogRecord]) -> None: ...
+    def note(self, text: str) -> None: ...
+    def finish(self, job: Job) -> None: ...
+
+
+def duration(seconds: float) -> str:
+    """``0.21s``, ``12.3s``, ``2m 05s``, ``1h 02m``."""
+    if seconds < 10:
+        return f"{seconds:.2f}s"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m {int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h {int(seconds % 3600 // 60):02d}m"
+
+
+def elapsed(job: Job, now: float | None = None) -> float | None:
+    """Seconds the job has run (or ran); None before it started."""
+    if job.started_at is None:
+        return None
+    end = job.finished_at if job.finished_at is not None else (now or time.time())
+    return max(0.0, end - job.started_at)
+
+
+def ranks(job: Job) -> int:
+    """How many ranks (processes) the job runs as: one per placed device of a gang."""
+    if job.placement is None or not job.spec.is_gang:
+        return 1
+    return sum(max(1, len(n.devices)) for n in job.placement.nodes if not n.cpu_fallback) or 1
+
+
+def placement(job: Job) -> str:
+    """``local-vm GPUs 0,1 (simulated) · ranks 0-1``, ``local-vm on CPU (fallback)`` or ``-``."""
+    if job.placement is None:
+        return "-"
+    parts = []
+    base = 0
+    for n in job.placement.nodes:
+        if n.cpu_fallback:
+            parts.append(f"{n.worker_name} on CPU (fallback)")
+            continue
+        if not n.devices:
+            parts.append(f"{n.worker_name} (CPU)")
+            continue
+        where = f"{n.worker_name} GPU{'s' if len(n.devices) > 1 else ''} "
+        where += ",".join(map(str, n.devices))
+        if n.simulated:
+            where += " (simulated)"
+        if job.spec.is_gang:
+            last = base + len(n.devices) - 1
+            where += f" · rank{'s' if last > base else ''} {base}" + (
+                f"-{last}" if last > base else ""
+            )
+            base = last + 1
+        parts.append(where)
+    return "; ".join(parts)
+
+
+def progress(fields: Mapping[str, Any] | None) -> str:
+    """``step 30/100 (30%) · loss 0.412 · lr 0.001``; empty without progress."""
+    if not fields:
+        return ""
+    out = []
+    step, total = fields.get("step"), fields.get("total")
+    if isinstance(step, (int, float)) and not isinstance(step, bool):
+        if isinstance(total, (int, float)) and not isinstance(total, bool) and total > 0:
+            out.append(f"step {step:g}/{total:g} ({100 * step / total:.0f}%)")
+        else:
+            out.append(f"step {step:g}")
+    for key, value in fields.items():
+        if key in ("step", "total"):
+            continue
+        if isinstance(value, float):
+            out.append(f"{key} {value:.4g}")
+        else:
+            out.append(f"{key} {value}")
+    return " · ".join(out)
+
+
+def state_line(job: Job, now: float | None = None) -> str:
+    """One line: ``job 3f2a1b2c3d4e (cell) running on local-vm GPUs 0,1 (simulated), 3.21s``."""
+    text = f"job {job.id} ({job.spec.name}) {job.state.value}"
+    if job.placement is not None and job.state in (JobState.PLACED, JobState.RUNNING):
+        text += f" on {placement(job)}"
+    took = elapsed(job, now)
+    if took is not None:
+        text += f" {'in' if job.state.terminal else 'for'} {duration(took)}"
+    if job.state.terminal and job.state != JobState.SUCCEEDED and job.reason:
+        text += f": {job.reason}"
+    return text
+
+
+def summary(job: Job, now: float | None = None) -> str:
+    """A few lines for reprs and ``%gpulayer`` answers: state, placement, why, progress, outputs."""
+    lines = [state_line(job, now)]
+    if job.state == JobState.QUEUED and job.pending is not None and job.pending.sentence:
+        lines.append(f"  waiting: {job.pending.sentence}")
+    if job.placement is not None:
+        lines.append(f"  placement: {placement(job)}")
+    text = progress(job.progress)
+    if text:
+        lines.append(f"  progress: {text}")
+    if job.state == JobState.SUCCEEDED and job.result is not None:
+        shown = repr(job.result)
+        lines.append(f"  result: {shown if len(shown) <= 200 else shown[:197] + '...'}")
+    for a in job.artifacts:
+        lines.append(f"  artifact: {a.name} ({a.size} bytes)")
+    return "\n".join(lines)
+
+
+def log_text(record: LogRecord) -> str:
+    """A log line as shown in a cell: ``[rank 1] text`` for a rank, ``gpulayer: ...`` for ours."""
+    prefix = f"[rank {record.rank}] " if record.rank is not None else ""
+    if record.stream == "system":
+        return f"gpulayer: {prefix}{record.text}"
+    return f"{prefix}{record.text}"
+
+
+def logs(records: Iterable[LogRecord]) -> str:
+    return "\n".join(log_text(r) for r in records)
+
+
+def age(t: float | None, now: float | None = None) -> str:
+    if t is None:
+        return "-"
+    d = max(0.0, (now or time.time()) - t)
+    if d < 60:
+        return f"{d:.0f}s ago"
+    if d < 3600:
+        return f"{d / 60:.0f}m ago"
+    return f"{d / 3600:.1f}h ago"
+
+
+def jobs_table(jobs: Sequence[Job], now: float | None = None) -> str:
+    if not jobs:
+        return "no jobs yet; run a cell with %%gpulayer"
+    rows = [f"{'ID':<13}{'NAME':<20}{'STATE':<11}{'SUBMITTED':<11}PLACEMENT"]
+    for j in jobs:
+        rows.append(
+            f"{j.id:<13}{j.spec.name[:19]:<20}{j.state.value:<11}"
+            f"{age(j.submitted_at, now):<11}{placement(j)}"
+        )
+    return "\n".join(rows)
+
+
+def workers_table(workers: Sequence[WorkerInfo], now: float | None = None) -> str:
+    if not workers:
+        return "no workers; start one with: gpulayer worker --server URL --join-token TOKEN"
+    lines = []
+    for w in workers:
+        sim = " (simulated GPUs)" if w.capabilities.simulated else ""
+        gpus = len(w.capabilities.devices)
+        what = f"{gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "no GPUs"
+        lines.append(
+            f"{w.name}  {w.state.value}  {what}{sim}  heartbeat {age(w.last_heartbeat, now)}"
+        )
+        for d in w.capabilities.devices:
+            user = w.device_jobs.get(d.index)
+            mem = f"{d.memory_bytes / 2**30:.0f} GiB" if d.memory_bytes else "?"
+            tag = " [simulated]" if d.simulated else ""
+            lines.append(
+                f"  gpu {d.index}: {d.kind} {mem}{tag}  {'job ' + user if user else 'free'}"
+            )
+    return "\n".join(lines)
+
+
+class TextView:
+    """Streams a job into the cell as text: logs as they arrive, state changes as lines.
+
+    Every write is flushed at once: ipykernel otherwise batches stream output for up to 200 ms,
+    and a log line should reach the notebook within one round trip of the worker printing it.
+    """
+
+    def __init__(
+        self,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+    ) -> None:
+        self._out = out
+        self._err = err
+        self._state: JobState | None = None
+        self._sentence = ""
+        self._progress_at = 0.0
+        self._progress = ""
+
+    @property
+    def out(self) -> TextIO:
+        return self._out or sys.stdout
+
+    @property
+    def err(self) -> TextIO:
+        return self._err or sys.stderr
+
+    def _say(self, text: str) -> None:
+        self.out.write(f"gpulayer: {text}\n")
+        self.out.flush()
+
+    def update(self, job: Job) -> None:
+        if self._state is None:
+            self._say(f"job {job.id} submitted ({job.spec.name})")
+        self._state = job.state
+        sentence = job.pending.sentence if job.pending is not None else ""
+        if job.state == JobState.QUEUED and sentence and sentence != self._sentence:
+            self._sentence = sentence
+            hint = (
+                "waiting helps"
+                if job.pending is not None and job.pending.waiting_helps
+                else ("waiting won't help")
+            )
+            self._say(
+                f"waiting: {sentence} ({hint}; cancel with `%gpulayer cancel {job.id}` "
+                "or interrupt the kernel)"
+            )
+        text = progress(job.progress)
+        now = time.monotonic()
+        if text and text != self._progress and now - self._progress_at >= PROGRESS_EVERY:
+            self._progress, self._progress_at = text, now
+            self._say(f"progress: {text}")
+
+    def add_logs(self, records: Sequence[LogRecord]) -> None:
+        # stdout and our own notes go to stdout (red stderr blocks are for the job's stderr);
+        # consecutive lines for one stream are written at once, in order.
+        chunk: list[str] = []
+        dest: TextIO | None = None
+        for r in records:
+            target = self.err if r.stream == "stderr" else self.out
+            if target is not dest and chunk:
+                self._write(dest, chunk)
+            dest = target
+            chunk.append(log_text(r) + "\n")
+        if chunk:
+            self._write(dest, chunk)
+
+    @staticmethod
+    def _write(dest: TextIO | None, chunk: list[str]) -> None:
+        assert dest is not None
+        dest.write("".join(chunk))
+        dest.flush()
+        chunk.clear()
+
+    def note(self, text: str) -> None:
+        self._say(text)
+
+    def finish(self, job: Job) -> None:
+        text = progress(job.progress)
+        if text and text != self._progress:
+            self._say(f"progress: {text}")
+        self._say(state_line(job))

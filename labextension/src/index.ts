@@ -1,0 +1,202 @@
+/**
+ * The GPUlayer JupyterLab extension: the sidebar panel, job log tabs, and the commands
+ * notebooks and other extensions use (`gpulayer:show-job {id}` focuses a job in the panel).
+ */
+import {
+  ILayoutRestorer,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import {
+  Clipboard,
+  Dialog,
+  ICommandPalette,
+  MainAreaWidget,
+  Notification,
+  WidgetTracker,
+  showDialog
+} from '@jupyterlab/apputils';
+import { PageConfig } from '@jupyterlab/coreutils';
+import type { ReadonlyPartialJSONObject } from '@lumino/coreutils';
+
+import { APIError, GPUlayerAPI, IJob } from './api';
+import { notebookPath, shortId } from './format';
+import { gpulayerIcon } from './icon';
+import { LogView } from './logview';
+import { GPUlayerModel } from './model';
+import { GPUlayerPanel, IPanelActions, PANEL_ID } from './panel';
+import { findJob } from './state';
+
+/** The commands this extension adds; `gpulayer:show-job {id}` is for notebooks and others. */
+export const CommandIDs = {
+  openPanel: 'gpulayer:open-panel',
+  showJob: 'gpulayer:show-job',
+  openLogs: 'gpulayer:open-logs',
+  cancelJob: 'gpulayer:cancel-job'
+} as const;
+
+function jobIdArg(args: ReadonlyPartialJSONObject): string {
+  const id = args.id;
+  if (typeof id !== 'string' || !id) {
+    throw new Error('this command needs a job id: {"id": "<job id>"}');
+  }
+  return id;
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: '@gpulayer/jupyterlab:plugin',
+  description: 'GPUlayer sidebar: workers, GPUs, queue, jobs and live logs.',
+  autoStart: true,
+  optional: [ILayoutRestorer, ICommandPalette],
+  activate: (
+    app: JupyterFrontEnd,
+    restorer: ILayoutRestorer | null,
+    palette: ICommandPalette | null
+  ): void => {
+    const { commands, shell } = app;
+    const model = new GPUlayerModel({ api: GPUlayerAPI.forServer() });
+    const logs = new WidgetTracker<MainAreaWidget<LogView>>({
+      namespace: 'gpulayer-logs'
+    });
+
+    const resolveJob = async (id: string): Promise<IJob> =>
+      findJob(model.state, id) ?? (await model.api.job(id));
+
+    const actions: IPanelActions & { showInPanel(id: string): void } = {
+      openLogs: id => void commands.execute(CommandIDs.openLogs, { id }),
+      cancel: job =>
+        void commands.execute(CommandIDs.cancelJob, { id: job.id }),
+      openNotebook: label => {
+        const path = notebookPath(label, PageConfig.getOption('serverRoot'));
+        if (path === null) {
+          Notification.warning(
+            `GPUlayer: the notebook ${label} is outside this server's folder`,
+            { autoClose: 5000 }
+          );
+          return;
+        }
+        void commands.execute('docmanager:open', { path });
+      },
+      copy: text => {
+        Clipboard.copyToSystem(text);
+        Notification.info('Copied to the clipboard', { autoClose: 2000 });
+      },
+      showInPanel: id => void commands.execute(CommandIDs.showJob, { id })
+    };
+
+    const panel = new GPUlayerPanel(model, actions);
+    shell.add(panel, 'left', { rank: 700 });
+    restorer?.add(panel, PANEL_ID);
+    model.start();
+
+    commands.addCommand(CommandIDs.openPanel, {
+      label: 'GPUlayer: Show Workers, Queue and Jobs',
+      icon: gpulayerIcon,
+      execute: () => shell.activateById(panel.id)
+    });
+
+    commands.addCommand(CommandIDs.showJob, {
+      label: args =>
+        `GPUlayer: Show Job ${typeof args.id === 'string' ? shortId(args.id) : ''}`,
+      describedBy: {
+        args: {
+          type: 'object',
+          properties: {
+            id: { type: 'string', description: 'job id or unique prefix' }
+          },
+          required: ['id']
+        }
+      },
+      execute: async args => {
+        const id = jobIdArg(args);
+        shell.activateById(panel.id);
+        try {
+          const job = await resolveJob(id);
+          if (!model.state.jobs.has(job.id)) {
+            model.noteJob(job);
+          }
+          panel.focusJob(job.id);
+        } catch (error) {
+          Notification.error(`GPUlayer: ${message(error)}`, {
+            autoClose: 5000
+          });
+        }
+      }
+    });
+
+    commands.addCommand(CommandIDs.openLogs, {
+      label: args =>
+        `GPUlayer: Job Logs ${typeof args.id === 'string' ? shortId(args.id) : ''}`,
+      execute: async args => {
+        const id =
+          (await resolveJob(jobIdArg(args)).catch(() => null))?.id ??
+          jobIdArg(args);
+        const open = logs.find(w => w.content.jobId === id);
+        if (open) {
+          shell.activateById(open.id);
+          return open;
+        }
+        const content = new LogView(model, id, actions);
+        const widget = new MainAreaWidget({ content });
+        widget.id = `gpulayer-logs-${id}`;
+        widget.title.label = `Job ${shortId(id)}`;
+        widget.title.icon = gpulayerIcon;
+        widget.title.closable = true;
+        const job = findJob(model.state, id);
+        if (job) {
+          widget.title.label = `${job.spec.name} · ${shortId(id)}`;
+        }
+        widget.title.caption = `GPUlayer job ${id}: logs`;
+        await logs.add(widget);
+        shell.add(widget, 'main');
+        shell.activateById(widget.id);
+        return widget;
+      }
+    });
+
+    commands.addCommand(CommandIDs.cancelJob, {
+      label: 'GPUlayer: Cancel Job…',
+      execute: async args => {
+        const id = jobIdArg(args);
+        try {
+          const job = await resolveJob(id);
+          const answer = await showDialog({
+            title: 'Cancel this job?',
+            body: `${job.spec.name} (${shortId(job.id)}) is ${job.state}. Cancelling stops all its processes.`,
+            buttons: [
+              Dialog.cancelButton({ label: 'Keep it running' }),
+              Dialog.warnButton({ label: 'Cancel job' })
+            ]
+          });
+          if (!answer.button.accept) {
+            return;
+          }
+          model.noteJob(await model.api.cancel(job.id));
+        } catch (error) {
+          Notification.error(`GPUlayer: could not cancel: ${message(error)}`, {
+            autoClose: 5000
+          });
+        }
+      }
+    });
+
+    palette?.addItem({ command: CommandIDs.openPanel, category: 'GPUlayer' });
+
+    if (restorer) {
+      void restorer.restore(logs, {
+        command: CommandIDs.openLogs,
+        args: w => ({ id: w.content.jobId }),
+        name: w => w.content.jobId
+      });
+    }
+  }
+};
+
+function message(error: unknown): string {
+  if (error instanceof APIError) {
+    return error.hint ? `${error.message} (${error.hint})` : error.message;
+  }
+  return error instanceof Error ? error.message : String(error);
+}
+
+export default plugin;

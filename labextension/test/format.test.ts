@@ -1,0 +1,177 @@
+import { describe, expect, it } from 'vitest';
+
+import {
+  deviceJob,
+  formatAge,
+  formatBytes,
+  formatDevice,
+  formatDuration,
+  formatExit,
+  formatJobClock,
+  formatPlacement,
+  formatProgress,
+  formatRequest,
+  notebookPath,
+  rankPrefix,
+  stateTone,
+  workerCommand
+} from '../src/format';
+import { job, worker } from './fixtures';
+
+describe('durations and ages', () => {
+  it('stays compact at every scale', () => {
+    expect(formatDuration(0)).toBe('0s');
+    expect(formatDuration(4.9)).toBe('4s');
+    expect(formatDuration(185)).toBe('3m 05s');
+    expect(formatDuration(2 * 3600 + 10 * 60 + 7)).toBe('2h 10m');
+    expect(formatDuration(3 * 86400 + 4 * 3600)).toBe('3d 4h');
+    expect(formatDuration(-5)).toBe('0s');
+    expect(formatDuration(Number.NaN)).toBe('–');
+  });
+
+  it('says "just now" under a second and "… ago" after', () => {
+    expect(formatAge(100, 100.4)).toBe('just now');
+    expect(formatAge(100, 103)).toBe('3s ago');
+    expect(formatAge(105, 100)).toBe('just now'); // a clock a little ahead
+  });
+});
+
+describe('sizes and devices', () => {
+  it('prints binary units like GPU tools do', () => {
+    expect(formatBytes(0)).toBe('0 B');
+    expect(formatBytes(512)).toBe('512 B');
+    expect(formatBytes(1536)).toBe('1.5 KiB');
+    expect(formatBytes(80 * 1024 ** 3)).toBe('80 GiB');
+    expect(formatBytes(24 * 1024 ** 3 + 1)).toBe('24 GiB');
+  });
+
+  it('marks simulated devices', () => {
+    const sim = {
+      index: 1,
+      vendor: 'sim',
+      name: 'A100-80GB',
+      kind: 'a100',
+      memory_bytes: 80 * 1024 ** 3
+    };
+    expect(formatDevice(sim)).toBe('#1 A100-80GB · 80 GiB (simulated)');
+    const real = { ...sim, vendor: 'nvidia', memory_bytes: 0 };
+    expect(formatDevice(real)).toBe('#1 A100-80GB');
+  });
+
+  it('finds the job on a device through JSON string keys', () => {
+    const w = worker('w1', 'box', { device_jobs: { '0': 'abc' } });
+    expect(deviceJob(w, 0)).toBe('abc');
+    expect(deviceJob(w, 1)).toBeNull();
+  });
+});
+
+describe('jobs', () => {
+  it('describes placements on GPUs, CPUs and several nodes', () => {
+    const node = {
+      worker_id: 'w',
+      worker_name: 'box',
+      devices: [0, 1],
+      simulated: true,
+      node_rank: 0,
+      cpu_fallback: false
+    };
+    const gang = job('a', 1, {
+      placement: {
+        explanation: '',
+        nodes: [
+          node,
+          { ...node, worker_name: 'box2', devices: [3], simulated: false }
+        ]
+      }
+    });
+    expect(formatPlacement(gang)).toBe('box GPUs 0,1 (simulated) + box2 GPU 3');
+    const cpu = job('b', 2, {
+      placement: {
+        explanation: '',
+        nodes: [{ ...node, devices: [], cpu_fallback: true }]
+      }
+    });
+    expect(formatPlacement(cpu)).toBe('box CPU (fallback)');
+    expect(formatPlacement(job('c', 3))).toBe('');
+  });
+
+  it('gives each state its clock', () => {
+    expect(formatJobClock(job('a', 1, { submitted_at: 100 }), 130)).toBe(
+      'waiting 30s'
+    );
+    const running = job('b', 2, {
+      state: 'running',
+      placed_at: 100,
+      started_at: 101
+    });
+    expect(formatJobClock(running, 166)).toBe('for 1m 05s');
+    const done = { ...running, state: 'succeeded' as const, finished_at: 105 };
+    expect(formatJobClock(done, 999)).toBe('took 4s');
+    expect(formatJobClock(job('c', 3, { state: 'cancelled' }), 999)).toBe('');
+  });
+
+  it('reads progress fields the job reported', () => {
+    expect(formatProgress(null)).toEqual({ fraction: null, text: '' });
+    expect(
+      formatProgress({ step: 25, total: 100, loss: 0.31234, phase: 'train' })
+    ).toEqual({
+      fraction: 0.25,
+      text: 'step 25/100 · loss 0.312 · phase train'
+    });
+    expect(formatProgress({ step: 7, samples_per_s: 1234.5 })).toEqual({
+      fraction: null,
+      text: 'step 7 · samples_per_s 1.23e+3'
+    });
+    expect(formatProgress({ step: 200, total: 100 }).fraction).toBe(1);
+    expect(formatProgress({ nested: { a: 1 } }).text).toBe('');
+  });
+
+  it('says what a job asked for', () => {
+    const r = (gpus: number, nodes = 1, kinds: string[] = []) =>
+      formatRequest(
+        job('a', 1, {
+          spec: {
+            ...job('a', 1).spec,
+            resources: { gpus, nodes, gpu_kind: kinds }
+          }
+        })
+      );
+    expect(r(0)).toBe('CPU');
+    expect(r(1, 1, ['h100'])).toBe('1 GPU (h100)');
+    expect(r(2)).toBe('2 GPUs');
+    expect(r(2, 2)).toBe('2×2 GPUs');
+  });
+
+  it('shows exit codes, tones and rank prefixes', () => {
+    expect(formatExit(job('a', 1, { exit_code: 137 }))).toBe('exit 137');
+    expect(formatExit(job('a', 1))).toBe('');
+    expect(stateTone('succeeded')).toBe('ok');
+    expect(stateTone('lost')).toBe('bad');
+    expect(stateTone('running')).toBe('live');
+    expect(stateTone('queued')).toBe('idle');
+    expect(rankPrefix(null)).toBe('');
+    expect(rankPrefix(3)).toBe('[r3] ');
+    expect(workerCommand('https://h:8888/gpulayer/api/v1')).toBe(
+      'GPULAYER_JOIN_TOKEN=<join token> gpulayer worker --server https://h:8888/gpulayer/api/v1'
+    );
+  });
+});
+
+describe('notebook paths', () => {
+  it('maps the kernel path to one under the server root', () => {
+    expect(notebookPath('/home/me/work/a/b.ipynb', '/home/me/work')).toBe(
+      'a/b.ipynb'
+    );
+    expect(notebookPath('/home/me/work/b.ipynb', '/home/me/work/')).toBe(
+      'b.ipynb'
+    );
+    expect(notebookPath('C:\\Users\\me\\n.ipynb', 'C:\\Users\\me')).toBe(
+      'n.ipynb'
+    );
+    expect(notebookPath('./rel/x.ipynb', '/srv')).toBe('rel/x.ipynb');
+    expect(notebookPath('/elsewhere/x.ipynb', '/home/me/work')).toBeNull();
+    expect(
+      notebookPath('/home/me/workshop/x.ipynb', '/home/me/work')
+    ).toBeNull();
+  });
+});

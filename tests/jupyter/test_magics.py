@@ -1,0 +1,368 @@
+"""``%%gpulayer`` and ``%gpulayer`` in an in-process IPython shell, on a real control plane.
+
+One shell and one embedded control plane (with its local worker) per module; every job runs for
+real as a subprocess. Option parsing and bad input are checked here; the kernel-level behaviour
+(live streaming over iopub, interrupts) is in ``test_kernel.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+from gpulayer_kernel.contracts import JobState
+from gpulayer_kernel.jupyter import bridge as bridge_mod
+from gpulayer_kernel.jupyter import magics
+from gpulayer_kernel.jupyter.handle import CellError, JobCancelled, JobFailed, JobHandle, NoResult
+
+
+@pytest.fixture(scope="module")
+def ip(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InteractiveShell]:
+    root = tmp_path_factory.mktemp("shell")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GPULAYER_HOME", str(root / "home"))
+    mp.setenv("IPYTHONDIR", str(root / "ipython"))
+    for var in (
+        "GPULAYER_URL",
+        "GPULAYER_TOKEN",
+        "GPULAYER_SIMULATE_GPUS",
+        "GPULAYER_DISPLAY",
+        "JPY_SESSION_NAME",
+    ):
+        mp.delenv(var, raising=False)
+    mp.chdir(root)
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_line_magic("load_ext", "gpulayer_kernel.jupyter")
+        yield shell
+    finally:
+        bridge_mod.close_bridge()
+        mp.undo()
+        leftovers = [
+            p
+            for p in psutil.Process().children(recursive=True)
+            if "gpulayer_kernel.runner" in " ".join(_cmdline(p))
+        ]
+        assert not leftovers, f"job processes left running: {leftovers}"
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+def cell(ip: InteractiveShell, line: str, body: str) -> Any:
+    return ip.run_cell_magic("gpulayer", line, body)
+
+
+def job_count() -> int:
+    return len(bridge_mod.get_bridge().jobs(limit=1000))
+
+
+# -- options and bad input ---------------------------------------------------------------------
+
+
+def test_unknown_option_prints_usage_and_submits_nothing(ip: InteractiveShell) -> None:
+    before = job_count()
+    with pytest.raises(UsageError) as err:
+        cell(ip, "--gpuz 1", "1 + 1")
+    text = str(err.value)
+    assert "unrecognized arguments: --gpuz 1" in text
+    assert "usage: %%gpulayer [-h] [--gpus N]" in text and "--help" in text
+    assert job_count() == before
+
+
+def test_help_documents_every_option_and_submits_nothing(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = job_count()
+    assert cell(ip, "--help", "1 + 1") is None
+    out = capsys.readouterr().out
+    for option in (
+        "--gpus",
+        "--gpu-kind",
+        "--fallback",
+        "--nodes",
+        "--timeout",
+        "--retries",
+        "--env",
+        "--secret",
+        "--in",
+        "--out",
+        "--files",
+        "--name",
+        "--worker",
+        "--no-wait",
+        "--handle",
+    ):
+        assert option in out
+    assert job_count() == before
+
+
+def test_non_json_in_value_is_refused_with_a_pointer_to_files(ip: InteractiveShell) -> None:
+    import torch
+
+    ip.user_ns["weights"] = torch.zeros(3)
+    before = job_count()
+    with pytest.raises(CellError) as err:
+        cell(ip, "--in weights", "weights")
+    assert err.value.code == "not_json"
+    assert "--in weights is a torch.Tensor, which is not JSON" in err.value.message
+    assert "--files" in err.value.hint and "tolist" in err.value.hint
+    assert job_count() == before
+    # Shown as one clean message, not a traceback through GPUlayer's code.
+    assert err.value._render_traceback_()[0].endswith(err.value.message)
+
+
+def test_unknown_in_variable_and_bad_names(ip: InteractiveShell) -> None:
+    with pytest.raises(CellError, match="there is no variable 'nope' in the kernel"):
+        cell(ip, "--in nope", "1")
+    with pytest.raises(CellError, match="not a valid Python variable name"):
+        cell(ip, "--out 1x", "1")
+    with pytest.raises(CellError, match="--out needs the cell to wait"):
+        cell(ip, "--out x --no-wait", "1")
+
+
+def test_missing_files_path_is_named(ip: InteractiveShell) -> None:
+    before = job_count()
+    with pytest.raises(CellError) as err:
+        cell(ip, "--files data/missing.csv", "1")
+    assert "'data/missing.csv' does not exist" in err.value.message
+    assert job_count() == before
+
+
+def test_syntax_error_is_reported_before_submitting(ip: InteractiveShell) -> None:
+    before = job_count()
+    with pytest.raises(CellError, match="line 3 of the cell"):
+        cell(ip, "", "x = 1\ndef broken(:\n")
+    assert job_count() == before
+
+
+def test_invalid_resource_names_the_option(ip: InteractiveShell) -> None:
+    with pytest.raises(CellError, match="--gpus"):
+        cell(ip, "--gpus -1", "1")
+    with pytest.raises(CellError, match="--env 'X' is not KEY=VALUE"):
+        cell(ip, "--env X", "1")
+
+
+# -- running cells ---------------------------------------------------------------------------
+
+
+def test_in_values_are_bound_and_out_gets_the_result(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ip.user_ns.update(a=[1, 2, 3], b=(4, 5))
+    cell(ip, "--in a,b --out total --name summing", "print('adding', a, b)\nsum(a) + sum(b)\n")
+    assert ip.user_ns["total"] == 15
+    out = capsys.readouterr().out
+    assert "adding [1, 2, 3] [4, 5]" in out  # the tuple travelled as JSON: a list
+    assert "(summing) succeeded" in out
+    assert magics.last_job() is not None and magics.last_job().name == "summing"
+
+
+def test_job_result_call_sets_the_result(ip: InteractiveShell) -> None:
+    cell(ip, "--out r", "from gpulayer_kernel import job\njob.result({'ok': True})\nx = 1\n")
+    assert ip.user_ns["r"] == {"ok": True}
+
+
+def test_out_without_a_value_assigns_nothing(ip: InteractiveShell) -> None:
+    ip.user_ns.pop("nothing", None)
+    with pytest.raises(NoResult, match="--out nothing: the cell produced no value"):
+        cell(ip, "--out nothing", "x = 1\n")
+    assert "nothing" not in ip.user_ns
+
+
+def test_failure_shows_the_traceback_with_cell_line_numbers(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ip.user_ns.pop("never", None)
+    with pytest.raises(JobFailed, match="exited with code 1"):
+        cell(ip, "--out never", "x = 1\nraise ValueError('boom')\n")
+    err = capsys.readouterr().err
+    # Line 3 of the notebook cell: line 1 is the %%gpulayer line.
+    assert 'File "cell.py", line 3, in <module>' in err
+    assert "ValueError: boom" in err
+    assert "runner.py" not in err  # GPUlayer's own frames are filtered out
+    assert "never" not in ip.user_ns
+
+
+def test_unchanged_cell_reuses_its_bundle(
+    ip: InteractiveShell, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    session = bridge_mod.get_bridge().ready()
+    uploads: list[str] = []
+    real = session.put_bundle
+
+    async def counting(data: bytes, digest: str | None = None) -> str:
+        uploads.append(digest or "")
+        return await real(data, digest)
+
+    monkeypatch.setattr(session, "put_bundle", counting)
+    (tmp_path / "helper.py").write_text("def twice(x):\n    return 2 * x\n")
+    body = f"# reuse test {time.time()}\nfrom helper import twice\ntwice(21)\n"
+    line = f"--files {tmp_path / 'helper.py'} --out v"
+    cell(ip, line, body)
+    cell(ip, line, body)
+    assert ip.user_ns["v"] == 42
+    assert len(uploads) == 1  # the second run found the digest and uploaded nothing
+    cell(ip, line, body + "\n")  # a changed cell is a new bundle
+    assert len(uploads) == 2
+
+
+def test_no_wait_handle_pending_reason_and_cancel(ip: InteractiveShell) -> None:
+    handle = cell(ip, "--gpus 1 --no-wait --handle waiting", "print('never runs here')")
+    assert isinstance(handle, JobHandle) and ip.user_ns["waiting"] is handle
+    deadline = time.monotonic() + 10
+    while handle.job.pending is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    job = handle.job
+    assert job.state == JobState.QUEUED and job.pending is not None
+    assert "no GPUs" in job.pending.sentence and not job.pending.waiting_helps
+    assert "no GPUs" in handle.explain()
+    assert "waiting:" in repr_text(ip, handle)
+    final = handle.cancel()
+    assert final.state == JobState.CANCELLED
+    with pytest.raises(JobCancelled):
+        handle.result()
+
+
+def repr_text(ip: InteractiveShell, obj: object) -> str:
+    assert ip.display_formatter is not None
+    data, _ = ip.display_formatter.format(obj)
+    return str(data["text/plain"])
+
+
+def test_blocking_gpu_cell_says_why_it_waits_until_cancelled(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bridge = bridge_mod.get_bridge()
+
+    def cancel_when_waiting() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            for j in bridge.jobs([JobState.QUEUED]):
+                if j.pending is not None and j.spec.name == "wants-a-gpu":
+                    time.sleep(0.2)  # let the cell print the reason first
+                    bridge.cancel(j.id)
+                    return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=cancel_when_waiting)
+    t.start()
+    try:
+        with pytest.raises(JobCancelled):
+            cell(ip, "--gpus 1 --name wants-a-gpu", "1")
+    finally:
+        t.join()
+    out = capsys.readouterr().out
+    assert "waiting: 0/1 workers can run job" in out and "no GPUs" in out
+    assert "waiting won't help" in out
+
+
+def test_fallback_cpu_runs_on_the_cpu(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cell(ip, "--gpus 1 --fallback cpu --out where", "import os\nos.environ['CUDA_VISIBLE_DEVICES']")
+    assert ip.user_ns["where"] == ""
+    assert "on CPU (fallback)" in capsys.readouterr().out
+
+
+def test_env_progress_and_artifacts(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    body = (
+        "import os\n"
+        "from gpulayer_kernel import job\n"
+        "job.progress(step=5, total=10, loss=0.5)\n"
+        "(job.output_dir() / 'report.txt').write_text(os.environ['GREETING'])\n"
+        "'done'\n"
+    )
+    cell(ip, "--env GREETING=hi --handle made --out status", body)
+    assert ip.user_ns["status"] == "done"
+    handle: JobHandle = ip.user_ns["made"]
+    assert [a.name for a in handle.artifacts] == ["report.txt"]
+    assert handle.read_artifact("report.txt") == b"hi"
+    saved = handle.download("report.txt", tmp_path)
+    assert saved.read_text() == "hi"
+    assert "progress: step 5/10 (50%) · loss 0.5" in capsys.readouterr().out
+    assert "artifact: report.txt (2 bytes)" in repr_text(ip, handle.job)  # Job's own repr
+
+
+# -- %gpulayer ---------------------------------------------------------------------------------
+
+
+def test_line_commands(ip: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    cell(ip, "--name listed", "print('line one')")
+    job_id = magics.last_job().id  # type: ignore[union-attr]
+    capsys.readouterr()
+    ip.run_line_magic("gpulayer", "status")
+    out = capsys.readouterr().out
+    assert "embedded control plane" in out and "workers: 1, GPUs: 0" in out
+    assert "display: text" in out
+    ip.run_line_magic("gpulayer", "workers")
+    assert "no GPUs" in capsys.readouterr().out
+    ip.run_line_magic("gpulayer", "jobs --limit 5")
+    assert job_id in capsys.readouterr().out
+    ip.run_line_magic("gpulayer", f"logs {job_id[:6]}")
+    assert "line one" in capsys.readouterr().out
+    ip.run_line_magic("gpulayer", f"explain {job_id}")
+    assert "placed on local-" in capsys.readouterr().out
+    ip.run_line_magic("gpulayer", f"show {job_id}")
+    assert "placement: local-" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="unknown command 'frobnicate'"):
+        ip.run_line_magic("gpulayer", "frobnicate")
+    with pytest.raises(UsageError):
+        ip.run_line_magic("gpulayer", "logs")  # JOB is required
+    with pytest.raises(CellError, match="no job 'ffffffff'"):
+        ip.run_line_magic("gpulayer", "logs ffffffff")
+
+
+def test_cancel_command(ip: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    handle = cell(ip, "--no-wait", "import time\nprint('sleeping', flush=True)\ntime.sleep(60)")
+    deadline = time.monotonic() + 20
+    while handle.state != JobState.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ip.run_line_magic("gpulayer", f"cancel {handle.id}")
+    assert f"job {handle.id} (cell) cancelled" in capsys.readouterr().out
+    assert handle.state == JobState.CANCELLED
+
+
+def test_display_modes(ip: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert magics.display_mode() == "text"  # not a kernel: nothing renders widgets
+    monkeypatch.setenv("GPULAYER_DISPLAY", "widget")
+    assert magics.display_mode() == "text"  # even when asked: there is no frontend
+
+
+def test_connect_refuses_an_unreachable_server_then_local_again(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(CellError, match="cannot reach the control plane"):
+        ip.run_line_magic("gpulayer", "connect http://127.0.0.1:9 --token t")
+    ip.run_line_magic("gpulayer", "local")
+    assert "using the embedded control plane" in capsys.readouterr().out
+    cell(ip, "--out back", "'back'")
+    assert ip.user_ns["back"] == "back"
+
+
+def test_follow_a_no_wait_job_later(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    handle = cell(ip, "--no-wait --name later", "print('from the background')\n7 * 6")
+    assert "(later)" in repr_text(ip, handle)
+    final = handle.follow()
+    assert final.state == JobState.SUCCEEDED and handle.result() == 42
+    out = capsys.readouterr().out
+    assert "from the background" in out and "(later) succeeded" in out
+    assert "from the background" in str(handle.logs())
+    ip.run_line_magic("gpulayer", "")  # no command: status
+    assert "jobs:" in capsys.readouterr().out
