@@ -32,6 +32,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
+# The browser tests drive Debian's Chromium; Playwright must never download a browser of its own.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
 
 step "installing torch (${GPULAYER_TORCH:-torch==2.13.0})"
 if ! .venv/bin/python -c 'import torch' 2>/dev/null; then

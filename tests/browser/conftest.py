@@ -43,7 +43,10 @@ PANEL_TAB = '.jp-SideBar.jp-mod-left li[data-id="gpulayer-panel"]'
 def require_browser() -> Any:
     """Skip (the calling test module) without Chromium or Playwright; else Playwright's sync API."""
     if not shutil.which(CHROMIUM):
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install -y chromium)")
+        message = f"no Chromium at {CHROMIUM} (apt-get install -y chromium)"
+        if os.environ.get("CI"):  # CI installs it (install.sh --dev): missing is a failure there
+            pytest.fail(message)
+        pytest.skip(message)
     return pytest.importorskip("playwright.sync_api")
 
 

@@ -1,0 +1,66 @@
+"""The JupyterLab panel's own checks (prettier, eslint, strict tsc, vitest) and its built bundle.
+
+They run here so that the README's one test command covers the TypeScript side too. Without
+Node.js/jlpm they skip on a developer machine and fail in CI (``CI`` set), where install.sh
+provides both.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+def _jlpm() -> str:
+    found = shutil.which("jlpm", path=os.pathsep.join([VENV_BIN, os.environ.get("PATH", "")]))
+    if found is None or shutil.which("node") is None:
+        message = "jlpm/node not available (./install.sh --dev installs them)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": os.pathsep.join([VENV_BIN, os.environ.get("PATH", "")])}
+    return subprocess.run(
+        [_jlpm(), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def node_modules() -> None:
+    if not (ROOT / "node_modules").is_dir():
+        r = _run("install", "--immutable")
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_typescript_lint_and_strict_types(node_modules: None) -> None:
+    r = _run("lint:check")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_typescript_unit_tests(node_modules: None) -> None:
+    r = _run("test")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout
+
+
+def test_the_built_panel_ships_in_the_package() -> None:
+    bundle = ROOT / "gpulayer_kernel" / "labextension"
+    if not (bundle / "package.json").exists():
+        message = "the lab extension is not built (pip install -e . builds it when Node.js exists)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    assert (bundle / "static" / "style.js").exists()
