@@ -56,9 +56,9 @@ def build(files: Mapping[str, bytes]) -> tuple[str, bytes]:
     return digest_of(raw), raw
 
 
-def build_from_paths(paths: Iterable[Path], base: Path, extra: Mapping[str, bytes] = {}) -> tuple[
-    str, bytes
-]:
+def build_from_paths(
+    paths: Iterable[Path], base: Path, extra: Mapping[str, bytes] = {}
+) -> tuple[str, bytes]:
     """Bundle files (and folders, recursively) named relative to ``base``, plus ``extra``."""
     files: dict[str, bytes] = dict(extra)
     for path in paths:
@@ -75,8 +75,8 @@ def build_from_paths(paths: Iterable[Path], base: Path, extra: Mapping[str, byte
                 try:
                     rel = member.resolve().relative_to(base.resolve())
                 except ValueError:
-                    rel = Path(member.name) if not full.is_dir() else member.relative_to(
-                        full.parent
+                    rel = (
+                        Path(member.name) if not full.is_dir() else member.relative_to(full.parent)
                     )
                 files[rel.as_posix()] = member.read_bytes()
     return build(files)

@@ -1,7 +1,10 @@
 """The embedded default: a ControlPlane on SQLite under ``$GPULAYER_HOME`` and a local worker.
 
 No server to start: ``gpulayer run``, plain IPython and tests open one of these in-process. It
-takes the state directory's lock for as long as it lives.
+takes the state directory's lock for as long as it lives. With ``serve=ServeOptions(...)`` it also
+serves the HTTP API (127.0.0.1, a random port by default) and publishes its address and a fresh
+client token in the lock file (mode 0600), so a ``gpulayer jobs`` in another terminal connects to
+it instead of failing on the lock (DESIGN rule 3); ``gpulayer serve`` is this with a fixed port.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import os
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from .contracts import WorkerCapabilities, WorkerRegistration
 from .controlplane import ControlPlane
@@ -26,7 +31,27 @@ from .worker.agent import WorkerAgent
 from .worker.executor import ExecutorConfig
 from .worker.transport import InProcessTransport
 
+if TYPE_CHECKING:
+    from .api import ApiLimits, ApiServer
+    from .security import TokenService
+
 SIMULATE_ENV = "GPULAYER_SIMULATE_GPUS"
+# The client token published in the lock file for local commands; replaced at every start.
+LOCAL_TOKEN_NAME = "local-session"
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Where and how an Embedded control plane serves the HTTP API."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    ca_cert: str | None = None  # what local clients should trust; default: the certificate
+    limits: ApiLimits | None = None
+
+
 SIMULATE_KIND_ENV = "GPULAYER_SIMULATE_KIND"
 
 
@@ -78,8 +103,9 @@ async def local_capabilities(
     if cache is not None and not any(e.startswith("probe:") for e in caps.probe_errors):
         with contextlib.suppress(OSError):
             cache.write_text(
-                json.dumps({"key": key, "time": time.time(),
-                            "capabilities": caps.model_dump(mode="json")})
+                json.dumps(
+                    {"key": key, "time": time.time(), "capabilities": caps.model_dump(mode="json")}
+                )
             )
     return caps
 
@@ -96,6 +122,7 @@ class Embedded:
         simulate_kind: str | None = None,
         heartbeat_timeout: float = 30.0,
         worker_name: str | None = None,
+        serve: ServeOptions | bool = False,
     ) -> None:
         self.layout = Layout(home_dir(home))
         self.lock = StateLock(self.layout)
@@ -109,14 +136,27 @@ class Embedded:
         self._simulate = (simulate_gpus, simulate_kind)
         self._worker_name = worker_name or f"local-{socket.gethostname()}"
         self.worker: WorkerAgent | None = None
+        self._serve = ServeOptions() if serve is True else serve or None
+        self.tokens: TokenService | None = None
+        self.api: ApiServer | None = None
+        self.url: str | None = None
+        self._local_token: str | None = None
 
     async def start(self) -> Embedded:
+        if self._serve is not None:
+            from .security import check_serve
+
+            check_serve(self._serve.host, self._serve.tls_cert, self._serve.tls_key)
         self.lock.acquire()
         try:
             await self.store.open()
             await self.cp.start()
+            if self._serve is not None:
+                await self._start_api(self._serve)
             if self._want_worker:
-                caps = await local_capabilities(*self._simulate, cache=self.layout.root / "probe.json")
+                caps = await local_capabilities(
+                    *self._simulate, cache=self.layout.root / "probe.json"
+                )
                 self.worker = WorkerAgent(
                     InProcessTransport(self.cp),
                     WorkerRegistration(name=self._worker_name, capabilities=caps),
@@ -129,7 +169,34 @@ class Embedded:
             raise
         return self
 
+    async def _start_api(self, opts: ServeOptions) -> None:
+        from .api import ApiServer
+        from .security import TokenKind, TokenService, server_context
+
+        ssl_ctx = server_context(opts.tls_cert, opts.tls_key or "") if opts.tls_cert else None
+        tokens = await TokenService(self.store).load()
+        self.tokens = tokens
+        # A crashed predecessor's published token must not outlive it.
+        await tokens.revoke_where(
+            lambda r: r.kind == TokenKind.CLIENT and r.name == LOCAL_TOKEN_NAME
+        )
+        rec, secret = await tokens.create(TokenKind.CLIENT, name=LOCAL_TOKEN_NAME)
+        self._local_token = rec.id
+        self.api = ApiServer(self.cp, tokens, ssl_context=ssl_ctx, limits=opts.limits)
+        self.url = await self.api.start(opts.host, opts.port)
+        info: dict[str, Any] = {"url": self.url, "token": secret}
+        if opts.tls_cert:
+            info["ca_cert"] = str(Path(opts.ca_cert or opts.tls_cert).resolve())
+        self.lock.publish(info)
+
     async def stop(self) -> None:
+        if self.api is not None:
+            await self.api.stop()
+            self.api = None
+        if self.tokens is not None and self._local_token is not None:
+            with contextlib.suppress(Exception):
+                await self.tokens.revoke(self._local_token)
+            self._local_token = None
         if self.worker is not None:
             await self.worker.stop()
             self.worker = None

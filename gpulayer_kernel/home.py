@@ -57,6 +57,21 @@ def read_owner(layout: Layout) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def live_owner(layout: Layout) -> dict[str, Any]:
+    """The owner's published info, or {} when nobody holds the lock (a killed owner's file stays)."""
+    try:
+        fd = os.open(layout.lock, os.O_RDWR)
+    except FileNotFoundError:
+        return {}
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return read_owner(layout)  # held: the owner is alive
+    finally:
+        os.close(fd)  # closing drops our lock, if we took it
+    return {}
+
+
 class StateLock:
     """An exclusive flock on the state directory, released when the holder exits (even by kill)."""
 

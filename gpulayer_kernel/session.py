@@ -15,7 +15,7 @@ from typing import Protocol
 from .contracts import EventPage, Job, JobSpec, JobState, LogPage, WorkerInfo
 from .embedded import Embedded
 from .errors import Unavailable
-from .home import Layout, home_dir, read_owner
+from .home import Layout, home_dir, live_owner
 
 URL_ENV = "GPULAYER_URL"
 TOKEN_ENV = "GPULAYER_TOKEN"
@@ -51,7 +51,7 @@ def _remote() -> tuple[str, str] | None:
     url = os.environ.get(URL_ENV)
     if url:
         return url, os.environ.get(TOKEN_ENV, "")
-    owner = read_owner(Layout(home_dir()))
+    owner = live_owner(Layout(home_dir()))
     if owner.get("url") and owner.get("token"):
         return str(owner["url"]), str(owner["token"])
     return None
@@ -59,7 +59,7 @@ def _remote() -> tuple[str, str] | None:
 
 @contextlib.asynccontextmanager
 async def open_session(*, local_worker: bool = False) -> AsyncIterator[Session]:
-    """Yield a Session; ``local_worker`` starts an in-process worker when embedded."""
+    """Yield a Session; ``local_worker`` starts an in-process worker (and a loopback API)."""
     remote = _remote()
     if remote is not None:
         try:
@@ -69,5 +69,8 @@ async def open_session(*, local_worker: bool = False) -> AsyncIterator[Session]:
         async with AsyncClient(remote[0], remote[1]) as client:
             yield client
         return
-    async with Embedded(local_worker=local_worker) as emb:
+    # A long-lived embedded host (one with a local worker: `gpulayer run`, a kernel) also serves
+    # the API on loopback and publishes it in the lock file, so that `gpulayer jobs` in another
+    # terminal connects to it instead of failing on the lock (DESIGN rule 3).
+    async with Embedded(local_worker=local_worker, serve=local_worker) as emb:
         yield emb.cp

@@ -131,6 +131,28 @@ def test_ctrl_c_cancels_the_job_and_kills_its_process_group(gl_home: Path) -> No
     assert job["state"] == "cancelled"
 
 
+def test_a_second_process_connects_to_the_live_run_instead_of_the_database(
+    gl_home: Path,
+) -> None:
+    proc, child = _start_run("--name", "long")
+    try:
+        owner = json.loads((gl_home / "controlplane.lock").read_text())
+        assert owner["url"].startswith("http://127.0.0.1:")
+        assert oct((gl_home / "controlplane.lock").stat().st_mode)[-3:] == "600"
+        listed = gl("jobs", "--json")
+        assert listed.returncode == 0, listed.stderr
+        [job] = json.loads(listed.stdout)
+        assert (job["spec"]["name"], job["state"]) == ("long", "running")
+        cancel = gl("cancel", job["id"])
+        assert cancel.returncode == 0 and "cancelled" in cancel.stdout
+        proc.communicate(timeout=30)
+        assert proc.returncode == 130
+        assert _gone(child)
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
 def test_a_killed_gpulayer_run_leaves_no_running_job_behind(gl_home: Path) -> None:
     proc, child = _start_run()
     os.kill(proc.pid, signal.SIGKILL)

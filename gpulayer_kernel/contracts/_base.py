@@ -19,7 +19,6 @@ SHA256_RE = re.compile(SHA256_PATTERN)
 MAX_JSON_BYTES = 1 << 20
 
 
-
 class Contract(BaseModel):
     """A versioned wire contract. Contracts only grow: add fields, never change old meanings."""
 

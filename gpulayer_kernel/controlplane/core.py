@@ -119,6 +119,24 @@ class ControlPlane:
             else:
                 # Remote workers get one heartbeat period to reconnect after a restart.
                 self._workers[w.id] = w.model_copy(update={"last_heartbeat": now})
+        for job in list(self._jobs.values()):
+            # A placed or running job whose worker is gone (lost, offline or never seen again)
+            # would otherwise stay placed forever: the reaper only watches live workers.
+            if job.placement is None or job.state == JobState.QUEUED:
+                continue
+            gone = [
+                wid
+                for wid in job.placement.worker_ids
+                if wid not in self._workers
+                or self._workers[wid].state in (WorkerState.LOST, WorkerState.OFFLINE)
+            ]
+            if gone:
+                reason = "its worker was gone when the control plane restarted"
+                await self._system_log(job.id, reason)
+                if self._may_retry(job):
+                    await self._retry(job, reason)
+                else:
+                    await self._transition(job, JobState.LOST, reason=reason)
         for name, value in (await self._secret_values()).items():
             self.redactor.add(name, value)
         await self._redeliver_placed()
@@ -253,8 +271,9 @@ class ControlPlane:
             left = deadline - time.monotonic()
             if records or job.state.terminal or left <= 0:
                 next_since = records[-1].seq if records else since
-                return LogPage(job_id=job_id, records=records, next_since=next_since,
-                               state=job.state)
+                return LogPage(
+                    job_id=job_id, records=records, next_since=next_since, state=job.state
+                )
             await self._job_signal(job_id).wait(left)
 
     async def _read_logs(self, job_id: str, since: int, limit: int) -> list[LogRecord]:
@@ -282,7 +301,11 @@ class ControlPlane:
         deadline = time.monotonic() + max(0.0, wait)
         while True:
             oldest = self._events[0].seq if self._events else self._event_seq + 1
-            reset = since < oldest - 1 and since != 0 and bool(self._events)
+            # Reset: the events after `since` are gone (dropped from the ring), or `since` is from
+            # before a restart (numbers start again): the client refetches its lists.
+            reset = (since < oldest - 1 and since != 0 and bool(self._events)) or (
+                since > self._event_seq
+            )
             events = [e for e in self._events if e.seq > since] if self._event_seq > since else []
             left = deadline - time.monotonic()
             if events or reset or left <= 0 or not self._started:
@@ -337,7 +360,8 @@ class ControlPlane:
             transport=reg.transport,
             registered_at=old.registered_at if old else now,
             last_heartbeat=now,
-            state=old.state if old and old.state in (WorkerState.CORDONED, WorkerState.DRAINING)
+            state=old.state
+            if old and old.state in (WorkerState.CORDONED, WorkerState.DRAINING)
             else WorkerState.READY,
         )
         self._workers[info.id] = self._with_usage(info)
@@ -465,8 +489,9 @@ class ControlPlane:
         if len(done) < len(job.placement.nodes):
             return job
         self._nodes_done.pop(job.id, None)
-        return await self._finish(job, report.model_copy(update={"artifacts": [],
-                                                                  "result": job.result}))
+        return await self._finish(
+            job, report.model_copy(update={"artifacts": [], "result": job.result})
+        )
 
     async def publish_rendezvous(self, worker_id: str, job_id: str, rdzv: Rendezvous) -> None:
         self._owned(worker_id, job_id)
@@ -591,7 +616,10 @@ class ControlPlane:
             # Second layer of redaction: workers redact first; a missed value stops here.
             records.append(
                 LogRecord.model_construct(
-                    seq=seq, time=line.time, stream=line.stream, rank=line.rank,
+                    seq=seq,
+                    time=line.time,
+                    stream=line.stream,
+                    rank=line.rank,
                     text=redact(line.text),
                 )
             )
@@ -649,9 +677,7 @@ class ControlPlane:
                 await self._transition(job, JobState.LOST, reason=reason)
         self._workers[worker_id] = self._with_usage(w)
         if state != WorkerState.LOST:
-            self._workers[worker_id] = self._workers[worker_id].model_copy(
-                update={"state": state}
-            )
+            self._workers[worker_id] = self._workers[worker_id].model_copy(update={"state": state})
         await self.store.save_workers([self._workers[worker_id]])
         self._worker_event(worker_id)
         self._wake_worker(worker_id)
@@ -667,11 +693,10 @@ class ControlPlane:
                 if w.state in (WorkerState.LOST, WorkerState.OFFLINE):
                     continue
                 if now - w.last_heartbeat > self.heartbeat_timeout:
-                    log.warning("worker %s lost: no heartbeat for %.1fs", w.name,
-                                now - w.last_heartbeat)
-                    await self._lose_worker(
-                        w.id, f"no heartbeat for {now - w.last_heartbeat:.1f}s"
+                    log.warning(
+                        "worker %s lost: no heartbeat for %.1fs", w.name, now - w.last_heartbeat
                     )
+                    await self._lose_worker(w.id, f"no heartbeat for {now - w.last_heartbeat:.1f}s")
             await self._check_rendezvous(now)
 
     async def _check_rendezvous(self, now: float) -> None:
@@ -685,11 +710,16 @@ class ControlPlane:
                 and not job.cancel_requested
             ):
                 reason = (
-                    f"rendezvous did not complete within {self.rendezvous_timeout:.0f}s: the "
+                    f"rendezvous did not complete within {self.rendezvous_timeout:g}s: the "
                     "rank-0 worker never published its address"
                 )
-                await self.cancel(job.id, reason=reason)
-                self._jobs[job.id] = self._jobs[job.id].model_copy(update={"reason": reason})
+                # Fail (not cancel) the gang at once, as _node_finished does: a cancel would
+                # leave the job placed until every worker reported, and call it "cancelled".
+                for wid in job.placement.worker_ids:
+                    self._cancels.setdefault(wid, set()).add(job.id)
+                    self._wake_worker(wid)
+                await self._system_log(job.id, reason)
+                await self._transition(job, JobState.FAILED, reason=reason)
 
     # -- scheduling ------------------------------------------------------------------------------
 
@@ -767,8 +797,12 @@ class ControlPlane:
                 continue
             check_transition(job.id, job.state, JobState.PLACED)
             job = job.model_copy(
-                update={"state": JobState.PLACED, "placement": a.placement, "pending": None,
-                        "placed_at": now}
+                update={
+                    "state": JobState.PLACED,
+                    "placement": a.placement,
+                    "pending": None,
+                    "placed_at": now,
+                }
             )
             self._jobs[job.id] = job
             placed.append(job)
@@ -849,8 +883,9 @@ class ControlPlane:
             secrets = await self.store.get_secrets(job.spec.secrets)
             for node in job.placement.nodes:
                 self._inbox.setdefault(node.worker_id, []).append(
-                    JobAssignment(job=job, node=node, nnodes=len(job.placement.nodes),
-                                  secrets=secrets)
+                    JobAssignment(
+                        job=job, node=node, nnodes=len(job.placement.nodes), secrets=secrets
+                    )
                 )
 
     def pending_report(self, job_id: str) -> PlacementReport | None:

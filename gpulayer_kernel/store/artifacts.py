@@ -53,7 +53,7 @@ def hash_checked(data: bytes, claimed: str | None) -> str:
 
 
 class LocalArtifactStore(ArtifactStore):
-    """Files under ``root/ab/abcdef…``; written temp → fsync → rename so a crash leaves none half."""
+    """Files under ``root/ab/abcdef…``, written temp → fsync → rename: a crash leaves no half."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -109,9 +109,7 @@ class LocalArtifactStore(ArtifactStore):
         try:
             return self._path(digest).stat().st_size
         except FileNotFoundError:
-            raise NotFound(
-                f"no blob with digest {digest[:12]}…", code="blob_not_found"
-            ) from None
+            raise NotFound(f"no blob with digest {digest[:12]}…", code="blob_not_found") from None
 
 
 class MemoryArtifactStore(ArtifactStore):

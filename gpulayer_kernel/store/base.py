@@ -66,6 +66,13 @@ class MetadataStore(abc.ABC):
     @abc.abstractmethod
     async def max_log_seq(self, job_id: str) -> int: ...
 
+    async def count_jobs(self) -> dict[str, int]:
+        """Jobs per state. A generic fallback; stores override it with one query."""
+        counts: dict[str, int] = {}
+        for job in await self.list_jobs(JobQuery(limit=1 << 62)):
+            counts[job.state.value] = counts.get(job.state.value, 0) + 1
+        return counts
+
     @abc.abstractmethod
     async def save_workers(self, workers: Sequence[WorkerInfo]) -> None: ...
 

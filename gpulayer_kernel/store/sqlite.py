@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from ..contracts import Job, JobState, LogRecord, WorkerInfo
+from ..contracts import Job, LogRecord, WorkerInfo
 from ..errors import SchemaTooNew, StoreError, Unavailable
 from .base import JobQuery, MetadataStore, TokenRecord
 

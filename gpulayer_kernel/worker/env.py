@@ -39,9 +39,7 @@ def base_env(
     """The allow-listed part of the worker's environment."""
     source = os.environ if source is None else source
     allowed = ALLOWED | frozenset(extra_allowed)
-    return {
-        k: v for k, v in source.items() if k in allowed or k.startswith(ALLOWED_PREFIXES)
-    }
+    return {k: v for k, v in source.items() if k in allowed or k.startswith(ALLOWED_PREFIXES)}
 
 
 def job_env(

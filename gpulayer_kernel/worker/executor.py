@@ -26,7 +26,7 @@ from ..contracts import Artifact, FinishReport, JobAssignment, PythonWorkload
 from ..errors import GPUlayerError
 from ..job import ARGS_ENV, CONTROL_ENV, JOB_ID_ENV, OUTPUT_ENV, RESULT_ENV
 from ..redact import Redactor
-from . import launch
+from . import launch, zygote
 from .env import base_env, job_env
 from .logship import LogShipper, pump_stream
 from .transport import Transport
@@ -48,6 +48,11 @@ class ExecutorConfig:
     advertise_addr: str = "127.0.0.1"
     rendezvous_timeout: float = 120.0
     bundle_cache: dict[str, bytes] = field(default_factory=dict)
+    # Fork single-process Python jobs from a warm interpreter (worker/zygote.py): saves the job's
+    # interpreter start-up and imports. GPULAYER_WARM_RUNNER=0 turns it off.
+    warm_runner: bool = field(
+        default_factory=lambda: os.environ.get("GPULAYER_WARM_RUNNER", "1") != "0"
+    )
 
 
 class JobExecutor:
@@ -64,7 +69,7 @@ class JobExecutor:
         self.launch = launch.Launch(assignment, transport, config, self.system)
         self._cancel = asyncio.Event()
         self._cancel_reason = "cancelled"
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: zygote.Spawned | None = None  # the cold spawn's Process, or a ZygoteChild
         self.dir = config.work_root / "jobs" / f"{self.job.id}-{self.job.attempts}"
         if self.a.nnodes > 1:
             self.dir = self.dir.with_name(self.dir.name + f"-n{self.a.node.node_rank}")
@@ -172,19 +177,31 @@ class JobExecutor:
         if missing:
             control.close()
             return self._launch_failed(127, missing)
+        workload = spec.workload
+        if (
+            self.config.warm_runner
+            and isinstance(workload, PythonWorkload)
+            and self.a.nnodes == 1
+            and not spec.is_gang  # gangs run under torchrun: always the cold spawn
+        ):
+            # Warm path: fork the job from this worker's zygote, which has already paid the
+            # interpreter's start-up and imports. Same pipes, session, env and exit status as
+            # below; None (zygote unavailable) falls through to the cold spawn.
+            self.proc = await zygote.spawn(self.config, workload.entrypoint, cwd, env)
         # setpriv: if this worker dies hard, the kernel kills the job's main process too.
         prefix = [_SETPRIV, "--pdeathsig", "SIGKILL", "--"] if _SETPRIV else []
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                *prefix,
-                *argv,
-                cwd=cwd,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
-            )
+            if self.proc is None:
+                self.proc = await asyncio.create_subprocess_exec(
+                    *prefix,
+                    *argv,
+                    cwd=cwd,
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    start_new_session=True,
+                )
         except FileNotFoundError:
             control.close()
             return self._launch_failed(127, f"command not found: {argv[0]}")
@@ -215,6 +232,8 @@ class JobExecutor:
             await asyncio.wait_for(asyncio.gather(*pumps, return_exceptions=True), 5.0)
         for t in pumps:
             t.cancel()
+        if isinstance(self.proc, zygote.ZygoteChild):
+            self.proc.close()  # our own pipe transports (a cold spawn's Process closes its own)
         control.close()
         code = self.proc.returncode
         exit_code = _exit_code(code)
@@ -426,12 +445,17 @@ def reap_leftovers(work_root: Path) -> list[int]:
     return killed
 
 
-async def _main_exited(proc: asyncio.subprocess.Process) -> None:
+async def _main_exited(proc: zygote.Spawned) -> None:
     """Wait for the job's main process to exit, even while its children hold the pipes open.
 
     On Python 3.11 ``Process.wait()`` also waits for stdout/stderr to close, which a leftover
     grandchild can delay forever; a pidfd becomes readable the moment the main process exits.
+    A zygote child's ``wait()`` ends with the zygote's exit message, which carries the status
+    (a pidfd would fire before it arrives), and never waits for pipes.
     """
+    if isinstance(proc, zygote.ZygoteChild):
+        await proc.wait()
+        return
     try:
         fd = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):
@@ -439,7 +463,12 @@ async def _main_exited(proc: asyncio.subprocess.Process) -> None:
         return
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+
+    def readable() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    loop.add_reader(fd, readable)
     try:
         await fut
     finally:

@@ -62,7 +62,7 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def deregister(self) -> None: ...
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release connections (nothing to release in-process)."""
 
     def _id(self) -> str:
@@ -78,8 +78,9 @@ class InProcessTransport(Transport):
         self.cp = cp
 
     async def register(self, reg: WorkerRegistration) -> WorkerInfo:
-        info = await self.cp.register(reg.model_copy(update={"transport": "inprocess"}),
-                                      self.worker_id)
+        info = await self.cp.register(
+            reg.model_copy(update={"transport": "inprocess"}), self.worker_id
+        )
         self.worker_id = info.id
         return info
 

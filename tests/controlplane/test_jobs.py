@@ -392,3 +392,34 @@ async def test_events_follow_job_changes(gl_cp: ControlPlane, gl_worker: WorkerF
     assert JobState.RUNNING in states
     assert any(e.kind == "worker" for e in page.events)
     assert page.next_since > first.next_since
+
+
+async def test_a_placed_job_whose_worker_is_gone_at_restart_is_lost(tmp_path: Path) -> None:
+    from gpulayer_kernel.contracts import Job, NodePlacement, Placement
+
+    store = SqliteStore(tmp_path / "db")
+    await store.open()
+    placement = Placement(nodes=[NodePlacement(worker_id="ghost", worker_name="ghost")])
+    stuck = Job(
+        id="stuckjob0001",
+        seq=1,
+        spec=cmd("true"),
+        state=JobState.PLACED,
+        placement=placement,
+        submitted_at=time.time(),
+    )
+    await store.save_jobs([stuck])
+    cp = ControlPlane(store, LocalArtifactStore(tmp_path / "blobs"))
+    await cp.start()
+    try:
+        job = await cp.get("stuckjob0001")
+        assert job.state == JobState.LOST
+        assert job.reason is not None and "gone when the control plane restarted" in job.reason
+    finally:
+        await cp.close()
+        await store.close()
+
+
+async def test_events_after_a_restart_ask_the_client_to_refetch(gl_cp: ControlPlane) -> None:
+    page = await gl_cp.events(since=10_000)
+    assert page.reset and page.next_since < 10_000

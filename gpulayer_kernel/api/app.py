@@ -1,0 +1,149 @@
+"""The standalone host: a tornado Application for ``gpulayer serve`` and an ``ApiServer`` to run it.
+
+``make_app(cp, tokens)`` mounts the user routes on ``ClientTokenAuth`` and the worker routes under
+``/api/v1``; ``ApiServer`` binds it (127.0.0.1 and a random port by default), applies the TLS rule,
+and on ``stop()`` ends every long-poll before closing connections.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import ssl
+from typing import Any
+
+import tornado.httpserver
+import tornado.netutil
+import tornado.web
+
+from ..controlplane import ControlPlane
+from ..security import TokenService, check_serve
+from ._base import ApiContext, ApiLimits, _http_error_body
+from .auth import ClientTokenAuth
+from .handlers import make_context, user_handlers, worker_handlers
+
+PREFIX = "/api/v1"
+access_log = logging.getLogger("gpulayer.access")
+
+
+class JSONNotFound(tornado.web.RequestHandler):
+    """Any path outside the routes: a JSON 404 like every other error."""
+
+    def prepare(self) -> None:
+        raise tornado.web.HTTPError(404)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        self.set_header("Content-Type", "application/json")
+        body = _http_error_body(status_code, "no such route")
+        self.finish(tornado.escape.json_encode(body))
+
+    def log_exception(self, typ: Any, value: BaseException | None, tb: Any) -> None:
+        """A 404 is not worth a log line of its own (the access log has it)."""
+
+
+_TOKEN_RE = re.compile(r"glt_[A-Za-z0-9_-]+")
+
+
+def loggable_path(path: str) -> str:
+    """The path for a log line: a token pasted into a URL by mistake is masked."""
+    return _TOKEN_RE.sub("glt_***", path)
+
+
+def _log_request(handler: tornado.web.RequestHandler) -> None:
+    """Access log without query strings: nothing secret travels there, and we keep it that way."""
+    status = handler.get_status()
+    # Refused credentials are worth a warning; other 4xx are answers (a missing bundle is 404).
+    level = (
+        logging.ERROR
+        if status >= 500
+        else logging.WARNING
+        if status in (401, 403, 413)
+        else logging.INFO
+    )
+    access_log.log(
+        level,
+        "%d %s %s %.1fms",
+        status,
+        handler.request.method,
+        loggable_path(handler.request.path),
+        1000.0 * handler.request.request_time(),
+    )
+
+
+def make_app(
+    cp: ControlPlane,
+    tokens: TokenService,
+    *,
+    limits: ApiLimits | None = None,
+    context: ApiContext | None = None,
+    prefix: str = PREFIX,
+    **settings: Any,
+) -> tornado.web.Application:
+    """The API as a tornado Application; its ApiContext is ``app.settings["gpulayer_context"]``."""
+    ctx = context or make_context(cp, tokens, limits=limits)
+    handlers = [
+        *user_handlers(ClientTokenAuth, prefix, cp, tokens, context=ctx),
+        *worker_handlers(prefix, cp, tokens, context=ctx),
+    ]
+    return tornado.web.Application(
+        handlers,
+        default_handler_class=JSONNotFound,
+        log_function=_log_request,
+        gpulayer_context=ctx,
+        **settings,
+    )
+
+
+def _url_host(host: str) -> str:
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+class ApiServer:
+    """Runs ``make_app`` on a socket; ``url`` is the base to give clients (without /api/v1)."""
+
+    def __init__(
+        self,
+        cp: ControlPlane,
+        tokens: TokenService,
+        *,
+        limits: ApiLimits | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        heartbeat_interval: float | None = None,
+    ) -> None:
+        self.context = make_context(cp, tokens, limits=limits)
+        self.context.heartbeat_interval = heartbeat_interval
+        self.app = make_app(cp, tokens, context=self.context)
+        self.ssl_context = ssl_context
+        self._server: tornado.httpserver.HTTPServer | None = None
+        self.url = ""
+        self.port = 0
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        check_serve(host, "ssl" if self.ssl_context else None, "ssl" if self.ssl_context else None)
+        limits = self.context.limits
+        sockets = tornado.netutil.bind_sockets(port, host or None, family=socket.AF_UNSPEC)
+        self._server = tornado.httpserver.HTTPServer(
+            self.app,
+            ssl_options=self.ssl_context,
+            max_body_size=max(limits.max_blob, limits.drain_max),
+            idle_connection_timeout=3600,
+            body_timeout=600,
+        )
+        self._server.add_sockets(sockets)
+        self.port = int(sockets[0].getsockname()[1])
+        scheme = "https" if self.ssl_context else "http"
+        self.url = f"{scheme}://{_url_host(host)}:{self.port}"
+        return self.url
+
+    async def stop(self) -> None:
+        """End long-polls (they answer 503 shutting_down), stop listening, close connections."""
+        await self.context.drain()
+        if self._server is not None:
+            server, self._server = self._server, None
+            server.stop()
+            await server.close_all_connections()

@@ -1,0 +1,390 @@
+"""The HTTP handlers of ``/api/v1`` (docs/api-routes.md): parse a contract, call the ControlPlane,
+answer a contract. No rule lives here that the ControlPlane does not already enforce, except who
+may call (tokens) and how big a request may be.
+
+User routes are mixins mounted on a host's base class (``user_handlers(base, ...)``): the
+standalone ``ClientTokenAuth`` or jupyter_server's ``APIHandler``. Worker routes are complete
+classes on ``WorkerTokenAuth`` (``worker_handlers(...)``), the same in both hosts.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any
+
+import tornado.web
+
+from ..contracts import (
+    EventPage,
+    Job,
+    JobList,
+    JobSpec,
+    JobState,
+    LogPage,
+    WorkerInfo,
+    WorkerState,
+)
+from ..contracts.jobs import ENV_NAME_RE
+from ..controlplane import ControlPlane
+from ..errors import NotFound, ValidationFailed
+from ..security import TokenService, token_state
+from ..store import TokenRecord
+from ..store.artifacts import check_digest
+from ._base import WAIT, ApiContext, ApiLimits, GLMixin, Param, op, route_pattern
+from .models import (
+    BlobStored,
+    Explanation,
+    SecretNames,
+    SecretValue,
+    Status,
+    TokenCreated,
+    TokenInfo,
+    TokenList,
+    TokenRequest,
+    WorkerList,
+    WorkerStateChange,
+)
+from .worker_routes import WORKER_ROUTES, check_artifact_name, workers_of
+
+LIVE = (WorkerState.LOST, WorkerState.OFFLINE)
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("gpulayer")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source checkout
+        return "0+unknown"
+
+
+def token_info(rec: TokenRecord, now: float) -> TokenInfo:
+    return TokenInfo(
+        id=rec.id,
+        kind=rec.kind,
+        name=rec.name,
+        created_at=rec.created_at,
+        expires_at=rec.expires_at,
+        state=token_state(rec, now),
+        worker_id=rec.worker_id,
+    )
+
+
+# -- user routes (mixins) ----------------------------------------------------------------------
+
+
+class StatusHandler(GLMixin):
+    route = "/status"
+
+    @op("the server's version, live workers and jobs per state", answer=Status)
+    async def get(self) -> Status:
+        workers = [w for w in await workers_of(self.cp) if w.state not in LIVE]
+        counts = await self.cp.job_counts()
+        return Status(version=self.ctx.version, workers=len(workers), jobs=counts)
+
+
+class JobsHandler(GLMixin):
+    route = "/jobs"
+
+    @op("submit a job", body=JobSpec, answer=Job, status=201, errors=(404, 422))
+    async def post(self, body: JobSpec) -> Job:
+        return await self.cp.submit(body)
+
+    @op(
+        "list jobs, newest first",
+        answer=JobList,
+        query=(
+            Param("state", "states", description="repeat to ask for several states"),
+            Param("name", "string", description="exact job name"),
+            Param("label", "label", description="key=value"),
+            Param("limit", "integer", 100, 1, 10_000),
+        ),
+    )
+    async def get(
+        self,
+        state: list[JobState],
+        name: str | None,
+        label: tuple[str, str] | None,
+        limit: float,
+    ) -> JobList:
+        return JobList(jobs=await self.cp.list(state, name=name, label=label, limit=int(limit)))
+
+
+class JobHandler(GLMixin):
+    route = "/jobs/{job_id}"
+
+    @op("one job (full id or a unique prefix of at least 4 characters)", answer=Job)
+    async def get(self, job_id: str) -> Job:
+        return await self.cp.get(job_id)
+
+
+class JobCancelHandler(GLMixin):
+    route = "/jobs/{job_id}/cancel"
+
+    @op("cancel a job (its worker stops the process group)", answer=Job)
+    async def post(self, job_id: str) -> Job:
+        return await self.cp.cancel(job_id)
+
+
+class JobLogsHandler(GLMixin):
+    route = "/jobs/{job_id}/logs"
+
+    @op(
+        "log records after `since` (long-poll with `wait`)",
+        answer=LogPage,
+        query=(Param("since", "integer", 0, 0), WAIT, Param("limit", "integer", 1000, 1, 5000)),
+    )
+    async def get(self, job_id: str, since: float, wait: float, limit: float) -> LogPage:
+        call = self.cp.logs(job_id, since=int(since), wait=wait, limit=int(limit))
+        return await self.long_poll(wait, call)
+
+
+class JobWaitHandler(GLMixin):
+    route = "/jobs/{job_id}/wait"
+
+    @op(
+        "the job once it ends, or as it is at `timeout`",
+        answer=Job,
+        query=(Param("timeout", "number", None, 0, "max_wait", "seconds (default: the most)"),),
+    )
+    async def get(self, job_id: str, timeout: float | None) -> Job:
+        wait = self.ctx.limits.max_wait if timeout is None else timeout
+        return await self.long_poll(wait, self.cp.wait(job_id, wait))
+
+
+class JobExplainHandler(GLMixin):
+    route = "/jobs/{job_id}/explain"
+
+    @op("why a job waits, or why it went where it went", answer=Explanation)
+    async def get(self, job_id: str) -> Explanation:
+        job = await self.cp.get(job_id)
+        return Explanation(job_id=job.id, sentence=await self.cp.explain(job.id))
+
+
+class JobArtifactHandler(GLMixin):
+    route = "/jobs/{job_id}/artifacts/{name:path}"
+
+    @op("the bytes of one of the job's artifacts", answer="bytes")
+    async def get(self, job_id: str, name: str) -> bytes:
+        artifact = await self.cp.artifact_for(job_id, check_artifact_name(name))
+        return await self.cp.get_blob(artifact.digest)
+
+
+class BundleHandler(GLMixin):
+    route = "/bundles/{digest}"
+
+    @op("200 when the control plane has this bundle, else 404")
+    async def head(self, digest: str) -> None:
+        if not await self.cp.has_bundle(check_digest(digest)):
+            self.set_status(404)
+        self.finish()
+
+    @op(
+        "upload a bundle; its sha256 must be the digest",
+        body="bytes",
+        answer=BlobStored,
+        status=201,
+        errors=(413, 422),
+    )
+    async def put(self, digest: str, data: bytes) -> BlobStored:
+        stored = await self.cp.put_bundle(data, check_digest(digest))
+        return BlobStored(digest=stored, size=len(data))
+
+    @op("download a bundle", answer="bytes")
+    async def get(self, digest: str) -> bytes:
+        return await self.cp.get_bundle(check_digest(digest))
+
+
+class ArtifactHandler(GLMixin):
+    route = "/artifacts/{digest}"
+
+    @op("download a blob (artifact or bundle) by digest", answer="bytes")
+    async def get(self, digest: str) -> bytes:
+        return await self.cp.get_blob(check_digest(digest))
+
+
+class WorkersHandler(GLMixin):
+    route = "/workers"
+
+    @op("every worker with its devices and what runs there", answer=WorkerList)
+    async def get(self) -> WorkerList:
+        return WorkerList(workers=await workers_of(self.cp))
+
+
+class WorkerStateHandler(GLMixin):
+    route = "/workers/{worker_id}/state"
+
+    @op("cordon, drain or make ready a worker", body=WorkerStateChange, answer=WorkerInfo)
+    async def post(self, worker_id: str, body: WorkerStateChange) -> WorkerInfo:
+        return await self.cp.set_worker_state(worker_id, WorkerState(body.state))
+
+
+class EventsHandler(GLMixin):
+    route = "/events"
+
+    @op(
+        "job and worker changes after `since` (long-poll with `wait`)",
+        answer=EventPage,
+        query=(Param("since", "integer", 0, 0), WAIT),
+    )
+    async def get(self, since: float, wait: float) -> EventPage:
+        return await self.long_poll(wait, self.cp.events(int(since), wait))
+
+
+class TokensHandler(GLMixin):
+    route = "/tokens"
+
+    @op(
+        "tokens (never their secrets)",
+        answer=TokenList,
+        query=(Param("all", "integer", 0, 0, 1, "1: also revoked, expired and used ones"),),
+    )
+    async def get(self, all: float) -> TokenList:
+        now = self.ctx.tokens.clock()
+        recs = self.ctx.tokens.list(include_inactive=bool(all))
+        return TokenList(tokens=[token_info(r, now) for r in recs])
+
+    @op(
+        "create a client, join or instance token; its secret is shown this once",
+        body=TokenRequest,
+        answer=TokenCreated,
+        status=201,
+    )
+    async def post(self, body: TokenRequest) -> TokenCreated:
+        rec, secret = await self.ctx.tokens.create(body.kind, ttl=body.ttl, name=body.name)
+        return TokenCreated(token=token_info(rec, self.ctx.tokens.clock()), secret=secret)
+
+
+class TokenRevokeHandler(GLMixin):
+    route = "/tokens/{token_id}/revoke"
+
+    @op("revoke a token (it stops working at once)", answer=TokenInfo)
+    async def post(self, token_id: str) -> TokenInfo:
+        rec = await self.ctx.tokens.revoke(token_id)
+        return token_info(rec, self.ctx.tokens.clock())
+
+
+class SecretsHandler(GLMixin):
+    route = "/secrets"
+
+    @op("names of the stored secrets (values are never returned)", answer=SecretNames)
+    async def get(self) -> SecretNames:
+        return SecretNames(names=await self.cp.secret_names())
+
+
+def _secret_name(name: str) -> str:
+    if not ENV_NAME_RE.match(name):
+        raise ValidationFailed(
+            f"{name!r} is not a valid secret name",
+            hint="secret names are environment variable names: letters, digits and _",
+            details={"errors": [{"field": "name", "problem": "not an environment name"}]},
+        )
+    return name
+
+
+class SecretHandler(GLMixin):
+    route = "/secrets/{name}"
+
+    @op("store a secret's value (write-only)", body=SecretValue, answer=None, status=204)
+    async def put(self, name: str, body: SecretValue) -> None:
+        await self.cp.set_secret(_secret_name(name), body.value)
+
+    @op("delete a secret", answer=None, status=204)
+    async def delete(self, name: str) -> None:
+        if not await self.cp.delete_secret(_secret_name(name)):
+            raise NotFound(
+                f"no secret {name!r}",
+                hint="list them with `gpulayer secret list`",
+                code="secret_not_found",
+            )
+
+
+class OpenApiHandler(GLMixin):
+    route = "/openapi.json"
+
+    @op("this API as OpenAPI 3.1, generated from the contracts", answer=None)
+    async def get(self) -> None:
+        from .openapi import openapi_json
+
+        self.set_header("Content-Type", "application/json")
+        base = self.request.path.rsplit("/openapi.json", 1)[0]
+        self.finish(openapi_json(self.ctx.limits, self.ctx.version, base))
+
+
+USER_ROUTES: tuple[type[GLMixin], ...] = (
+    StatusHandler,
+    JobsHandler,
+    JobHandler,
+    JobCancelHandler,
+    JobLogsHandler,
+    JobWaitHandler,
+    JobExplainHandler,
+    JobArtifactHandler,
+    BundleHandler,
+    ArtifactHandler,
+    WorkersHandler,
+    WorkerStateHandler,
+    EventsHandler,
+    TokensHandler,
+    TokenRevokeHandler,
+    SecretsHandler,
+    SecretHandler,
+    OpenApiHandler,
+)
+
+
+# -- mounting ----------------------------------------------------------------------------------
+
+HandlerSpec = tuple[str, type[tornado.web.RequestHandler], dict[str, Any]]
+_COMPOSED: dict[tuple[type[GLMixin], type[tornado.web.RequestHandler]], type[GLMixin]] = {}
+
+
+def compose(mixin: type[GLMixin], base: type[tornado.web.RequestHandler]) -> type[GLMixin]:
+    """``class X(mixin, base)``, made once per pair (the mixin comes first in the MRO)."""
+    key = (mixin, base)
+    if key not in _COMPOSED:
+        _COMPOSED[key] = type(mixin.__name__, (mixin, base), {"__module__": __name__})
+    return _COMPOSED[key]
+
+
+def make_context(
+    cp: ControlPlane,
+    tokens: TokenService,
+    *,
+    limits: ApiLimits | None = None,
+    version: str | None = None,
+) -> ApiContext:
+    if version is None:
+        version = package_version()
+    return ApiContext(cp=cp, tokens=tokens, limits=limits or ApiLimits(), version=version)
+
+
+def user_handlers(
+    base_class: type[tornado.web.RequestHandler],
+    prefix: str,
+    cp: ControlPlane,
+    tokens: TokenService,
+    *,
+    context: ApiContext | None = None,
+) -> list[HandlerSpec]:
+    """User routes on ``base_class`` (``ClientTokenAuth``, or jupyter_server's ``APIHandler``).
+
+    Pass the same ``context`` to ``worker_handlers`` so one ``context.drain()`` ends every
+    long-poll of the mount when its host stops.
+    """
+    ctx = context or make_context(cp, tokens)
+    return [
+        (route_pattern(prefix, h.route), compose(h, base_class), {"ctx": ctx}) for h in USER_ROUTES
+    ]
+
+
+def worker_handlers(
+    prefix: str, cp: ControlPlane, tokens: TokenService, *, context: ApiContext | None = None
+) -> list[HandlerSpec]:
+    """Worker routes: GPUlayer worker tokens only, whichever host mounts them."""
+    ctx = context or make_context(cp, tokens)
+    return [(route_pattern(prefix, h.route), h, {"ctx": ctx}) for h in WORKER_ROUTES]
+
+
+# The route table, as jupyter_server ends its handlers modules: (route template, handler).
+default_handlers: list[tuple[str, type[GLMixin]]] = [
+    (h.route, h) for h in (*USER_ROUTES, *WORKER_ROUTES)
+]

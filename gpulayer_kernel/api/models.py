@@ -1,0 +1,98 @@
+"""Answers and bodies that exist only at the HTTP edge (status, tokens, secrets, joins, errors).
+
+They follow the contract rules (versioned, frozen, unknown fields refused) and appear in
+``/api/v1/openapi.json`` beside the contracts of ``gpulayer_kernel.contracts``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..contracts import Contract, WorkerInfo
+
+
+class ErrorBody(BaseModel):
+    """Every error answer: a stable code, a message naming the field at fault, the next step."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    code: str
+    message: str
+    hint: str = ""
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class Status(Contract):
+    version: str
+    workers: int = Field(description="workers that are not lost or offline")
+    jobs: dict[str, int] = Field(description="job count per state")
+
+
+class Explanation(Contract):
+    job_id: str
+    sentence: str
+
+
+class WorkerList(Contract):
+    workers: list[WorkerInfo]
+
+
+class WorkerStateChange(Contract):
+    state: Literal["ready", "cordoned", "draining"]
+
+
+class JoinAnswer(Contract):
+    """What a worker gets when it joins: its record and its session token (shown once)."""
+
+    worker: WorkerInfo
+    session_token: str
+    heartbeat_interval: float = Field(description="seconds between heartbeats this server wants")
+    max_wait: float = Field(description="the longest long-poll this server accepts, seconds")
+
+
+class LogAck(Contract):
+    seq: int = Field(description="sequence number of the last stored line")
+
+
+class TokenRequest(Contract):
+    kind: Literal["client", "join", "instance"] = Field(
+        description="worker session tokens are issued only by joining"
+    )
+    ttl: float | None = Field(None, gt=0, le=10 * 365 * 86400, description="seconds; none: never")
+    name: str = Field("", max_length=100, pattern=r"^[A-Za-z0-9 ._@-]*$")
+
+
+class TokenInfo(Contract):
+    """A token as listed: never its secret."""
+
+    id: str
+    kind: Literal["client", "join", "worker", "instance"]
+    name: str
+    created_at: float
+    expires_at: float | None
+    state: Literal["active", "revoked", "expired", "used"]
+    worker_id: str | None = None
+
+
+class TokenCreated(Contract):
+    token: TokenInfo
+    secret: str = Field(description="the token itself; shown this once, stored only as a hash")
+
+
+class TokenList(Contract):
+    tokens: list[TokenInfo]
+
+
+class SecretValue(Contract):
+    value: str = Field(min_length=1, max_length=64 * 1024)
+
+
+class SecretNames(Contract):
+    names: list[str]
+
+
+class BlobStored(Contract):
+    digest: str
+    size: int

@@ -1,0 +1,265 @@
+"""The worker routes of ``/api/v1`` (docs/api-routes.md, ADR 0003): complete handler classes on
+``WorkerTokenAuth``, the same in every host. Each operation names the token kinds it accepts; a
+route with a ``{job_id}`` reaches only jobs assigned to the caller's worker.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import cast
+
+from ..contracts import (
+    FinishReport,
+    Job,
+    LogBatch,
+    ProgressReport,
+    Rendezvous,
+    Work,
+    WorkerInfo,
+    WorkerRegistration,
+)
+from ..controlplane import ControlPlane
+from ..errors import Forbidden, InvalidInput, NotFound
+from ..security import TokenKind
+from ..store.artifacts import check_digest
+from ._base import WAIT, ClientGone, GLMixin, Param, op
+from .auth import WorkerTokenAuth
+from .models import BlobStored, JoinAnswer, LogAck
+
+WORKER = (TokenKind.WORKER,)
+JOINING = (TokenKind.JOIN, TokenKind.INSTANCE, TokenKind.WORKER)
+
+
+async def workers_of(cp: ControlPlane) -> list[WorkerInfo]:
+    # ControlPlane.list (a method) shadows the builtin in its annotations; spell the type here.
+    return cast("list[WorkerInfo]", await cp.workers())
+
+
+def check_artifact_name(name: str, field: str = "name") -> str:
+    """An artifact name is a relative path inside the job's output: no ``..``, no root."""
+    p = PurePosixPath(name)
+    if not name or p.is_absolute() or ".." in p.parts or "\\" in name or "\x00" in name:
+        raise InvalidInput(
+            f"artifact {field} {name!r} is not a relative path inside the job's output",
+            hint="artifact names look like 'model.pt' or 'rank0/metrics.json'",
+            details={"field": field, "name": name},
+            code="bad_artifact_name",
+        )
+    return name
+
+
+# -- routes -----------------------------------------------------------------------------
+
+
+class WorkerRoute(GLMixin, WorkerTokenAuth):
+    """A worker route: worker tokens only, in every host.
+
+    A route with a ``{job_id}`` answers 403 for a job not assigned to the caller's worker before
+    it reads the body: authorization first, validation after.
+    """
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        job_id = self.path_kwargs.get("job_id")
+        if not self._finished and job_id is not None and self.principal is not None:
+            await self.own_job(job_id)
+
+    async def own_job(self, job_id: str) -> Job:
+        """The job, if it is assigned to this worker; another worker's job is 403."""
+        job = await self.cp.get(job_id)
+        if job.id != job_id:
+            raise NotFound(f"no job {job_id!r}", code="job_not_found")
+        if job.placement is None or self.worker_id not in job.placement.worker_ids:
+            raise Forbidden(
+                f"job {job_id} is not assigned to this worker",
+                hint="a worker session token reaches only its own worker's jobs",
+                code="not_your_job",
+            )
+        return job
+
+
+class JoinHandler(WorkerRoute):
+    route = "/workers/join"
+
+    @op(
+        "enrol a worker (join or instance token) or re-join (its session token); "
+        "answers a new session token",
+        body=WorkerRegistration,
+        answer=JoinAnswer,
+        query=(
+            Param(
+                "worker_id",
+                "string",
+                None,
+                description="keep this id when re-joining",
+                max_length=64,
+            ),
+        ),
+        kinds=JOINING,
+    )
+    async def post(self, body: WorkerRegistration, worker_id: str | None) -> JoinAnswer:
+        assert self.principal is not None
+        if self.principal.kind == TokenKind.WORKER:
+            keep = self.principal.worker_id  # a session re-joins as itself, whatever it asks
+        else:
+            known = {w.id: w.name for w in await workers_of(self.cp)}
+            keep = worker_id if worker_id and known.get(worker_id) == body.name else None
+        info = await self.cp.register(body.model_copy(update={"transport": "http"}), keep)
+        session = await self.ctx.tokens.issue_worker_session(info.id, name=info.name)
+        interval = self.ctx.heartbeat_interval or max(0.2, self.cp.heartbeat_timeout / 3)
+        return JoinAnswer(
+            worker=info,
+            session_token=session,
+            heartbeat_interval=interval,
+            max_wait=self.ctx.limits.max_wait,
+        )
+
+
+class HeartbeatHandler(WorkerRoute):
+    route = "/worker/heartbeat"
+
+    @op("I am alive", answer=WorkerInfo, kinds=WORKER)
+    async def post(self) -> WorkerInfo:
+        return await self.cp.heartbeat(self.worker_id)
+
+
+class WorkHandler(WorkerRoute):
+    route = "/worker/work"
+
+    @op("long-poll for new assignments and cancellations", answer=Work, query=(WAIT,), kinds=WORKER)
+    async def get(self, wait: float) -> Work:
+        work = await self.long_poll(wait, self.cp.next_work(self.worker_id, wait))
+        if self.client_gone and (work.assignments or work.cancel):
+            # The worker left between the answer and its delivery: keep the work for its next
+            # poll instead of losing the assignment.
+            self.cp.return_work(self.worker_id, work)
+            raise ClientGone()
+        return work
+
+
+class StartedHandler(WorkerRoute):
+    route = "/worker/jobs/{job_id}/started"
+
+    @op("the job's process started", answer=Job, kinds=WORKER)
+    async def post(self, job_id: str) -> Job:
+        return await self.cp.report_started(self.worker_id, job_id)
+
+
+class LogsHandler(WorkerRoute):
+    route = "/worker/jobs/{job_id}/logs"
+
+    @op("append log lines (redacted again here)", body=LogBatch, answer=LogAck, kinds=WORKER)
+    async def post(self, job_id: str, body: LogBatch) -> LogAck:
+        return LogAck(seq=await self.cp.append_logs(self.worker_id, job_id, body.lines))
+
+
+class ProgressHandler(WorkerRoute):
+    route = "/worker/jobs/{job_id}/progress"
+
+    @op(
+        "the job's latest progress fields",
+        body=ProgressReport,
+        answer=None,
+        status=204,
+        kinds=WORKER,
+    )
+    async def post(self, job_id: str, body: ProgressReport) -> None:
+        await self.cp.report_progress(self.worker_id, job_id, dict(body.fields))
+
+
+class FinishedHandler(WorkerRoute):
+    route = "/worker/jobs/{job_id}/finished"
+
+    @op(
+        "the job's outcome (idempotent: a repeated report changes nothing)",
+        body=FinishReport,
+        answer=Job,
+        kinds=WORKER,
+    )
+    async def post(self, job_id: str, body: FinishReport) -> Job:
+        for i, a in enumerate(body.artifacts):
+            check_artifact_name(a.name, f"artifacts[{i}].name")
+        return await self.cp.report_finished(self.worker_id, job_id, body)
+
+
+class RendezvousHandler(WorkerRoute):
+    route = "/worker/jobs/{job_id}/rendezvous"
+
+    @op(
+        "publish where a multi-node gang meets (rank-0 worker)",
+        body=Rendezvous,
+        answer=None,
+        status=204,
+        kinds=WORKER,
+    )
+    async def post(self, job_id: str, body: Rendezvous) -> None:
+        await self.cp.publish_rendezvous(self.worker_id, job_id, body)
+
+    @op(
+        "where the gang meets (long-poll with `wait`; 409 until published)",
+        answer=Rendezvous,
+        query=(WAIT,),
+        kinds=WORKER,
+    )
+    async def get(self, job_id: str, wait: float) -> Rendezvous:
+        return await self.long_poll(wait, self.cp.get_rendezvous(self.worker_id, job_id, wait))
+
+
+class WorkerBlobHandler(WorkerRoute):
+    route = "/worker/blobs/{digest}"
+
+    @op("a bundle of one of this worker's jobs", answer="bytes", kinds=WORKER)
+    async def get(self, digest: str) -> bytes:
+        check_digest(digest)
+        me = next((w for w in await workers_of(self.cp) if w.id == self.worker_id), None)
+        for job_id in me.running if me else ():
+            job = await self.cp.get(job_id)
+            if getattr(job.spec.workload, "bundle", None) == digest:
+                return await self.cp.get_blob(digest)
+        raise Forbidden(
+            f"blob {digest[:12]}… is not the bundle of a job assigned to this worker",
+            hint="a worker reads only the bundles of its own jobs",
+            code="not_your_blob",
+        )
+
+    @op(
+        "upload an artifact; its sha256 must be the digest",
+        body="bytes",
+        answer=BlobStored,
+        status=201,
+        kinds=WORKER,
+        errors=(413, 422),
+    )
+    async def put(self, digest: str, data: bytes) -> BlobStored:
+        stored = await self.cp.put_blob(data, check_digest(digest))
+        return BlobStored(digest=stored, size=len(data))
+
+
+class LeaveHandler(WorkerRoute):
+    route = "/worker/leave"
+
+    @op(
+        "a clean exit: unfinished jobs are lost (or retried); the session ends",
+        answer=None,
+        status=204,
+        kinds=WORKER,
+    )
+    async def post(self) -> None:
+        await self.cp.deregister(self.worker_id)
+        await self.ctx.tokens.revoke_where(
+            lambda r: r.kind == TokenKind.WORKER and r.worker_id == self.worker_id
+        )
+
+
+WORKER_ROUTES: tuple[type[WorkerRoute], ...] = (
+    JoinHandler,
+    HeartbeatHandler,
+    WorkHandler,
+    StartedHandler,
+    LogsHandler,
+    ProgressHandler,
+    FinishedHandler,
+    RendezvousHandler,
+    WorkerBlobHandler,
+    LeaveHandler,
+)

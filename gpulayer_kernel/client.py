@@ -1,0 +1,578 @@
+"""The HTTP client of a served control plane: ``AsyncClient`` and ``Client`` (sync), same calls.
+
+They offer the ControlPlane's client-side calls (the ``Session`` protocol of ``session.py``) plus
+administration (tokens, secrets, worker states), so code never cares whether it holds an
+in-process ControlPlane or a client. Errors come back as the same exception types
+(``errors.from_json``); an unreachable server is ``Unavailable`` (code ``server_unreachable``).
+
+Each call is written once, as a generator that yields requests and receives responses; the async
+and sync clients only differ in how they send them. Each client keeps its connections alive and
+reuses them (a new connection costs ~30 ms, a keep-alive round trip under 1 ms). Long waits
+(``wait``, ``logs``, ``events``) are split into server-sized long-polls.
+
+    async with AsyncClient("http://127.0.0.1:8470", token) as c:
+        job = await c.submit(spec)
+        job = await c.wait(job.id)
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import json
+import time
+from collections.abc import Generator, Iterable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, TypeVar
+from urllib.parse import quote, urlsplit
+
+import httpx
+from pydantic import BaseModel
+
+from .contracts import EventPage, Job, JobList, JobSpec, JobState, LogPage, WorkerInfo
+from .errors import GPUlayerError, Unavailable, from_json
+from .home import Layout, home_dir, read_owner
+from .security.tls import CA_CERT_ENV, check_url, client_verify, is_loopback
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+API = "/api/v1"
+# The longest single long-poll a client asks for; the server's own limit is higher (60 s).
+POLL_CHUNK = 25.0
+# How much longer than a long-poll the client waits for its answer before giving up on it.
+POLL_SLACK = 15.0
+
+
+def api_base(url: str) -> str:
+    """``http://host:8470`` → ``http://host:8470/api/v1`` (an URL already ending so is kept)."""
+    url = url.rstrip("/")
+    return url if url.endswith(API) else url + API
+
+
+def _owner_ca(url: str) -> str | None:
+    """The CA file a local ``gpulayer serve`` published beside its address, if this is it."""
+    try:
+        owner = read_owner(Layout(home_dir()))
+    except OSError:
+        return None
+    if owner.get("url") and api_base(str(owner["url"])) == api_base(url):
+        ca = owner.get("ca_cert")
+        return str(ca) if ca else None
+    return None
+
+
+def http_client(
+    url: str,
+    *,
+    ca_cert: str | None,
+    timeout: float,
+    asynchronous: bool,
+    headers: dict[str, str] | None = None,
+) -> httpx.AsyncClient | httpx.Client:
+    """An httpx client with the TLS rule applied and kept-alive connections."""
+    check_url(url)
+    parts = urlsplit(url)
+    if parts.scheme == "https" and ca_cert is None and parts.hostname:
+        if is_loopback(parts.hostname):
+            ca_cert = _owner_ca(url)
+    # A shared context even for http:// (httpx builds one per client otherwise: ~40 ms each).
+    verify = client_verify(ca_cert)
+    kwargs: dict[str, Any] = {
+        "base_url": api_base(url),
+        "verify": verify,
+        "timeout": httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+        # Connections are kept and reused (a new one costs ~30 ms, a reused one < 1 ms). A client
+        # opens one per concurrent call (a long-poll plus a cancel; a worker's jobs reporting at
+        # once) and keeps each: closing extras after use would reconnect on every burst.
+        "limits": httpx.Limits(max_keepalive_connections=16, max_connections=16),
+        "headers": headers or {},
+        "trust_env": False,  # never send the token through an environment-configured proxy
+    }
+    return httpx.AsyncClient(**kwargs) if asynchronous else httpx.Client(**kwargs)
+
+
+def unreachable(url: str, exc: Exception) -> Unavailable:
+    text = str(exc) or type(exc).__name__
+    hint = "is `gpulayer serve` running there? check GPULAYER_URL"
+    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+        hint = (
+            f"the server's certificate is not trusted: pass --ca-cert or set {CA_CERT_ENV} "
+            "to the CA that signed it"
+        )
+    return Unavailable(
+        f"cannot reach the control plane at {url}: {text}",
+        hint=hint,
+        details={"url": url},
+        code="server_unreachable",
+    )
+
+
+def error_from(resp: httpx.Response) -> GPUlayerError:
+    """Rebuild the server's error, so callers see the same exception type as in-process."""
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and "code" in body:
+        return from_json(resp.status_code, body)
+    text = resp.text[:300] if resp.request.method != "HEAD" else ""
+    return from_json(
+        resp.status_code,
+        {"code": f"http_{resp.status_code}", "message": f"HTTP {resp.status_code} {text}".strip()},
+    )
+
+
+@dataclass
+class Req:
+    """One request of a call; ``ok`` lists error statuses handed back instead of raised."""
+
+    method: str
+    path: str
+    params: list[tuple[str, str]] = field(default_factory=list)
+    json: Any = None
+    content: bytes | None = None
+    timeout: float | None = None
+    ok: tuple[int, ...] = ()
+
+    def send_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"params": self.params}
+        if self.json is not None:
+            kw["content"] = (
+                self.json.encode() if isinstance(self.json, str) else json.dumps(self.json).encode()
+            )
+            kw["headers"] = {"Content-Type": "application/json"}
+        elif self.content is not None:
+            kw["content"] = self.content
+            kw["headers"] = {"Content-Type": "application/octet-stream"}
+        if self.timeout is not None:
+            kw["timeout"] = httpx.Timeout(self.timeout, connect=10.0)
+        return kw
+
+
+Call = Generator[Req, httpx.Response, T]
+
+
+def _model(cls: type[M], resp: httpx.Response) -> M:
+    return cls.model_validate_json(resp.content)
+
+
+def _body(model: BaseModel) -> str:
+    return model.model_dump_json()
+
+
+def _pid(value: str) -> str:
+    return quote(value, safe="")
+
+
+class Calls:
+    """Every call as a generator of requests: written once for both clients."""
+
+    def submit(self, spec: JobSpec) -> Call[Job]:
+        return _model(Job, (yield Req("POST", "/jobs", json=_body(spec))))
+
+    def get(self, job_id: str) -> Call[Job]:
+        return _model(Job, (yield Req("GET", f"/jobs/{_pid(job_id)}")))
+
+    def list(
+        self,
+        states: Iterable[JobState] = (),
+        *,
+        name: str | None = None,
+        label: tuple[str, str] | None = None,
+        limit: int = 100,
+    ) -> Call[builtins.list[Job]]:
+        params = [("state", JobState(s).value) for s in states]
+        if name is not None:
+            params.append(("name", name))
+        if label is not None:
+            params.append(("label", f"{label[0]}={label[1]}"))
+        params.append(("limit", str(limit)))
+        return _model(JobList, (yield Req("GET", "/jobs", params=params))).jobs
+
+    def cancel(self, job_id: str, reason: str = "cancelled by user") -> Call[Job]:
+        # The reason is the server's ("cancelled by user"); kept for parity with the ControlPlane.
+        return _model(Job, (yield Req("POST", f"/jobs/{_pid(job_id)}/cancel")))
+
+    def wait(self, job_id: str, timeout: float | None = None) -> Call[Job]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = POLL_CHUNK if deadline is None else max(0.0, deadline - time.monotonic())
+            chunk = min(left, POLL_CHUNK)
+            job = _model(
+                Job,
+                (
+                    yield Req(
+                        "GET",
+                        f"/jobs/{_pid(job_id)}/wait",
+                        params=[("timeout", f"{chunk:.3f}")],
+                        timeout=chunk + POLL_SLACK,
+                    )
+                ),
+            )
+            if job.state.terminal or (deadline is not None and time.monotonic() >= deadline):
+                return job
+            job_id = job.id
+
+    def logs(
+        self, job_id: str, since: int = 0, wait: float = 0.0, limit: int = 1000
+    ) -> Call[LogPage]:
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            chunk = min(max(0.0, deadline - time.monotonic()), POLL_CHUNK)
+            page = _model(
+                LogPage,
+                (
+                    yield Req(
+                        "GET",
+                        f"/jobs/{_pid(job_id)}/logs",
+                        params=[
+                            ("since", str(since)),
+                            ("wait", f"{chunk:.3f}"),
+                            ("limit", str(limit)),
+                        ],
+                        timeout=chunk + POLL_SLACK,
+                    )
+                ),
+            )
+            if page.records or page.state.terminal or time.monotonic() >= deadline:
+                return page
+
+    def explain(self, job_id: str) -> Call[str]:
+        resp = yield Req("GET", f"/jobs/{_pid(job_id)}/explain")
+        return str(resp.json()["sentence"])
+
+    def workers(self) -> Call[builtins.list[WorkerInfo]]:
+        resp = yield Req("GET", "/workers")
+        return [WorkerInfo.model_validate(w) for w in resp.json()["workers"]]
+
+    def set_worker_state(self, worker_id: str, state: str) -> Call[WorkerInfo]:
+        return _model(
+            WorkerInfo,
+            (yield Req("POST", f"/workers/{_pid(worker_id)}/state", json={"state": str(state)})),
+        )
+
+    def events(self, since: int = 0, wait: float = 0.0) -> Call[EventPage]:
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            chunk = min(max(0.0, deadline - time.monotonic()), POLL_CHUNK)
+            page = _model(
+                EventPage,
+                (
+                    yield Req(
+                        "GET",
+                        "/events",
+                        params=[("since", str(since)), ("wait", f"{chunk:.3f}")],
+                        timeout=chunk + POLL_SLACK,
+                    )
+                ),
+            )
+            if page.events or page.reset or time.monotonic() >= deadline:
+                return page
+
+    def put_bundle(self, data: bytes, digest: str | None = None) -> Call[str]:
+        digest = digest or hashlib.sha256(data).hexdigest()
+        resp = yield Req("PUT", f"/bundles/{_pid(digest)}", content=data, timeout=600.0)
+        return str(resp.json()["digest"])
+
+    def has_bundle(self, digest: str) -> Call[bool]:
+        resp = yield Req("HEAD", f"/bundles/{_pid(digest)}", ok=(404,))
+        return resp.status_code == 200
+
+    def get_bundle(self, digest: str) -> Call[bytes]:
+        return (yield Req("GET", f"/bundles/{_pid(digest)}", timeout=600.0)).content
+
+    def get_blob(self, digest: str) -> Call[bytes]:
+        return (yield Req("GET", f"/artifacts/{_pid(digest)}", timeout=600.0)).content
+
+    def artifact(self, job_id: str, name: str) -> Call[bytes]:
+        path = f"/jobs/{_pid(job_id)}/artifacts/{quote(name, safe='/')}"
+        return (yield Req("GET", path, timeout=600.0)).content
+
+    def status(self) -> Call[dict[str, Any]]:
+        data = (yield Req("GET", "/status")).json()
+        assert isinstance(data, dict)
+        return data
+
+    # -- administration --------------------------------------------------------------------------
+
+    def create_token(
+        self, kind: str, *, ttl: float | None = None, name: str = ""
+    ) -> Call[tuple[dict[str, Any], str]]:
+        resp = yield Req("POST", "/tokens", json={"kind": kind, "ttl": ttl, "name": name})
+        data = resp.json()
+        return data["token"], str(data["secret"])
+
+    def list_tokens(self, *, include_inactive: bool = False) -> Call[builtins.list[dict[str, Any]]]:
+        resp = yield Req("GET", "/tokens", params=[("all", "1" if include_inactive else "0")])
+        return list(resp.json()["tokens"])
+
+    def revoke_token(self, token_id: str) -> Call[dict[str, Any]]:
+        data = (yield Req("POST", f"/tokens/{_pid(token_id)}/revoke")).json()
+        assert isinstance(data, dict)
+        return data
+
+    def set_secret(self, name: str, value: str) -> Call[None]:
+        yield Req("PUT", f"/secrets/{_pid(name)}", json={"value": value})
+
+    def secret_names(self) -> Call[builtins.list[str]]:
+        return [str(n) for n in (yield Req("GET", "/secrets")).json()["names"]]
+
+    def delete_secret(self, name: str) -> Call[bool]:
+        resp = yield Req("DELETE", f"/secrets/{_pid(name)}", ok=(404,))
+        return resp.status_code == 204
+
+
+class _Base:
+    def __init__(self, url: str, token: str) -> None:
+        self.url = url
+        self._calls = Calls()
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _check(self, req: Req, resp: httpx.Response) -> httpx.Response:
+        if resp.status_code >= 400 and resp.status_code not in req.ok:
+            raise error_from(resp)
+        return resp
+
+
+class AsyncClient(_Base):
+    """The asyncio client; ``async with AsyncClient(url, token) as c: ...``."""
+
+    def __init__(
+        self, url: str, token: str = "", *, ca_cert: str | None = None, timeout: float = 30.0
+    ) -> None:
+        super().__init__(url, token)
+        http = http_client(
+            url, ca_cert=ca_cert, timeout=timeout, asynchronous=True, headers=self._headers
+        )
+        assert isinstance(http, httpx.AsyncClient)
+        self._http = http
+
+    async def _run(self, call: Call[T]) -> T:
+        try:
+            req = next(call)
+            while True:
+                try:
+                    resp = await self._http.request(req.method, req.path, **req.send_kwargs())
+                except httpx.TransportError as exc:
+                    raise unreachable(self.url, exc) from None
+                req = call.send(self._check(req, resp))
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # The Session protocol (session.py), in its order, then blobs and administration.
+
+    async def submit(self, spec: JobSpec) -> Job:
+        return await self._run(self._calls.submit(spec))
+
+    async def get(self, job_id: str) -> Job:
+        return await self._run(self._calls.get(job_id))
+
+    async def list(
+        self,
+        states: Iterable[JobState] = (),
+        *,
+        name: str | None = None,
+        label: tuple[str, str] | None = None,
+        limit: int = 100,
+    ) -> builtins.list[Job]:
+        return await self._run(self._calls.list(states, name=name, label=label, limit=limit))
+
+    async def cancel(self, job_id: str, reason: str = "cancelled by user") -> Job:
+        return await self._run(self._calls.cancel(job_id, reason))
+
+    async def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        return await self._run(self._calls.wait(job_id, timeout))
+
+    async def logs(
+        self, job_id: str, since: int = 0, wait: float = 0.0, limit: int = 1000
+    ) -> LogPage:
+        return await self._run(self._calls.logs(job_id, since, wait, limit))
+
+    async def explain(self, job_id: str) -> str:
+        return await self._run(self._calls.explain(job_id))
+
+    async def workers(self) -> builtins.list[WorkerInfo]:
+        return await self._run(self._calls.workers())
+
+    async def events(self, since: int = 0, wait: float = 0.0) -> EventPage:
+        return await self._run(self._calls.events(since, wait))
+
+    async def put_bundle(self, data: bytes, digest: str | None = None) -> str:
+        return await self._run(self._calls.put_bundle(data, digest))
+
+    async def has_bundle(self, digest: str) -> bool:
+        return await self._run(self._calls.has_bundle(digest))
+
+    async def get_blob(self, digest: str) -> bytes:
+        return await self._run(self._calls.get_blob(digest))
+
+    put_blob = put_bundle
+    has_blob = has_bundle
+
+    async def get_bundle(self, digest: str) -> bytes:
+        return await self._run(self._calls.get_bundle(digest))
+
+    async def artifact(self, job_id: str, name: str) -> bytes:
+        return await self._run(self._calls.artifact(job_id, name))
+
+    async def status(self) -> dict[str, Any]:
+        return await self._run(self._calls.status())
+
+    async def set_worker_state(self, worker_id: str, state: str) -> WorkerInfo:
+        return await self._run(self._calls.set_worker_state(worker_id, state))
+
+    async def create_token(
+        self, kind: str, *, ttl: float | None = None, name: str = ""
+    ) -> tuple[dict[str, Any], str]:
+        return await self._run(self._calls.create_token(kind, ttl=ttl, name=name))
+
+    async def list_tokens(self, *, include_inactive: bool = False) -> builtins.list[dict[str, Any]]:
+        return await self._run(self._calls.list_tokens(include_inactive=include_inactive))
+
+    async def revoke_token(self, token_id: str) -> dict[str, Any]:
+        return await self._run(self._calls.revoke_token(token_id))
+
+    async def set_secret(self, name: str, value: str) -> None:
+        await self._run(self._calls.set_secret(name, value))
+
+    async def secret_names(self) -> builtins.list[str]:
+        return await self._run(self._calls.secret_names())
+
+    async def delete_secret(self, name: str) -> bool:
+        return await self._run(self._calls.delete_secret(name))
+
+
+class Client(_Base):
+    """The synchronous client: the same calls as ``AsyncClient``, for scripts and threads."""
+
+    def __init__(
+        self, url: str, token: str = "", *, ca_cert: str | None = None, timeout: float = 30.0
+    ) -> None:
+        super().__init__(url, token)
+        http = http_client(
+            url, ca_cert=ca_cert, timeout=timeout, asynchronous=False, headers=self._headers
+        )
+        assert isinstance(http, httpx.Client)
+        self._http = http
+
+    def _run(self, call: Call[T]) -> T:
+        try:
+            req = next(call)
+            while True:
+                try:
+                    resp = self._http.request(req.method, req.path, **req.send_kwargs())
+                except httpx.TransportError as exc:
+                    raise unreachable(self.url, exc) from None
+                req = call.send(self._check(req, resp))
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def submit(self, spec: JobSpec) -> Job:
+        return self._run(self._calls.submit(spec))
+
+    def get(self, job_id: str) -> Job:
+        return self._run(self._calls.get(job_id))
+
+    def list(
+        self,
+        states: Iterable[JobState] = (),
+        *,
+        name: str | None = None,
+        label: tuple[str, str] | None = None,
+        limit: int = 100,
+    ) -> builtins.list[Job]:
+        return self._run(self._calls.list(states, name=name, label=label, limit=limit))
+
+    def cancel(self, job_id: str, reason: str = "cancelled by user") -> Job:
+        return self._run(self._calls.cancel(job_id, reason))
+
+    def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        return self._run(self._calls.wait(job_id, timeout))
+
+    def logs(self, job_id: str, since: int = 0, wait: float = 0.0, limit: int = 1000) -> LogPage:
+        return self._run(self._calls.logs(job_id, since, wait, limit))
+
+    def explain(self, job_id: str) -> str:
+        return self._run(self._calls.explain(job_id))
+
+    def workers(self) -> builtins.list[WorkerInfo]:
+        return self._run(self._calls.workers())
+
+    def events(self, since: int = 0, wait: float = 0.0) -> EventPage:
+        return self._run(self._calls.events(since, wait))
+
+    def put_bundle(self, data: bytes, digest: str | None = None) -> str:
+        return self._run(self._calls.put_bundle(data, digest))
+
+    def has_bundle(self, digest: str) -> bool:
+        return self._run(self._calls.has_bundle(digest))
+
+    def get_blob(self, digest: str) -> bytes:
+        return self._run(self._calls.get_blob(digest))
+
+    put_blob = put_bundle
+    has_blob = has_bundle
+
+    def get_bundle(self, digest: str) -> bytes:
+        return self._run(self._calls.get_bundle(digest))
+
+    def artifact(self, job_id: str, name: str) -> bytes:
+        return self._run(self._calls.artifact(job_id, name))
+
+    def status(self) -> dict[str, Any]:
+        return self._run(self._calls.status())
+
+    def set_worker_state(self, worker_id: str, state: str) -> WorkerInfo:
+        return self._run(self._calls.set_worker_state(worker_id, state))
+
+    def create_token(
+        self, kind: str, *, ttl: float | None = None, name: str = ""
+    ) -> tuple[dict[str, Any], str]:
+        return self._run(self._calls.create_token(kind, ttl=ttl, name=name))
+
+    def list_tokens(self, *, include_inactive: bool = False) -> builtins.list[dict[str, Any]]:
+        return self._run(self._calls.list_tokens(include_inactive=include_inactive))
+
+    def revoke_token(self, token_id: str) -> dict[str, Any]:
+        return self._run(self._calls.revoke_token(token_id))
+
+    def set_secret(self, name: str, value: str) -> None:
+        self._run(self._calls.set_secret(name, value))
+
+    def secret_names(self) -> builtins.list[str]:
+        return self._run(self._calls.secret_names())
+
+    def delete_secret(self, name: str) -> bool:
+        return self._run(self._calls.delete_secret(name))
+
+
+__all__ = ["AsyncClient", "Client", "api_base", "error_from"]

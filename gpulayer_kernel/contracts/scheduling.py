@@ -1,0 +1,77 @@
+"""Placement explanations: why a job waits, or why it went where it went."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field
+
+from ._base import Contract
+
+
+class Reason(StrEnum):
+    """Stable reason codes. ``filtered`` ones never clear by waiting; ``exhausted`` ones may."""
+
+    # filtered: this worker can never run the job
+    WORKER_NOT_READY = "worker_not_ready"
+    CORDONED = "cordoned"
+    SELECTOR_MISMATCH = "selector_mismatch"
+    NAME_MISMATCH = "name_mismatch"
+    NO_GPUS = "no_gpus"
+    GPU_KIND = "gpu_kind"
+    GPU_MEMORY = "gpu_memory"
+    TOO_FEW_GPUS_TOTAL = "too_few_gpus_total"
+    MPS_DISTRIBUTED = "mps_distributed"
+    UNSUPPORTED_VENDOR = "unsupported_vendor"
+    CPUS_TOTAL = "cpus_total"
+    DRAINING = "draining"
+    TOO_FEW_NODES = "too_few_nodes"
+    # exhausted: this worker could run the job, just not now
+    GPUS_BUSY = "gpus_busy"
+    RESERVED = "reserved"
+    CPUS_BUSY = "cpus_busy"
+    NOT_ENOUGH_NODES = "not_enough_nodes"
+
+    @property
+    def waiting_helps(self) -> bool:
+        """True for ``exhausted`` codes (could run, not now); False for ``filtered`` ones."""
+        return self in _EXHAUSTED
+
+
+_EXHAUSTED = frozenset(
+    {Reason.GPUS_BUSY, Reason.RESERVED, Reason.CPUS_BUSY, Reason.NOT_ENOUGH_NODES}
+)
+
+
+class ReasonCount(Contract):
+    code: Reason
+    workers: int = Field(ge=0)
+    detail: str
+    waiting_helps: bool
+
+
+class PlacementReport(Contract):
+    """One report per placement attempt (nomad's AllocMetric, Kubernetes' FitError)."""
+
+    job_id: str
+    workers_total: int = 0
+    workers_feasible: int = 0
+    filtered: list[ReasonCount] = Field(default_factory=list)
+    exhausted: list[ReasonCount] = Field(default_factory=list)
+    reserved_by: str | None = Field(
+        None, description="the job whose reservation holds devices this one could otherwise use"
+    )
+    reservation: list[str] = Field(
+        default_factory=list, description="worker ids this waiting gang job has reserved"
+    )
+    position: int | None = Field(None, description="place in the queue, 1 = next")
+    sentence: str = ""
+    nodes: int = Field(1, ge=1, description="workers the job needs at once (multi-node gang)")
+    candidates: list[str] = Field(
+        default_factory=list,
+        description="up to 3 workers (names) that could run it once capacity frees, best first",
+    )
+
+    @property
+    def waiting_helps(self) -> bool:
+        return bool(self.exhausted) or self.workers_total == 0

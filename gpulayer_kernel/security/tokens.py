@@ -1,0 +1,265 @@
+"""Bearer tokens (ADR 0003): four kinds, random, shown once, stored as a hash, expiring, revocable.
+
+A token reads ``glt_<k>_<id>_<secret>``:
+
+    glt_  c|j|w|i  _  <id: 12 hex>  _  <secret: secrets.token_urlsafe(32)>
+          │                │
+          │                └─ the store's key, safe to show (``gpulayer token list``, logs)
+          └─ client · join · worker session · single-use instance
+
+Only ``sha256(id:secret)`` is kept; the secret is printed once at creation. Checking a token is a
+dictionary lookup by id and one ``hmac.compare_digest``; the records live in memory (this process
+owns the state directory, DESIGN rule 3) and are written through to the MetadataStore.
+
+| kind     | who holds it                      | accepted by                          |
+| -------- | --------------------------------- | ------------------------------------ |
+| client   | users, notebooks, the Lab panel   | user routes                          |
+| join     | operators enrolling workers       | ``POST /workers/join`` (reusable)    |
+| instance | one provisioned machine           | ``POST /workers/join``, once         |
+| worker   | one enrolled worker (its session) | worker routes, for its own jobs only |
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from ..errors import Forbidden, InvalidInput, NotFound, Unauthorized
+from ..store import MetadataStore, TokenRecord
+
+log = logging.getLogger("gpulayer.security")
+
+PREFIX = "glt"
+_ID_RE = re.compile(r"^[0-9a-f]{12}$")
+# Compared against when a token id is unknown, so both paths cost one hash and one compare.
+_DUMMY_HASH = hashlib.sha256(b"gpulayer-unknown-token").hexdigest()
+
+
+class TokenKind(StrEnum):
+    CLIENT = "client"
+    JOIN = "join"
+    WORKER = "worker"
+    INSTANCE = "instance"
+
+
+KIND_LETTERS: dict[TokenKind, str] = {
+    TokenKind.CLIENT: "c",
+    TokenKind.JOIN: "j",
+    TokenKind.WORKER: "w",
+    TokenKind.INSTANCE: "i",
+}
+_LETTER_KINDS = {v: k for k, v in KIND_LETTERS.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who made a request: the token's kind and id, and for a worker session its worker."""
+
+    kind: TokenKind
+    token_id: str
+    worker_id: str | None = None
+    name: str = ""
+
+
+def _hash(token_id: str, secret: str) -> str:
+    return hashlib.sha256(f"{token_id}:{secret}".encode()).hexdigest()
+
+
+def token_state(rec: TokenRecord, now: float) -> str:
+    """``active``, ``revoked``, ``expired`` or ``used`` (a spent instance token)."""
+    if rec.revoked:
+        return "revoked"
+    if rec.expires_at is not None and now >= rec.expires_at:
+        return "expired"
+    if rec.kind == TokenKind.INSTANCE and rec.used:
+        return "used"
+    return "active"
+
+
+_TTL_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_TTL_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+MAX_TTL = 10 * 365 * 86400.0
+
+
+def parse_ttl(text: str | None) -> float | None:
+    """``"1h"``, ``"30m"``, ``"7d"``, ``"90"`` (seconds) → seconds; ``None``/``"never"`` → None."""
+    if text is None or text.strip().lower() in ("", "never", "none"):
+        return None
+    m = _TTL_RE.match(text.lower())
+    if not m:
+        raise InvalidInput(
+            f"--ttl {text!r} is not a duration",
+            hint='write it as seconds or with a unit: "90", "30m", "1h", "7d", "2w"',
+            details={"ttl": text},
+        )
+    seconds = float(m.group(1)) * _TTL_UNITS[m.group(2)]
+    if not 0 < seconds <= MAX_TTL:
+        raise InvalidInput(
+            f"--ttl {text!r} is out of range", hint="use a duration between 1s and 10 years"
+        )
+    return seconds
+
+
+class TokenService:
+    """Creates, checks, lists and revokes tokens; the only code that sees a token's secret."""
+
+    def __init__(self, store: MetadataStore, *, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.clock = clock
+        self._records: dict[str, TokenRecord] = {}
+
+    async def load(self) -> TokenService:
+        self._records = {r.id: r for r in await self.store.list_tokens()}
+        return self
+
+    # -- issuing ---------------------------------------------------------------------------------
+
+    async def create(
+        self,
+        kind: TokenKind | str,
+        *,
+        ttl: float | None = None,
+        name: str = "",
+        worker_id: str | None = None,
+    ) -> tuple[TokenRecord, str]:
+        """A new token: returns its record and the secret text, which is never stored."""
+        kind = TokenKind(kind)
+        if kind == TokenKind.WORKER and worker_id is None:
+            raise InvalidInput("a worker session token needs its worker id")
+        token_id = secrets.token_hex(6)
+        while token_id in self._records:  # pragma: no cover - 48 random bits
+            token_id = secrets.token_hex(6)
+        secret = secrets.token_urlsafe(32)
+        now = self.clock()
+        rec = TokenRecord(
+            id=token_id,
+            kind=kind.value,
+            hash=_hash(token_id, secret),
+            created_at=now,
+            expires_at=None if ttl is None else now + ttl,
+            worker_id=worker_id,
+            name=name,
+        )
+        self._records[token_id] = rec
+        await self.store.save_token(rec)
+        return rec, f"{PREFIX}_{KIND_LETTERS[kind]}_{token_id}_{secret}"
+
+    async def issue_worker_session(self, worker_id: str, name: str = "") -> str:
+        """A fresh session token for ``worker_id``; its earlier sessions stop working (rotation)."""
+        await self.revoke_where(lambda r: r.kind == TokenKind.WORKER and r.worker_id == worker_id)
+        _, text = await self.create(TokenKind.WORKER, worker_id=worker_id, name=name)
+        return text
+
+    # -- checking --------------------------------------------------------------------------------
+
+    async def authenticate(self, text: str | None, kinds: Collection[TokenKind]) -> Principal:
+        """The principal behind ``text`` if it is valid and one of ``kinds``.
+
+        Unauthorized (401): missing, malformed, unknown, wrong secret, expired, revoked, replayed.
+        Forbidden (403): a valid token of a kind this endpoint does not accept.
+        """
+        if not text:
+            raise Unauthorized(
+                "no token was sent",
+                hint="send it as the header 'Authorization: Bearer <token>' (tokens are never "
+                "accepted in URLs); create one with `gpulayer token create`",
+                code="token_missing",
+            )
+        parts = text.split("_", 3)
+        if (
+            len(parts) != 4
+            or parts[0] != PREFIX
+            or parts[1] not in _LETTER_KINDS
+            or not _ID_RE.match(parts[2])
+        ):
+            raise Unauthorized(
+                "the token is malformed",
+                hint="GPUlayer tokens look like glt_c_<id>_<secret>; copy the whole token",
+                code="token_malformed",
+            )
+        _, letter, token_id, secret = parts
+        rec = self._records.get(token_id)
+        ok = hmac.compare_digest(rec.hash if rec else _DUMMY_HASH, _hash(token_id, secret))
+        if rec is None or not ok or KIND_LETTERS[TokenKind(rec.kind)] != letter:
+            raise Unauthorized(
+                f"token {token_id} is not valid",
+                hint="ask an operator for a new token (`gpulayer token create`)",
+                code="token_invalid",
+            )
+        kind = TokenKind(rec.kind)
+        state = token_state(rec, self.clock())
+        if state == "revoked":
+            raise Unauthorized(
+                f"token {token_id} was revoked", hint="ask for a new token", code="token_revoked"
+            )
+        if state == "expired":
+            raise Unauthorized(
+                f"token {token_id} has expired", hint="ask for a new token", code="token_expired"
+            )
+        if kind not in kinds:
+            wanted = " or ".join(sorted(k.value for k in kinds))
+            raise Forbidden(
+                f"a {kind.value} token cannot be used here (this endpoint takes a {wanted} token)",
+                hint="each endpoint accepts only its kinds of token; see docs/security.md",
+                details={"token_kind": kind.value, "accepted": sorted(k.value for k in kinds)},
+                code="wrong_token_kind",
+            )
+        if state == "used":
+            log.warning("refused a second use of single-use instance token %s", token_id)
+            raise Unauthorized(
+                f"instance token {token_id} was already used",
+                hint="an instance token enrols one machine once; create a new one for a new "
+                "machine",
+                code="token_replayed",
+            )
+        if kind == TokenKind.INSTANCE:
+            # Marked before the first await: a concurrent second use on this loop is refused.
+            rec = replace(rec, used=True)
+            self._records[token_id] = rec
+            await self.store.save_token(rec)
+        return Principal(kind=kind, token_id=token_id, worker_id=rec.worker_id, name=rec.name)
+
+    # -- administration --------------------------------------------------------------------------
+
+    def list(self, *, include_inactive: bool = False) -> list[TokenRecord]:
+        now = self.clock()
+        recs = sorted(self._records.values(), key=lambda r: (r.created_at, r.id))
+        if include_inactive:
+            return recs
+        return [r for r in recs if token_state(r, now) == "active"]
+
+    def get(self, token_id: str) -> TokenRecord:
+        rec = self._records.get(token_id)
+        if rec is None:
+            raise NotFound(
+                f"no token {token_id!r}",
+                hint="list tokens with `gpulayer token list`",
+                code="token_not_found",
+            )
+        return rec
+
+    async def revoke(self, token_id: str) -> TokenRecord:
+        rec = self.get(token_id)
+        if not rec.revoked:
+            rec = replace(rec, revoked=True)
+            self._records[token_id] = rec
+            await self.store.save_token(rec)
+        return rec
+
+    async def revoke_where(self, predicate: Callable[[TokenRecord], bool]) -> int:
+        hits = [
+            replace(r, revoked=True)
+            for r in self._records.values()
+            if not r.revoked and predicate(r)
+        ]
+        for rec in hits:
+            self._records[rec.id] = rec
+            await self.store.save_token(rec)
+        return len(hits)

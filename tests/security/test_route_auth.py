@@ -1,0 +1,278 @@
+"""Every route × every bad credential: the right 401/403, and nothing changes.
+
+The routes come from ``gpulayer_kernel.api.operations()`` (the same table that builds the server
+and openapi.json), so a new route is tested here without anyone adding it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from gpulayer_kernel.api import operations
+from gpulayer_kernel.api._base import Op
+from gpulayer_kernel.contracts import CommandWorkload, JobSpec, JobState, Resources
+from gpulayer_kernel.security import TokenKind
+
+from ..api.conftest import Api, sha, start_api, stop_api
+
+OPS = operations()
+ALL_KINDS = tuple(TokenKind)
+
+
+@dataclass
+class World:
+    api: Api
+    job_a: str  # placed on worker A
+    worker_a: str
+    worker_b: str
+    digest: str
+    tokens: dict[str, str]  # case name -> token text
+
+
+async def snapshot(api: Api) -> Any:
+    cp = api.cp
+    jobs = [j.model_dump() for j in await cp.list(limit=10_000)]
+    workers = [w.model_dump() for w in await cp.workers()]
+    tokens = [
+        (t.id, t.revoked, t.used, t.worker_id) for t in api.tokens.list(include_inactive=True)
+    ]
+    events = (await cp.events(0)).next_since
+    logs = [(await cp.logs(j["id"], limit=5000)).next_since for j in jobs]
+    return jobs, workers, tokens, events, logs, await cp.secret_names()
+
+
+async def make_world(tmp_path: Path) -> AsyncIterator[World]:
+    api = await start_api(tmp_path, heartbeat_timeout=600)
+    try:
+        wa, session_a = await api.join("wa")
+        wb, session_b = await api.join("wb")
+        job = await api.cp.submit(
+            JobSpec(workload=CommandWorkload(argv=["true"]), resources=Resources(worker="wa"))
+        )
+        for _ in range(100):
+            if (await api.cp.get(job.id)).state == JobState.PLACED:
+                break
+            await asyncio.sleep(0.01)
+        assert (await api.cp.get(job.id)).state == JobState.PLACED
+        digest = await api.cp.put_blob(b"some artifact")
+        await api.cp.set_secret("API_KEY", "value-of-the-key")
+        t: dict[str, str] = {
+            TokenKind.CLIENT.value: api.client_token,
+            TokenKind.JOIN.value: api.join_token,
+            TokenKind.WORKER.value: session_a,
+            TokenKind.INSTANCE.value: await api.new_token("instance"),
+            "other-worker": session_b,
+        }
+        for kind in ALL_KINDS:
+            if kind == TokenKind.WORKER:
+                rec, text = await api.tokens.create(kind, ttl=0.05, worker_id=wa)
+            else:
+                rec, text = await api.tokens.create(kind, ttl=0.05)
+            t[f"expired-{kind.value}"] = text
+            if kind == TokenKind.WORKER:
+                rec, text = await api.tokens.create(kind, worker_id=wa)
+            else:
+                rec, text = await api.tokens.create(kind)
+            await api.tokens.revoke(rec.id)
+            t[f"revoked-{kind.value}"] = text
+        used = await api.new_token("instance")
+        r = await api.call("POST", "/workers/join", used, json={"name": "wi"})
+        assert r.status_code == 200
+        t["replayed-instance"] = used
+        await asyncio.sleep(0.1)  # the ttl=0.05 tokens expire
+        yield World(api, job.id, wa, wb, digest, t)
+    finally:
+        await stop_api(api)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared_world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
+    """One world for the whole matrix: each case checks that it changed nothing."""
+    async for w in make_world(tmp_path_factory.mktemp("auth")):
+        yield w
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    async for w in make_world(tmp_path):
+        yield w
+
+
+def fill(template: str, w: World) -> str:
+    values = {
+        "job_id": w.job_a,
+        "digest": w.digest,
+        "worker_id": w.worker_a,
+        "name": "API_KEY",
+        "token_id": w.api.join_token.split("_")[2],
+    }
+    return re.sub(r"\{(\w+)(?::path)?\}", lambda m: values[m.group(1)], template)
+
+
+def body_for(spec: Op) -> dict[str, Any]:
+    if spec.body == "bytes":
+        return {"content": b"some artifact"}
+    if spec.body is None:
+        return {}
+    return {
+        "json": {
+            "name": "x",
+            "kind": "client",
+            "state": "ready",
+            "value": "v",
+            "lines": [],
+            "fields": {},
+            "master_addr": "127.0.0.1",
+            "master_port": 1234,
+            "workload": {"kind": "command", "argv": ["true"]},
+        }
+    }
+
+
+def accepted(spec: Op) -> frozenset[TokenKind]:
+    return spec.kinds if spec.kinds is not None else frozenset({TokenKind.CLIENT})
+
+
+def cases(spec: Op, template: str) -> list[tuple[str, str | None, int]]:
+    """(case, token, expected status) for one operation."""
+    ok = accepted(spec)
+    out: list[tuple[str, str | None, int]] = [
+        ("missing", None, 401),
+        ("malformed", "not-a-token", 401),
+        ("forged secret", "glt_c_{id}_" + "A" * 43, 401),
+        ("forged kind letter", "swap-kind", 401),
+    ]
+    for kind in ALL_KINDS:
+        if kind not in ok:
+            out.append((f"wrong kind: {kind.value}", kind.value, 403))
+        out.append((f"expired {kind.value}", f"expired-{kind.value}", 401))
+        out.append((f"revoked {kind.value}", f"revoked-{kind.value}", 401))
+    out.append(("replayed instance", "replayed-instance", 401 if TokenKind.INSTANCE in ok else 403))
+    if template.startswith("/worker/jobs/") or template == "/worker/blobs/{digest}":
+        out.append(("another worker's session", "other-worker", 403))
+    return out
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize(
+    ("template", "method"),
+    [(t, m) for t, m, _, _ in OPS],
+    ids=[f"{m.upper()} {t}" for t, m, _, _ in OPS],
+)
+async def test_bad_credentials_are_refused_and_change_nothing(
+    shared_world: World, template: str, method: str
+) -> None:
+    world = shared_world
+    spec = next(s for t, m, _, s in OPS if t == template and m == method)
+    api = world.api
+    path = fill(template, world)
+    if method == "put" and template == "/worker/blobs/{digest}":
+        path = f"/worker/blobs/{sha(b'some artifact')}"
+    before = await snapshot(api)
+    for case, token, expected in cases(spec, template):
+        if method == "put" and template == "/worker/blobs/{digest}" and case.startswith("another"):
+            continue  # any worker may upload an artifact; it is content-addressed
+        text = world.tokens.get(token, token) if token else None
+        if case == "forged secret":
+            text = f"glt_c_{api.client_token.split('_')[2]}_" + "A" * 43
+        elif case == "forged kind letter":
+            text = api.client_token.replace("glt_c_", "glt_w_", 1)
+        r = await api.call(
+            method.upper(),
+            path,
+            text,
+            params={"wait": "0"} if "wait" in [p.name for p in spec.query] else None,
+            **body_for(spec),
+        )
+        assert r.status_code == expected, f"{case}: {r.status_code} {r.text}"
+        body = r.json() if method != "head" else {"code": "x"}
+        assert "code" in body
+        if method != "head":
+            assert body["code"] in ("unauthorized", "forbidden") or body["code"].startswith(
+                ("token_", "wrong_token", "not_your")
+            )
+        if expected == 401 and method != "head":
+            assert r.headers.get("www-authenticate", "").startswith("Bearer")
+    assert await snapshot(api) == before
+
+
+async def test_an_instance_token_used_at_the_wrong_route_is_not_spent(world: World) -> None:
+    api = world.api
+    token = await api.new_token("instance")
+    r = await api.call("GET", "/jobs", token)
+    assert r.status_code == 403
+    r = await api.call("POST", "/workers/join", token, json={"name": "fresh"})
+    assert r.status_code == 200
+    r = await api.call("POST", "/workers/join", token, json={"name": "fresh"})
+    assert r.status_code == 401 and r.json()["code"] == "token_replayed"
+
+
+async def test_a_worker_session_reaches_only_its_own_jobs(world: World) -> None:
+    api = world.api
+    a, b = world.tokens["worker"], world.tokens["other-worker"]
+    r = await api.call("POST", f"/worker/jobs/{world.job_a}/started", b)
+    assert r.status_code == 403 and r.json()["code"] == "not_your_job"
+    r = await api.call("POST", f"/worker/jobs/{world.job_a}/started", a)
+    assert r.status_code == 200 and r.json()["state"] == "running"
+    r = await api.call(
+        "POST", f"/worker/jobs/{world.job_a}/finished", b, json={"state": "succeeded"}
+    )
+    assert r.status_code == 403
+    r = await api.call(
+        "POST", f"/worker/jobs/{world.job_a}/finished", a, json={"state": "succeeded", "result": 7}
+    )
+    assert r.status_code == 200 and r.json()["state"] == "succeeded"
+    # Finished: another worker still cannot read it back through a repeated report.
+    r = await api.call("POST", f"/worker/jobs/{world.job_a}/finished", b, json={"state": "failed"})
+    assert r.status_code == 403
+    # Nor can it submit, list or read jobs.
+    for method, path in (("POST", "/jobs"), ("GET", "/jobs"), ("GET", f"/jobs/{world.job_a}")):
+        r = await api.call(method, path, a, json={"workload": {"kind": "command", "argv": ["x"]}})
+        assert r.status_code == 403, path
+    # And a client token cannot poll for work.
+    r = await api.call("GET", "/worker/work", "client")
+    assert r.status_code == 403
+
+
+async def test_rejoin_rotates_the_session_token(world: World) -> None:
+    api = world.api
+    old = world.tokens["worker"]
+    r = await api.call("POST", "/workers/join", old, json={"name": "wa"})
+    assert r.status_code == 200
+    assert r.json()["worker"]["id"] == world.worker_a
+    new = r.json()["session_token"]
+    assert (await api.call("POST", "/worker/heartbeat", old)).status_code == 401
+    assert (await api.call("POST", "/worker/heartbeat", new)).status_code == 200
+    # A join token may keep a known id only under the same name.
+    r = await api.call(
+        "POST", "/workers/join", "join", json={"name": "wa"}, params={"worker_id": world.worker_a}
+    )
+    assert r.json()["worker"]["id"] == world.worker_a
+    r = await api.call(
+        "POST",
+        "/workers/join",
+        "join",
+        json={"name": "impostor"},
+        params={"worker_id": world.worker_b},
+    )
+    assert r.json()["worker"]["id"] != world.worker_b
+    # Leaving ends the session.
+    latest = (
+        await api.call(
+            "POST",
+            "/workers/join",
+            "join",
+            json={"name": "wa"},
+            params={"worker_id": world.worker_a},
+        )
+    ).json()["session_token"]
+    assert (await api.call("POST", "/worker/leave", latest)).status_code == 204
+    assert (await api.call("POST", "/worker/heartbeat", latest)).status_code == 401
