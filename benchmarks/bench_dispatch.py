@@ -19,8 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpulayer_kernel.contracts import CommandWorkload, JobSpec, JobState, WorkerCapabilities
-from gpulayer_kernel.contracts import WorkerRegistration
+from gpulayer_kernel.contracts import (
+    CommandWorkload,
+    JobSpec,
+    JobState,
+    WorkerCapabilities,
+    WorkerRegistration,
+)
 from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.store import LocalArtifactStore, SqliteStore
 from gpulayer_kernel.worker.agent import WorkerAgent

@@ -1,0 +1,279 @@
+"""Stage 4, explanation: the one renderer of placement sentences (STYLE: explaining placement).
+
+A waiting job gets a ``PlacementReport``: per reason code the number of workers and a human detail,
+``filtered`` (waiting won't help) kept apart from ``exhausted`` (waiting helps). ``render`` turns a
+report into the one sentence shape::
+
+    0/4 workers can run job 3f2a9c1d: 3 have too few free GPUs (need 2; waiting helps),
+    1 has no GPU of kind h100 (waiting won't help); position 2 in the queue
+
+A placed job gets one sentence saying why it went where it went (``placed_sentence``):
+``placed on w1 devices [0,1]: tightest fit, 0 GPUs left free``.
+
+Reports are built once per distinct (shape, reservations in the way) and copied per job with only
+``job_id``, ``position`` and ``sentence`` changed; ``finish`` renders the sentence from the
+template's sentence split around the job id (``sentence_parts``), which is exactly what ``render``
+would give (a test holds the two together).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..capabilities.kinds import format_bytes
+from ..contracts import PlacementReport, Reason, ReasonCount
+from .feasible import Shape
+
+SHORT_ID = 8
+NO_WORKERS = "no workers have joined yet; start one with `gpulayer worker`"
+
+# The documented check order; ties in a sentence follow it.
+STAGE_ORDER: tuple[Reason, ...] = (
+    Reason.WORKER_NOT_READY,
+    Reason.CORDONED,
+    Reason.DRAINING,
+    Reason.SELECTOR_MISMATCH,
+    Reason.NAME_MISMATCH,
+    Reason.NO_GPUS,
+    Reason.GPU_KIND,
+    Reason.UNSUPPORTED_VENDOR,
+    Reason.MPS_DISTRIBUTED,
+    Reason.GPU_MEMORY,
+    Reason.TOO_FEW_GPUS_TOTAL,
+    Reason.CPUS_TOTAL,
+    Reason.TOO_FEW_NODES,
+    Reason.GPUS_BUSY,
+    Reason.CPUS_BUSY,
+    Reason.RESERVED,
+    Reason.NOT_ENOUGH_NODES,
+)
+_STAGE = {code: i for i, code in enumerate(STAGE_ORDER)}
+# Codes whose detail reads after "is"/"are"; the rest read after "has"/"have".
+_COPULA = frozenset(
+    {
+        Reason.WORKER_NOT_READY,
+        Reason.CORDONED,
+        Reason.DRAINING,
+        Reason.NAME_MISMATCH,
+        Reason.TOO_FEW_NODES,
+    }
+)
+
+
+def short(job_id: str) -> str:
+    """The job id as sentences show it."""
+    return job_id[:SHORT_ID]
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
+def detail(
+    code: Reason, shape: Shape, *, owners: Sequence[str] = (), why: str = "", qualifying: int = 0
+) -> str:
+    """The human detail beside ``code`` for a job of ``shape`` (a phrase after has/have, is/are)."""
+    if code is Reason.WORKER_NOT_READY:
+        return "not ready (lost or offline)"
+    if code is Reason.CORDONED:
+        return "cordoned"
+    if code is Reason.DRAINING:
+        return "draining"
+    if code is Reason.SELECTOR_MISMATCH:
+        wanted = ", ".join(f"{k}={v}" for k, v in shape.selector)
+        return f"labels that don't match {wanted}"
+    if code is Reason.NAME_MISMATCH:
+        return f"not named {shape.worker}"
+    if code is Reason.NO_GPUS:
+        return 'no GPUs (the job did not ask for fallback=["cpu"])'
+    if code is Reason.GPU_KIND:
+        return "no GPU of kind " + " or ".join(shape.kinds)
+    if code is Reason.UNSUPPORTED_VENDOR:
+        return f"no usable GPU of that kind ({why})" if why else "no usable GPU of that kind"
+    if code is Reason.MPS_DISTRIBUTED:
+        need = f"need {shape.nodes} nodes" if shape.nodes > 1 else f"need {shape.gpus}"
+        return f"only Apple MPS, which runs single-device jobs ({need})"
+    if code is Reason.GPU_MEMORY:
+        memory = min((c.memory_min for c in shape.choices if c.memory_min), default=0)
+        return f"no GPU with {format_bytes(memory)} or more"
+    if code is Reason.TOO_FEW_GPUS_TOTAL:
+        return f"too few suitable GPUs in all (need {shape.gpus})"
+    if code is Reason.CPUS_TOTAL:
+        return f"too few CPUs in all (need {shape.cpus:g})"
+    if code is Reason.TOO_FEW_NODES:
+        return f"suitable but too few (need {shape.nodes} workers)"
+    if code is Reason.GPUS_BUSY:
+        return f"too few free GPUs (need {shape.gpus})"
+    if code is Reason.CPUS_BUSY:
+        return f"too few free CPUs (need {shape.cpus:g})"
+    if code is Reason.RESERVED:
+        shown = [short(o) for o in owners[:2]] + (["..."] if len(owners) > 2 else [])
+        noun = "job" if len(owners) == 1 else "jobs"
+        return f"GPUs reserved for {noun} {', '.join(shown)}" if owners else "GPUs reserved"
+    return f"room now, but the job needs {shape.nodes} workers at once"  # NOT_ENOUGH_NODES
+
+
+def _with_note(text: str, helps: bool) -> str:
+    note = "waiting helps" if helps else "waiting won't help"
+    if text.endswith(")") and "(" in text:
+        return f"{text[:-1]}; {note})"
+    return f"{text} ({note})"
+
+
+def _part(rc: ReasonCount) -> str:
+    one, many = ("is", "are") if rc.code in _COPULA else ("has", "have")
+    return (
+        f"{rc.workers} {one if rc.workers == 1 else many} {_with_note(rc.detail, rc.waiting_helps)}"
+    )
+
+
+def _position(position: int | None) -> str:
+    return "" if position is None else f"; position {position} in the queue"
+
+
+def render(report: PlacementReport) -> str:
+    """The one sentence shape for a waiting job."""
+    head = f"{report.workers_feasible}/{report.workers_total} workers can run job "
+    head += short(report.job_id)
+    if report.workers_total == 0:
+        return f"{head}: {NO_WORKERS}{_position(report.position)}"
+    if report.nodes > 1:
+        head += f", which needs {report.nodes} at once"
+    reasons = sorted(
+        [*report.filtered, *report.exhausted], key=lambda rc: (-rc.workers, _STAGE[rc.code])
+    )
+    body = ", ".join(_part(rc) for rc in reasons) or "no reason recorded"
+    tail = ""
+    if report.reservation:
+        tail = f"; GPUs are reserved for it on {', '.join(report.reservation)}"
+    return f"{head}: {body}{tail}{_position(report.position)}"
+
+
+# Frozen and equal by value, so one object serves every report that counts the same thing.
+_COUNTS: dict[tuple[Reason, int, str], ReasonCount] = {}
+
+
+def make_report(
+    shape: Shape,
+    counts: Mapping[Reason, int],
+    *,
+    total: int,
+    feasible: int,
+    owners: Sequence[str] = (),
+    why: str = "",
+    reservation: Sequence[str] = (),
+    candidates: Sequence[str] = (),
+) -> PlacementReport:
+    """A report template (``job_id`` empty) from per-reason worker counts."""
+    filtered: list[ReasonCount] = []
+    exhausted: list[ReasonCount] = []
+    for code in sorted(counts, key=_STAGE.__getitem__):
+        n = counts[code]
+        if not n:
+            continue
+        text = detail(code, shape, owners=owners, why=why)
+        rc = _COUNTS.get((code, n, text))
+        if rc is None:
+            if len(_COUNTS) >= 65536:
+                _COUNTS.clear()
+            rc = _COUNTS[(code, n, text)] = ReasonCount(
+                code=code, workers=n, detail=text, waiting_helps=code.waiting_helps
+            )
+        (exhausted if rc.waiting_helps else filtered).append(rc)
+    template = PlacementReport(
+        job_id="",
+        workers_total=total,
+        workers_feasible=feasible,
+        filtered=filtered,
+        exhausted=exhausted,
+        reserved_by=owners[0] if owners else None,
+        reservation=list(reservation),
+        nodes=shape.nodes,
+        candidates=list(candidates),
+    )
+    return template
+
+
+def sentence_parts(template: PlacementReport) -> tuple[str, str]:
+    """``render``'s sentence for ``template`` split around the job id (position left out), so
+    each job's sentence is two concatenations: ``finish`` below."""
+    marker = "\x00"
+    text = render(template.model_copy(update={"job_id": marker, "position": None}))
+    before, _, after = text.partition(marker)
+    return before, after
+
+
+def finish(
+    template: PlacementReport, parts: tuple[str, str], job_id: str, position: int
+) -> PlacementReport:
+    """``template`` for one job: its id, queue position and sentence (exactly ``render``'s)."""
+    sentence = f"{parts[0]}{job_id[:SHORT_ID]}{parts[1]}; position {position} in the queue"
+    return template.model_copy(
+        update={"job_id": job_id, "position": position, "sentence": sentence}
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# placed jobs
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedNode:
+    name: str
+    devices: tuple[int, ...]
+    left_free: int
+    simulated: bool
+
+
+def placed_sentence(
+    shape: Shape,
+    nodes: Sequence[PlacedNode],
+    *,
+    choice: int = 0,
+    fallback: bool = False,
+    gpu_worker: bool = False,
+    own_reservation: bool = False,
+    backfill_of: str | None = None,
+) -> str:
+    """One sentence saying where a job went and why there."""
+    where = []
+    for rank, node in enumerate(nodes):
+        text = node.name
+        if node.devices:
+            sim = "simulated " if node.simulated else ""
+            text += f" {sim}devices [{','.join(str(d) for d in node.devices)}]"
+        if len(nodes) > 1:
+            text += f" (node {rank})"
+        where.append(text)
+    why: list[str] = []
+    if shape.cpu_job:
+        why.append(
+            "CPU job; no CPU-only worker could take it"
+            if gpu_worker
+            else "CPU job; CPU-only workers first"
+        )
+    elif fallback:
+        why.append('no GPU could take it now and it asked for fallback=["cpu"], so it runs on CPU')
+    else:
+        if shape.kinds:
+            label = shape.choices[choice].label
+            if choice == 0:
+                why.append(f"first-choice kind {label}")
+            else:
+                earlier = " or ".join(c.label for c in shape.choices[:choice])
+                why.append(f"kind {label} (choice {choice + 1}; no room on {earlier})")
+        if own_reservation:
+            why.append("on the GPUs reserved for it")
+        if backfill_of is not None:
+            why.append(
+                f"backfilled onto GPUs reserved for job {short(backfill_of)} "
+                "(it ends before they are needed)"
+            )
+        lefts = [n.left_free for n in nodes]
+        if len(set(lefts)) == 1:
+            left = f"{_gpus(lefts[0])} left free" + (" on each" if len(nodes) > 1 else "")
+        else:
+            left = " and ".join(str(x) for x in lefts) + " GPUs left free"
+        why.append(f"tightest fit, {left}")
+    return f"placed on {' and '.join(where)}: {', '.join(why)}"

@@ -1,0 +1,377 @@
+"""Stage 3, the plan: ``schedule(snapshot) -> Plan``, the pure, deterministic scheduler (ADR 0004).
+
+One pass walks the queue in order (priority high to low, then submission ``seq``, then id) and for
+each job tries, in the job's kind-preference order, to place the whole gang at once on the best
+workers (rank.py); else its CPU fallback when it asked for one; else the job waits. Capacity only
+shrinks during a pass, so once a shape fails, nothing later of that shape can fit while the same
+reservations are in its way: such jobs cost one set lookup, and their reports are built once per
+shape and shared. A gang that has waited ``reserve_after`` seconds reserves the devices it will get
+soonest; jobs behind it may use them only if their ``timeout`` ends before the reservation starts
+(backfill). Reports for every waiting job come last (explain.py renders them).
+
+No I/O, no clock (``now`` is in the snapshot), no randomness; every tie breaks on a stable key.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+
+from ..contracts import NodePlacement, Placement, PlacementReport
+from .explain import PlacedNode, finish, placed_sentence, sentence_parts
+from .feasible import (
+    Fit,
+    Profile,
+    Shape,
+    WorkerClass,
+    check,
+    class_key,
+    gpu_uid,
+    label_index,
+    make_shape,
+    profile_of,
+    selected,
+    shape_key,
+    state_reason,
+)
+from .model import Assignment, JobRequest, Plan, Reservation, Snapshot, WorkerView
+from .rank import INF, Index, Lane, NodeChoice, bits, lanes, pick_devices
+from .reports import Reports
+
+
+@dataclass(slots=True, eq=False)
+class ShapeInfo:
+    """Per-shape facts for one pass."""
+
+    shape: Shape
+    fits: list[Fit]  # indexed by class id
+    gpu: list[tuple[WorkerClass, Fit]]  # classes with devices for it
+    cpu: list[tuple[WorkerClass, Fit]]  # classes that run it without devices
+    ok: frozenset[int] | None  # workers whose labels match its selector (None: no selector)
+    cpu_order: list[int] | None = None  # workers for a CPU placement, best first (lazy)
+    lanes: list[list[Lane]] | None = None  # per kind choice, for rank.gpu_candidates (lazy)
+    cpu_cursor: int = 0  # workers before it lack CPUs for this shape (CPUs only fall)
+
+
+def schedule(snapshot: Snapshot) -> Plan:
+    """Place what fits now, explain what waits, and say which devices are reserved for whom."""
+    # A pass allocates tens of thousands of small acyclic objects; the cyclic collector would scan
+    # every live object several times over for nothing (measured: about a third of a 10,000-job
+    # pass). Pause it for the pass, as timeit does, and restore it whatever happens.
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _Pass(snapshot).run()
+    finally:
+        if paused:
+            gc.enable()
+
+
+class _Pass:
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snap = snapshot
+        self.now = snapshot.now
+        self.workers: list[WorkerView] = sorted(snapshot.workers, key=attrgetter("id"))
+        # Queue order: priority high to low, then seq, then id (two stable sorts, in C).
+        self.queue: list[JobRequest] = sorted(snapshot.pending, key=attrgetter("seq", "id"))
+        self.queue.sort(key=attrgetter("priority"), reverse=True)
+        shapes: dict[int, Shape] = {}
+        self.job_shapes: list[Shape] = []
+        for job in self.queue:
+            key, kid = shape_key(job.resources)
+            shape = shapes.get(kid)
+            if shape is None:
+                g = gpu_uid(job.resources)
+                shape = shapes[kid] = make_shape(job.resources, key, len(shapes), g)
+            self.job_shapes.append(shape)
+        cpu_asks = sorted({s.cpus for s in shapes.values() if s.cpus is not None})
+        names = frozenset(s.worker for s in shapes.values() if s.worker is not None)
+        self.has_selectors = any(s.selector for s in shapes.values())
+        classes: dict[tuple[object, ...], WorkerClass] = {}
+        profiles: list[Profile] = []
+        class_of: list[WorkerClass] = []
+        for i, w in enumerate(self.workers):
+            p = profile_of(w.capabilities)
+            ck = class_key(p, w.state, p.host_cpus, w.name, cpu_asks, names)
+            cls = classes.get(ck)
+            if cls is None:
+                name = w.name if w.name in names else None
+                cls = WorkerClass(
+                    len(classes), p, w.state, state_reason(w.state), p.host_cpus, name, []
+                )
+                classes[ck] = cls
+            cls.members.append(i)
+            profiles.append(p)
+            class_of.append(cls)
+        self.classes = list(classes.values())
+        self.index = Index(self.workers, profiles, class_of, len(self.classes))
+        self.labels = label_index([w.labels for w in self.workers]) if self.has_selectors else {}
+        self.infos: dict[int, ShapeInfo] = {}
+        self.verdicts: dict[
+            tuple[int, float | None, str | None],
+            tuple[list[Fit], list[tuple[WorkerClass, Fit]], list[tuple[WorkerClass, Fit]]],
+        ] = {}
+        self.active: list[tuple[str, float | None]] = []  # (owner, starts_by), activation order
+        self.reservations: dict[str, Reservation] = {}
+        self._allowed: dict[tuple[float, int], frozenset[str]] = {}
+
+    # -- per shape ---------------------------------------------------------------------------
+
+    def info(self, shape: Shape) -> ShapeInfo:
+        info = self.infos.get(shape.uid)
+        if info is None:
+            # The class checks read neither the selector nor anything outside (GPU request,
+            # CPUs, worker name): shapes that differ only there share one verdict list.
+            key = (shape.gpu_uid, shape.cpus, shape.worker)
+            verdicts = self.verdicts.get(key)
+            if verdicts is None:
+                fits = [check(shape, cls) for cls in self.classes]
+                gpu = [(c, f) for c, f in zip(self.classes, fits, strict=True) if f.masks]
+                cpu = [(c, f) for c, f in zip(self.classes, fits, strict=True) if f.cpu_only]
+                verdicts = self.verdicts[key] = (fits, gpu, cpu)
+            ok = selected(shape.selector, self.labels) if shape.selector else None
+            info = self.infos[shape.uid] = ShapeInfo(shape, *verdicts, ok)
+        return info
+
+    def verdicts_for(self, shape: Shape) -> tuple[list[Fit], frozenset[int] | None]:
+        """The static verdict per class for ``shape``, and the workers its selector matches."""
+        info = self.info(shape)
+        return info.fits, info.ok
+
+    def allowed(self, job: JobRequest) -> frozenset[str]:
+        """Active reservations whose devices ``job`` may use: it ends before they start."""
+        if job.timeout is None or not self.active:
+            return frozenset()
+        ends = self.now + job.timeout
+        key = (ends, len(self.active))
+        hit = self._allowed.get(key)
+        if hit is None:
+            hit = frozenset(o for o, s in self.active if s is not None and ends <= s)
+            self._allowed[key] = hit
+        return hit
+
+    # -- the pass ----------------------------------------------------------------------------
+
+    def run(self) -> Plan:
+        assignments: list[Assignment] = []
+        waiting: list[tuple[JobRequest, Shape]] = []
+        failed: set[tuple[int, frozenset[str]]] = set()
+        unreservable: set[int] = set()  # shapes that found nothing to reserve (holds only grow)
+        snap = self.snap
+        empty: frozenset[str] = frozenset()
+        for job, shape in zip(self.queue, self.job_shapes, strict=True):
+            allowed = empty if job.timeout is None or not self.active else self.allowed(job)
+            key = (shape.uid, allowed)
+            if key not in failed:
+                placement = self.place(job, shape, self.info(shape), allowed)
+                if placement is not None:
+                    assignments.append(Assignment(job.id, placement))
+                    continue
+                failed.add(key)
+            if (
+                job.is_gang
+                and len(self.active) < snap.max_reservations
+                and self.now - job.submitted_at >= snap.reserve_after
+                and shape.uid not in unreservable
+                and not self.reserve(job, shape, self.info(shape))
+            ):
+                unreservable.add(shape.uid)
+            waiting.append((job, shape))
+        pending = self.explain(waiting)
+        return Plan(tuple(assignments), pending, dict(self.reservations))
+
+    def place(
+        self, job: JobRequest, shape: Shape, info: ShapeInfo, allowed: frozenset[str]
+    ) -> Placement | None:
+        if shape.cpu_job:
+            return self.place_cpu(shape, info, fallback=False)
+        if info.lanes is None:
+            info.lanes = [lanes(info.gpu, c) for c in range(len(shape.choices))]
+        for choice, choice_lanes in enumerate(info.lanes):
+            nodes = self.index.gpu_candidates(shape, choice_lanes, allowed, shape.nodes, info.ok)
+            if len(nodes) == shape.nodes:
+                return self.commit(job, shape, nodes, choice)
+        if shape.fallback:
+            return self.place_cpu(shape, info, fallback=True)
+        return None
+
+    def commit(
+        self, job: JobRequest, shape: Shape, nodes: Sequence[NodeChoice], choice: int
+    ) -> Placement:
+        until = INF if job.timeout is None else self.now + job.timeout
+        prior = self.snap.reservations.get(job.id)
+        own = prior is not None
+        backfill: str | None = None
+        out: list[NodePlacement] = []
+        said: list[PlacedNode] = []
+        for rank, node in enumerate(nodes):
+            w = self.workers[node.worker]
+            self.index.take(node.worker, node.devices, shape.cpus, until)
+            devices = bits(node.devices)
+            sim = bool(node.devices & self.index.profiles[node.worker].sim_mask)
+            if prior is not None and not set(devices) <= set(prior.devices.get(w.id, ())):
+                own = False
+            backfill = backfill or node.via
+            out.append(
+                NodePlacement(
+                    worker_id=w.id,
+                    worker_name=w.name,
+                    devices=devices,
+                    simulated=sim,
+                    node_rank=rank,
+                )
+            )
+            said.append(PlacedNode(w.name, tuple(devices), node.left_free, sim))
+        sentence = placed_sentence(
+            shape, said, choice=choice, own_reservation=own, backfill_of=backfill
+        )
+        return Placement(nodes=out, explanation=sentence)
+
+    def place_cpu(self, shape: Shape, info: ShapeInfo, *, fallback: bool) -> Placement | None:
+        """A placement without devices: a CPU job, or a GPU job's CPU fallback."""
+        if info.cpu_order is None:
+            info.cpu_order = self.index.cpu_order(info.cpu, info.ok)
+        order = info.cpu_order
+        cpus = self.index.cpus
+        need = shape.cpus
+        if need is not None:
+            while info.cpu_cursor < len(order) and cpus[order[info.cpu_cursor]] < need:
+                info.cpu_cursor += 1
+        chosen: list[int] = []
+        for k in range(info.cpu_cursor, len(order)):
+            i = order[k]
+            if need is None or cpus[i] >= need:
+                chosen.append(i)
+                if len(chosen) == shape.nodes:
+                    break
+        if len(chosen) < shape.nodes:
+            return None
+        out: list[NodePlacement] = []
+        said: list[PlacedNode] = []
+        for rank, i in enumerate(chosen):
+            w = self.workers[i]
+            self.index.take(i, 0, need, INF)
+            out.append(
+                NodePlacement(
+                    worker_id=w.id, worker_name=w.name, node_rank=rank, cpu_fallback=fallback
+                )
+            )
+            said.append(PlacedNode(w.name, (), self.index.count[i], False))
+        gpu_worker = self.index.profiles[chosen[0]].usable_count > 0
+        sentence = placed_sentence(shape, said, fallback=fallback, gpu_worker=gpu_worker)
+        return Placement(nodes=out, explanation=sentence)
+
+    # -- reservations ------------------------------------------------------------------------
+
+    def reserve(self, job: JobRequest, shape: Shape, info: ShapeInfo) -> bool:
+        """Hold the devices this waiting gang will get soonest, so smaller jobs cannot starve it.
+
+        Candidates: every worker that passes the static checks for a kind choice (tried in the
+        job's order) with enough devices not already reserved by a job ahead. Ranked by when
+        enough of them are free (running jobs' ``ends_by``; unknown = never), then real before
+        simulated, then worker id. Last pass's reservation is kept while it stays valid.
+        """
+        index = self.index
+        prior = self.snap.reservations.get(job.id)
+        for choice in range(len(shape.choices)):
+            cands: list[tuple[float, int, int, int]] = []  # (free at, simulated, worker, devices)
+            reservable: dict[int, int] = {}  # worker -> devices it could reserve
+            for cls, fit in info.gpu:
+                m = fit.masks[choice]
+                if not m:
+                    continue
+                sim = 1 if cls.profile.sim_mask else 0
+                for i in cls.members:
+                    if info.ok is not None and i not in info.ok:
+                        continue
+                    held = 0
+                    for h in index.holds[i] or ():
+                        held |= h.mask
+                    avail = m & ~held
+                    if avail.bit_count() < shape.gpus:
+                        continue
+                    reservable[i] = avail
+                    at, devices = self._soonest(i, avail, shape.gpus)
+                    cands.append((at, sim, i, devices))
+            picked = self._prior(prior, reservable) if prior is not None else None
+            if picked is None:
+                if len(cands) < shape.nodes:
+                    continue
+                cands.sort()
+                picked = [(at, i, devices) for at, _sim, i, devices in cands[: shape.nodes]]
+            latest = max(at for at, _i, _d in picked)
+            starts_by = None if latest == INF else latest
+            for _at, i, devices in picked:
+                index.hold(i, job.id, devices, starts_by)
+            self.active.append((job.id, starts_by))
+            self.reservations[job.id] = Reservation(
+                job_id=job.id,
+                devices={self.workers[i].id: tuple(bits(d)) for _at, i, d in picked},
+                since=prior.since if prior is not None else self.now,
+                starts_by=starts_by,
+            )
+            return True
+        return False
+
+    def _soonest(self, i: int, avail: int, n: int) -> tuple[float, int]:
+        """When ``n`` of the ``avail`` devices on ``i`` will be free at the latest, and which."""
+        have = self.index.free[i] & avail
+        if have.bit_count() >= n:
+            return self.now, pick_devices(have, n)
+        for at, mask in self.index.free_at(i):
+            have |= mask & avail
+            if have.bit_count() >= n:
+                return max(at, self.now), pick_devices(have, n)
+        return INF, pick_devices(avail, n)
+
+    def _prior(
+        self, prior: Reservation, reservable: dict[int, int]
+    ) -> list[tuple[float, int, int]] | None:
+        """Last pass's reservation, if every device in it is still reservable: keeping it stops
+        a reservation from wandering while its devices drain."""
+        position = {self.workers[i].id: i for i in reservable}
+        picked: list[tuple[float, int, int]] = []
+        for worker_id, devices in sorted(prior.devices.items()):
+            i = position.get(worker_id)
+            mask = 0
+            for d in devices:
+                mask |= 1 << d
+            if i is None or mask & ~reservable[i] or mask.bit_count() != len(devices):
+                return None
+            at, _ = self._soonest(i, mask, len(devices))
+            picked.append((at, i, mask))
+        return picked or None
+
+    # -- explanations ------------------------------------------------------------------------
+
+    def explain(self, waiting: Sequence[tuple[JobRequest, Shape]]) -> dict[str, PlacementReport]:
+        if not waiting:
+            return {}
+        reports = Reports(
+            self.index, self.classes, self.workers, self.reservations, self.verdicts_for
+        )
+        Key = tuple[int, frozenset[str] | None, str | None]
+        templates: dict[Key, tuple[PlacementReport, tuple[str, str]]] = {}
+        usable: dict[tuple[int, float | None], frozenset[str] | None] = {}
+        owners = self.reservations
+        out: dict[str, PlacementReport] = {}
+        for position, (job, shape) in enumerate(waiting, 1):
+            # Against the final reservations: whether a job may use a reservation never changes,
+            # and those made after its turn cannot give it room it lacked then (capacity only
+            # fell since), so this groups more jobs under one report without changing any; and
+            # only reservations held on workers that could run the shape can matter to it.
+            uk = (shape.uid, job.timeout)
+            if uk in usable:
+                allowed = usable[uk]
+            else:
+                held = reports.static(shape).held
+                allowed = usable[uk] = self.allowed(job) & held if held else None
+            key = (shape.uid, allowed, job.id if job.id in owners else None)
+            hit = templates.get(key)
+            if hit is None:
+                template = reports.report(shape, allowed or frozenset(), key[2])
+                hit = templates[key] = (template, sentence_parts(template))
+            out[job.id] = finish(hit[0], hit[1], job.id, position)
+        return out

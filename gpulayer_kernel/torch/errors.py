@@ -1,0 +1,53 @@
+"""Errors of the training API, as branches of GPUlayer's one hierarchy (``gpulayer_kernel.errors``).
+
+GPUlayerError
+├── InvalidInput (400 invalid_input)
+│   ├── PrecisionUnsupported (400 precision_unsupported)  e.g. '16-mixed' on a CPU
+│   ├── CheckpointInvalid (422 checkpoint_invalid)        not a GPUlayer checkpoint, too new
+│   └── NoTrainingData (400 no_training_data)             train_loader yielded nothing
+└── LossNotFinite (500 loss_not_finite)                   training diverged at a named step
+"""
+
+from __future__ import annotations
+
+from ..errors import GPUlayerError, InvalidInput
+
+
+class PrecisionUnsupported(InvalidInput):
+    """The configured precision cannot run on this device."""
+
+    code = "precision_unsupported"
+    status = 400
+
+
+class CheckpointInvalid(InvalidInput):
+    """A file or dict given to ``resume`` is not a checkpoint this version can load."""
+
+    code = "checkpoint_invalid"
+    status = 422
+
+
+class NoTrainingData(InvalidInput):
+    """An epoch of ``train_loader`` produced no batches, so training could never progress."""
+
+    code = "no_training_data"
+    status = 400
+
+
+class LossNotFinite(GPUlayerError):
+    """The loss became NaN or infinite; carries the first bad optimizer step (1-based)."""
+
+    code = "loss_not_finite"
+    status = 500
+
+    def __init__(self, step: int, bad_rank: int, value: float | None) -> None:
+        what = f"loss is {value}" if value is not None else f"loss is not finite on rank {bad_rank}"
+        super().__init__(
+            f"{what} at step {step}; training stopped",
+            hint="lower the learning rate, set grad_clip, check the data of that step, or use "
+            "precision='bf16-mixed' instead of '16-mixed'; resume from a checkpoint saved "
+            "before that step",
+            details={"step": step, "rank": bad_rank},
+        )
+        self.step = step
+        self.rank = bad_rank
