@@ -8,7 +8,7 @@ Usage::
     .venv/bin/python benchmarks/bench_trainer.py --threads 1 --clock cpu   # on a busy machine
 
 Method (/work/shared/BENCHMARKING.md): the same model, data in memory as tensors, fixed
-``torch.set_num_threads``; each round runs every contender once (A B C, then C B A, ...) on a
+``torch.set_num_threads``; each round runs every contender once (A B C, B C A, C A B, ...) on a
 fresh copy of the same initial weights; we report the median of the per-round ratios to the
 raw loop and their spread (min-max), because these machines vary +-15% between rounds.
 Each fit runs ``--steps`` optimizer steps; throughput is timed from the fetch of batch 5 to
@@ -310,13 +310,16 @@ def measure(
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Steady-state samples/s and set-up seconds of every contender in every round.
 
-    One unrecorded warm-up round first; then rounds alternate the order (A B C, C B A, ...).
+    One unrecorded warm-up round first; then the order rotates (A B C, B C A, C A B, ...) so
+    every contender runs in every position equally often: position in a round matters by a few
+    per cent on a shared machine (allocator and cache state left by the previous contender).
     """
     names = list(contenders)
     rates: dict[str, list[float]] = {name: [] for name in names}
     setups: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(rounds + 1):
-        for name in names if round_ % 2 == 0 else names[::-1]:
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
             data = TimedBatches(w.batches, device, warm, steps - 1)
             _sync(device)
             started = CLOCK[0]()
@@ -390,7 +393,7 @@ def main() -> int:
         return gpu(args)
 
     device = torch.device("cpu")
-    rounds = args.rounds or (2 if args.quick else 11)
+    rounds = args.rounds or (2 if args.quick else 12)  # a multiple of 3 and 4 contenders
     steps = args.steps or (12 if args.quick else 60)  # 60: one metrics reduction (step 50) inside
     warm = 2 if args.quick else 5
     print(

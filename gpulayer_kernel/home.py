@@ -58,7 +58,7 @@ def read_owner(layout: Layout) -> dict[str, Any]:
 
 
 def live_owner(layout: Layout) -> dict[str, Any]:
-    """The owner's published info, or {} when nobody holds the lock (a killed owner's file stays)."""
+    """The owner's published info; {} when nobody holds the lock (a killed owner's file stays)."""
     try:
         fd = os.open(layout.lock, os.O_RDWR)
     except FileNotFoundError:

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 CONTROL_ENV = "GPULAYER_CONTROL"
 OUTPUT_ENV = "GPULAYER_OUTPUT"
 ARGS_ENV = "GPULAYER_ARGS"

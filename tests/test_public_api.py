@@ -24,4 +24,3 @@ def test_importing_the_package_does_not_import_torch_or_jupyter() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
-

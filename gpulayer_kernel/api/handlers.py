@@ -44,7 +44,7 @@ from .models import (
     WorkerList,
     WorkerStateChange,
 )
-from .worker_routes import WORKER_ROUTES, check_artifact_name, workers_of
+from .worker_routes import WORKER_ROUTES, check_artifact_name
 
 LIVE = (WorkerState.LOST, WorkerState.OFFLINE)
 
@@ -76,7 +76,7 @@ class StatusHandler(GLMixin):
 
     @op("the server's version, live workers and jobs per state", answer=Status)
     async def get(self) -> Status:
-        workers = [w for w in await workers_of(self.cp) if w.state not in LIVE]
+        workers = [w for w in await self.cp.workers() if w.state not in LIVE]
         counts = await self.cp.job_counts()
         return Status(version=self.ctx.version, workers=len(workers), jobs=counts)
 
@@ -206,7 +206,7 @@ class WorkersHandler(GLMixin):
 
     @op("every worker with its devices and what runs there", answer=WorkerList)
     async def get(self) -> WorkerList:
-        return WorkerList(workers=await workers_of(self.cp))
+        return WorkerList(workers=await self.cp.workers())
 
 
 class WorkerStateHandler(GLMixin):

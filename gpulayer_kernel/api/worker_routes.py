@@ -6,7 +6,6 @@ route with a ``{job_id}`` reaches only jobs assigned to the caller's worker.
 from __future__ import annotations
 
 from pathlib import PurePosixPath
-from typing import cast
 
 from ..contracts import (
     FinishReport,
@@ -18,7 +17,6 @@ from ..contracts import (
     WorkerInfo,
     WorkerRegistration,
 )
-from ..controlplane import ControlPlane
 from ..errors import Forbidden, InvalidInput, NotFound
 from ..security import TokenKind
 from ..store.artifacts import check_digest
@@ -28,11 +26,6 @@ from .models import BlobStored, JoinAnswer, LogAck
 
 WORKER = (TokenKind.WORKER,)
 JOINING = (TokenKind.JOIN, TokenKind.INSTANCE, TokenKind.WORKER)
-
-
-async def workers_of(cp: ControlPlane) -> list[WorkerInfo]:
-    # ControlPlane.list (a method) shadows the builtin in its annotations; spell the type here.
-    return cast("list[WorkerInfo]", await cp.workers())
 
 
 def check_artifact_name(name: str, field: str = "name") -> str:
@@ -102,7 +95,7 @@ class JoinHandler(WorkerRoute):
         if self.principal.kind == TokenKind.WORKER:
             keep = self.principal.worker_id  # a session re-joins as itself, whatever it asks
         else:
-            known = {w.id: w.name for w in await workers_of(self.cp)}
+            known = {w.id: w.name for w in await self.cp.workers()}
             keep = worker_id if worker_id and known.get(worker_id) == body.name else None
         info = await self.cp.register(body.model_copy(update={"transport": "http"}), keep)
         session = await self.ctx.tokens.issue_worker_session(info.id, name=info.name)
@@ -211,7 +204,7 @@ class WorkerBlobHandler(WorkerRoute):
     @op("a bundle of one of this worker's jobs", answer="bytes", kinds=WORKER)
     async def get(self, digest: str) -> bytes:
         check_digest(digest)
-        me = next((w for w in await workers_of(self.cp) if w.id == self.worker_id), None)
+        me = next((w for w in await self.cp.workers() if w.id == self.worker_id), None)
         for job_id in me.running if me else ():
             job = await self.cp.get(job_id)
             if getattr(job.spec.workload, "bundle", None) == digest:

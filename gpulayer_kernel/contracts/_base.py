@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import NotJSON, ValidationFailed
 
-API_VERSION = "gpulayer/v1"
+API_VERSION: Final = "gpulayer/v1"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 SHA256_RE = re.compile(SHA256_PATTERN)
 

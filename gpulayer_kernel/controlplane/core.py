@@ -9,6 +9,7 @@ call returns, so a crash leaves every acknowledged change on disk.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import logging
 import time
@@ -219,7 +220,7 @@ class ControlPlane:
         name: str | None = None,
         label: tuple[str, str] | None = None,
         limit: int = 100,
-    ) -> list[Job]:
+    ) -> builtins.list[Job]:
         if not 1 <= limit <= 10_000:
             raise InvalidInput("limit must be between 1 and 10000", details={"limit": limit})
         jobs = await self.store.list_jobs(
@@ -276,7 +277,7 @@ class ControlPlane:
                 )
             await self._job_signal(job_id).wait(left)
 
-    async def _read_logs(self, job_id: str, since: int, limit: int) -> list[LogRecord]:
+    async def _read_logs(self, job_id: str, since: int, limit: int) -> builtins.list[LogRecord]:
         tail = self._tails.get(job_id)
         if tail is not None and (not tail or tail[0].seq <= since + 1):
             start = max(0, since - tail[0].seq + 1) if tail else 0
@@ -293,7 +294,7 @@ class ControlPlane:
             return f"job {job.id} is queued and waits for the next scheduling pass"
         return f"job {job.id} is {job.state.value}" + (f": {job.reason}" if job.reason else "")
 
-    async def workers(self) -> list[WorkerInfo]:
+    async def workers(self) -> builtins.list[WorkerInfo]:
         return sorted(self._workers.values(), key=lambda w: (w.name, w.id))
 
     async def events(self, since: int = 0, wait: float = 0.0) -> EventPage:
@@ -339,7 +340,7 @@ class ControlPlane:
         await self.store.set_secret(name, value)
         self.redactor.add(name, value)
 
-    async def secret_names(self) -> list[str]:
+    async def secret_names(self) -> builtins.list[str]:
         return await self.store.list_secret_names()
 
     async def delete_secret(self, name: str) -> bool:
@@ -425,7 +426,7 @@ class ControlPlane:
             job = await self._transition(job, JobState.RUNNING, started_at=self.clock())
         return job
 
-    async def append_logs(self, worker_id: str, job_id: str, lines: list[LogLine]) -> int:
+    async def append_logs(self, worker_id: str, job_id: str, lines: builtins.list[LogLine]) -> int:
         self._owned(worker_id, job_id)
         return await self._append_logs(job_id, lines)
 
@@ -479,6 +480,7 @@ class ControlPlane:
                     self._wake_worker(other)
             reason = f"node {node.node_rank} ({node.worker_name}): {report.reason or 'failed'}"
             return await self._finish(job, report.model_copy(update={"reason": reason}))
+        node_ids = job.placement.worker_ids
         done = self._nodes_done.setdefault(job.id, set())
         done.add(worker_id)
         update: dict[str, Any] = {"artifacts": [*job.artifacts, *report.artifacts]}
@@ -486,7 +488,7 @@ class ControlPlane:
             update["result"] = report.result  # rank 0's result is the job's
         job = job.model_copy(update=update)
         self._jobs[job.id] = job
-        if len(done) < len(job.placement.nodes):
+        if len(done) < len(node_ids):
             return job
         self._nodes_done.pop(job.id, None)
         return await self._finish(
@@ -603,7 +605,7 @@ class ControlPlane:
     async def _system_log(self, job_id: str, text: str) -> None:
         await self._append_logs(job_id, [LogLine(time=self.clock(), stream="system", text=text)])
 
-    async def _append_logs(self, job_id: str, lines: list[LogLine]) -> int:
+    async def _append_logs(self, job_id: str, lines: builtins.list[LogLine]) -> int:
         if not lines:
             return self._log_seq.get(job_id, 0)
         if job_id not in self._log_seq:
@@ -634,7 +636,7 @@ class ControlPlane:
         return seq
 
     def _with_usage(self, w: WorkerInfo) -> WorkerInfo:
-        running: list[str] = []
+        running: builtins.list[str] = []
         device_jobs: dict[int, str] = {}
         for job in self._jobs.values():
             if job.placement is None or job.state not in (JobState.PLACED, JobState.RUNNING):
@@ -737,7 +739,7 @@ class ControlPlane:
     def snapshot(self) -> Snapshot:
         now = self.clock()
         running: dict[str, list[RunningJob]] = {}
-        pending: list[JobRequest] = []
+        pending: builtins.list[JobRequest] = []
         for job in self._jobs.values():
             if job.state == JobState.QUEUED:
                 pending.append(
@@ -789,7 +791,7 @@ class ControlPlane:
         plan = schedule(self.snapshot())
         self._reservations = dict(plan.reservations)
         now = self.clock()
-        placed: list[Job] = []
+        placed: builtins.list[Job] = []
         touched_workers: set[str] = set()
         for a in plan.assignments:
             job = self._jobs.get(a.job_id)
@@ -817,7 +819,7 @@ class ControlPlane:
             return
         names = sorted({n for job in placed for n in job.spec.secrets})
         known = await self.store.get_secrets(names) if names else {}
-        ready: list[Job] = []
+        ready: builtins.list[Job] = []
         for job in placed:
             missing = [n for n in job.spec.secrets if n not in known]
             if missing:

@@ -179,7 +179,7 @@ class SqliteStore(MetadataStore):
         # One hop to the connection's thread for a whole transaction. aiosqlite exposes one call
         # per statement publicly; its ``_execute`` runs any function on that thread (pinned
         # version range in pyproject), which turns 3 + N hops per commit into one.
-        return await self.db._execute(fn, *args)  # type: ignore[no-any-return]
+        return await self.db._execute(fn, *args)  # type: ignore[no-untyped-call,no-any-return]
 
     def _commit_sync(self, queue: dict[str, list[tuple[Any, ...]]]) -> None:
         conn = self.db._conn  # the sqlite3 connection, on its own thread (we are on it)

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Literal
 
 from ..contracts import LogLine
 from ..errors import Conflict, NotFound
@@ -21,6 +22,7 @@ from ..redact import Redactor
 log = logging.getLogger("gpulayer.worker")
 
 MAX_BATCH = 2_000
+Stream = Literal["stdout", "stderr", "system"]
 MAX_LINE = 64 * 1024
 
 
@@ -39,7 +41,7 @@ class LogShipper:
         self.sent = 0
         self.dropped = 0
 
-    def add(self, stream: str, text: str, rank: int | None = None) -> None:
+    def add(self, stream: Stream, text: str, rank: int | None = None) -> None:
         self._buf.append(
             LogLine.model_construct(
                 time=time.time(), stream=stream, rank=rank, text=self._redact(text)
@@ -78,7 +80,7 @@ class LogShipper:
 
 async def pump_stream(
     reader: asyncio.StreamReader,
-    stream: str,
+    stream: Stream,
     shipper: LogShipper,
     split_rank: Callable[[str], tuple[int | None, str]] | None = None,
 ) -> None:
@@ -101,7 +103,7 @@ async def pump_stream(
 
 def _emit(
     raw: bytes,
-    stream: str,
+    stream: Stream,
     shipper: LogShipper,
     split_rank: Callable[[str], tuple[int | None, str]] | None,
 ) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
-
 
 def test_package_root_exposes_the_ipython_extension() -> None:
     import gpulayer_kernel
