@@ -99,6 +99,7 @@ class ControlPlane:
         self._event_signal = Signal()
         self._schedule_pending = False
         self._reaper: asyncio.Task[None] | None = None
+        self._reserve_timer: asyncio.TimerHandle | None = None
         self._started = False
         self.redactor = Redactor()
 
@@ -147,6 +148,8 @@ class ControlPlane:
 
     async def close(self) -> None:
         self._started = False
+        if self._reserve_timer is not None:
+            self._reserve_timer.cancel()
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -810,11 +813,16 @@ class ControlPlane:
             placed.append(job)
         for job_id, report in plan.pending.items():
             job = self._jobs.get(job_id)
-            if job is not None and job.state == JobState.QUEUED and job.pending != report:
-                # Pending reports are recomputed every pass; they live in memory, not the store.
-                self._jobs[job_id] = job.model_copy(update={"pending": report})
+            if job is None or job.state != JobState.QUEUED or job.pending == report:
+                continue
+            # Pending reports are recomputed every pass; they live in memory, not the store.
+            self._jobs[job_id] = job.model_copy(update={"pending": report})
+            # A change of queue position alone is not announced: every finish would otherwise
+            # emit one event per waiting job. Readers of the job see the current position.
+            if job.pending is None or _reasons(job.pending) != _reasons(report):
                 self._job_event(self._jobs[job_id])
                 self._job_signal(job_id).fire()
+        self._plan_reservation_pass(now)
         if not placed:
             return
         names = sorted({n for job in placed for n in job.spec.secrets})
@@ -890,6 +898,24 @@ class ControlPlane:
                     )
                 )
 
+    def _plan_reservation_pass(self, now: float) -> None:
+        """Run a pass when the next waiting gang job becomes old enough to reserve devices.
+
+        Nothing else may happen in the cluster at that moment, and the scheduler has no clock.
+        """
+        due = [
+            j.submitted_at + self.reserve_after
+            for j in self._jobs.values()
+            if j.state == JobState.QUEUED and j.spec.is_gang and j.id not in self._reservations
+        ]
+        due = [t for t in due if t > now]
+        if self._reserve_timer is not None:
+            self._reserve_timer.cancel()
+            self._reserve_timer = None
+        if due and self._started:
+            delay = min(due) - now + 0.01
+            self._reserve_timer = asyncio.get_running_loop().call_later(delay, self._kick)
+
     def pending_report(self, job_id: str) -> PlacementReport | None:
         job = self._jobs.get(job_id)
         return job.pending if job else None
@@ -916,6 +942,11 @@ def _describe(p: Placement) -> str:
             where += " on CPU (fallback)"
         parts.append(where)
     return "placed on " + ", ".join(parts)
+
+
+def _reasons(report: PlacementReport) -> tuple[object, ...]:
+    """What a waiting job's report says, without its queue position."""
+    return (report.filtered, report.exhausted, report.reserved_by, report.reservation)
 
 
 def _log_task_error(task: asyncio.Task[None]) -> None:

@@ -423,3 +423,24 @@ async def test_a_placed_job_whose_worker_is_gone_at_restart_is_lost(tmp_path: Pa
 async def test_events_after_a_restart_ask_the_client_to_refetch(gl_cp: ControlPlane) -> None:
     page = await gl_cp.events(since=10_000)
     assert page.reset and page.next_since < 10_000
+
+
+async def test_a_waiting_gang_reserves_devices_without_any_other_event(
+    tmp_path: Path, gl_worker: WorkerFactory, gl_cp: ControlPlane
+) -> None:
+    gl_cp.reserve_after = 0.3
+    await gl_worker(gpus=2)
+    small = await gl_cp.submit(cmd("sleep", "30", resources=Resources(gpus=1)))
+    while (await gl_cp.get(small.id)).state != JobState.RUNNING:
+        await asyncio.sleep(0.02)
+    gang = await gl_cp.submit(cmd("true", resources=Resources(gpus=2)))
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        report = (await gl_cp.get(gang.id)).pending
+        if report is not None and report.reservation:
+            break
+        await asyncio.sleep(0.05)
+    assert report is not None and report.reservation, report
+    await gl_cp.cancel(small.id)
+    done = await gl_cp.wait(gang.id, timeout=20)
+    assert done.state == JobState.SUCCEEDED
