@@ -231,6 +231,7 @@ class _Run:
         return run
 
     def _load(self, checkpoint: dict[str, Any]) -> None:
+        """Take optimizer, scheduler, scaler state and position from a resumed checkpoint."""
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         if self.scheduler is not None and checkpoint.get("scheduler") is not None:
             self.scheduler.load_state_dict(checkpoint["scheduler"])
@@ -248,11 +249,13 @@ class _Run:
         self.rng = states[rank() % len(states)]
 
     def restore_rng_once(self) -> None:
+        """Put back the resumed RNG streams (once, after the first epoch is positioned)."""
         if self.rng is not None:
             restore_rng(self.rng, self.device)
             self.rng = None
 
     def finished(self) -> bool:
+        """True once ``max_steps`` steps or ``max_epochs`` epochs are done."""
         cfg = self.config
         if cfg.max_steps is not None:
             return self.step >= cfg.max_steps
@@ -322,6 +325,7 @@ class _Run:
         return {f"val_{key}": value / total for key, value in zip(keys, values, strict=True)}
 
     def _checkpoint(self) -> None:
+        """Gather every rank's RNG, save on rank zero, prune to ``keep_checkpoints`` files."""
         cfg = self.config
         rng = capture_rng(self.device)
         states: list[Any] = [rng]
