@@ -47,6 +47,9 @@ class FitResult:
     epoch: int
     metrics: Metrics
     checkpoint: Path | None
+    #: one entry per log boundary: ``{"step": …, "loss": …, …}`` (the loss curve); the values
+    #: were reduced at that boundary anyway, so keeping them costs no extra device sync.
+    history: list[dict[str, float | int | None]] = field(default_factory=list)
 
 
 class Trainer:
@@ -109,7 +112,9 @@ class Trainer:
             run.at_end()
         finally:
             run.display.close()
-        return FitResult(run.step, run.epoch, dict(run.metrics), run.last_checkpoint)
+        return FitResult(
+            run.step, run.epoch, dict(run.metrics), run.last_checkpoint, list(run.history)
+        )
 
 
 class _TrainingStep(torch.nn.Module):
@@ -151,6 +156,7 @@ class _Run:
     pending: int = 0  # micro-batches whose gradients wait for the next optimizer step
     rng: dict[str, Any] | None = None  # RNG to restore once the resumed epoch is positioned
     metrics: Metrics = field(default_factory=dict)
+    history: list[dict[str, float | int | None]] = field(default_factory=list)
     window: MetricWindow = field(default_factory=MetricWindow)
     display: ProgressDisplay = field(default_factory=ProgressDisplay)
     last_checkpoint: Path | None = None
@@ -295,6 +301,7 @@ class _Run:
             self.metrics.update(self._validate())
             self.validated_step = self.step
         fields = {"step": self.step, "total": self.total, "epoch": self.epoch, **self.metrics}
+        self.history.append({"step": self.step, **self.metrics})
         self.display.update(fields)
         self.window.restart_clock()
 

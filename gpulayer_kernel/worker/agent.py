@@ -14,6 +14,7 @@ import random
 
 from ..contracts import FinishReport, JobAssignment, WorkerInfo, WorkerRegistration
 from ..errors import Conflict, GPUlayerError, NotFound, Unauthorized
+from . import zygote
 from .executor import ExecutorConfig, JobExecutor, reap_leftovers
 from .transport import Transport
 
@@ -71,6 +72,7 @@ class WorkerAgent:
             ex.cancel(reason)
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self.config.kill_grace + 10)
+        zygote.shutdown(self.config)  # the warm runner goes with its worker
         with contextlib.suppress(Exception):
             await self.transport.deregister()
         await self.transport.close()

@@ -250,6 +250,9 @@ class Launch:
         # (default 30 s): fail fast within the same grace the worker gives a cancelled job.
         env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", f"{max(1, int(config.kill_grace))}")
         env["GPULAYER_WORLD_SIZE"] = str(self.nproc * a.nnodes)
+        # torchrun would set 1 thread per rank itself and print a banner into every job's log;
+        # share the host's cores between the ranks instead, unless the job chose.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.nproc)))
         logs = Path(env[OUTPUT_ENV]).parent / "torchrun"  # in the job dir: removed with it
         launcher = [
             config.python,

@@ -302,3 +302,11 @@ def test_compile_flag_compiles_the_module_in_place(tmp_path: Path) -> None:
     assert_same_parameters(compiled, plain, exact=False)
     saved = torch.load(tmp_path / "ckpt" / "step-00000004.pt", weights_only=True)["model"]
     assert set(saved) == set(plain.state_dict())  # no "_orig_mod." prefixes in checkpoints
+
+
+def test_history_is_the_loss_curve_one_entry_per_log_boundary(tmp_path: Path) -> None:
+    result = fit(tiny(), make_loader("list"), tmp_path, max_steps=12, log_every=4)
+    assert [h["step"] for h in result.history] == [4, 8, 12]
+    losses = [h["loss"] for h in result.history]
+    assert all(isinstance(v, float) for v in losses)
+    assert result.history[-1]["loss"] == result.metrics["loss"]

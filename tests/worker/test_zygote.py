@@ -1,0 +1,341 @@
+"""The warm runner: Python jobs forked from the worker's zygote behave as cold-spawned ones."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpulayer_kernel import bundles
+from gpulayer_kernel.contracts import Job, JobSpec, JobState, PythonWorkload
+from gpulayer_kernel.controlplane import ControlPlane
+from gpulayer_kernel.worker import zygote
+from gpulayer_kernel.worker.agent import WorkerAgent
+from gpulayer_kernel.worker.executor import reap_leftovers
+
+from ..conftest import WorkerFactory, pid_alive
+
+Run = Callable[..., Awaitable[tuple[Job, list[str], list[str]]]]
+
+
+async def _gone(pid: int, seconds: float = 5.0) -> bool:
+    for _ in range(int(seconds / 0.02)):
+        if not pid_alive(pid):
+            return True
+        await asyncio.sleep(0.02)
+    return not pid_alive(pid)
+
+
+@pytest.fixture
+async def gl_zworker(gl_worker: WorkerFactory) -> AsyncIterator[WorkerFactory]:
+    """``gl_worker``; at the end each worker's zygote is stopped, and checked gone."""
+    agents: list[WorkerAgent] = []
+
+    async def start(**kw: Any) -> WorkerAgent:
+        agent = await gl_worker(**kw)
+        agents.append(agent)
+        return agent
+
+    yield start
+    for agent in agents:
+        pid = zygote.running_pid(agent.config)
+        zygote.shutdown(agent.config)
+        assert pid is None or await _gone(pid)
+
+
+@pytest.fixture
+def run(gl_cp: ControlPlane) -> Run:
+    """Run a Python workload: ``await run({"m.py": src}, "m:f")`` → (job, stdout, stderr)."""
+
+    async def run(
+        files: dict[str, str], entrypoint: str, **spec: Any
+    ) -> tuple[Job, list[str], list[str]]:
+        digest, data = bundles.build({k: v.encode() for k, v in files.items()})
+        await gl_cp.put_bundle(data, digest)
+        wl = PythonWorkload(bundle=digest, entrypoint=entrypoint, args=spec.pop("args", {}))
+        job = await gl_cp.submit(JobSpec(workload=wl, **spec))
+        done = await gl_cp.wait(job.id, timeout=30)
+        page = await gl_cp.logs(job.id, limit=5000)
+        out = [r.text for r in page.records if r.stream == "stdout"]
+        err = [r.text for r in page.records if r.stream == "stderr"]
+        return done, out, err
+
+    return run
+
+
+# Facts about the process a job runs in, which must not depend on how it was started.
+FACTS = """\
+import os, signal, sys
+env, jid = dict(os.environ), os.environ["GPULAYER_JOB_ID"]
+for k in ("GPULAYER_JOB_ID", "GPULAYER_OUTPUT", "GPULAYER_RESULT", "GPULAYER_CONTROL",
+          "GPULAYER_ARGS"):
+    env[k] = env[k].replace(jid, "ID").split("/jobs/")[-1]
+facts = {
+    "env": env,
+    "cwd": os.path.basename(os.getcwd()),
+    "argv": sys.argv,
+    "path": [p.replace(os.getcwd(), "CWD") for p in sys.path],
+    "streams": [(s.encoding, s.errors, s.line_buffering, s.write_through)
+                for s in (sys.stdin, sys.stdout, sys.stderr)],
+    "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+    "sigchld": signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL,
+    "own_session": os.getsid(0) == os.getpid() == os.getpgid(0),
+    "name": __name__,
+    "x": x,
+}
+print("ppid", os.getppid(), flush=True)
+proc_env = open("/proc/self/environ", "rb").read().split(b"\\0")
+print("proc", f"GPULAYER_JOB_ID={os.environ['GPULAYER_JOB_ID']}".encode() in proc_env,
+      any(v.startswith(b"GPULAYER_TOKEN=") for v in proc_env))
+facts
+"""
+
+
+async def test_a_cell_runs_in_the_zygote_exactly_as_in_a_fresh_interpreter(
+    gl_zworker: WorkerFactory, run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPULAYER_TOKEN", "worker-secret-token")
+    seen: dict[str, tuple[Job, list[str], list[str]]] = {}
+    for warm in (True, False):  # one worker at a time, so each job lands on the one we mean
+        agent = await gl_zworker(name=f"w-{warm}", warm_runner=warm)
+        seen[str(warm)] = await run(
+            {"cell.py": FACTS}, "cell:cell.py", args={"x": [1, 2]}, env={"MINE": "1"}
+        )
+        if warm:
+            zygote_pid = zygote.running_pid(agent.config)
+        await agent.stop()
+    (w, w_out, w_err), (c, c_out, c_err) = seen["True"], seen["False"]
+    assert w.state == c.state == JobState.SUCCEEDED, (w_err, c_err)
+    assert w_out[0] == f"ppid {zygote_pid}" != c_out[0]  # forked by the zygote
+    assert w_out[1] == c_out[1] == "proc True False"  # /proc names the job; no worker token
+    assert "GPULAYER_TOKEN" not in w.result["env"] and w.result["env"]["MINE"] == "1"
+    assert w.result["own_session"] and w.result["x"] == [1, 2]
+    assert w.result == c.result
+
+
+async def test_logs_results_and_tracebacks_match_the_cold_path(
+    gl_zworker: WorkerFactory, run: Run
+) -> None:
+    agent = await gl_zworker()
+    files = {
+        "mathjob.py": "def add(a, b):\n    print('adding', a, b)\n    return {'sum': a + b}\n",
+        "boom.py": "def f():\n    x = 1\n    raise ValueError('bad')\n",
+        "script.py": "import sys\nprint('out')\nprint('err', file=sys.stderr)\n",
+    }
+    done, out, _ = await run(files, "mathjob:add", args={"a": 2, "b": 3})
+    assert (done.state, done.result, out) == (JobState.SUCCEEDED, {"sum": 5}, ["adding 2 3"])
+    done, _, err = await run(files, "boom:f")
+    assert done.state == JobState.FAILED and done.exit_code == 1
+    text = "\n".join(err)
+    assert 'boom.py", line 3' in text and "ValueError: bad" in text
+    assert "gpulayer_kernel" not in text
+    done, out, err = await run(files, "script.py")
+    assert (done.state, out, err) == (JobState.SUCCEEDED, ["out"], ["err"])
+    assert zygote.running_pid(agent.config) is not None
+
+
+@pytest.mark.parametrize(
+    ("source", "code", "reason"),
+    [
+        ("import sys\nsys.exit(3)\n", 3, "exited with code 3"),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", 137, "killed by SIGKILL"),
+        ("import os\nos._exit(5)\n", 5, "exited with code 5"),
+    ],
+)
+async def test_exit_codes_come_back(
+    gl_zworker: WorkerFactory, run: Run, source: str, code: int, reason: str
+) -> None:
+    agent = await gl_zworker()
+    done, _, _ = await run({"job.py": source}, "job.py")
+    assert (done.state, done.exit_code, done.reason) == (JobState.FAILED, code, reason)
+    assert zygote.running_pid(agent.config) is not None  # it ran warm
+
+
+SPAWNER = """\
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])
+print('pids', os.getpid(), child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+async def _pids(cp: ControlPlane, job_id: str) -> list[int]:
+    since = 0
+    while True:
+        page = await cp.logs(job_id, since=since, wait=10)
+        since = page.next_since
+        for r in page.records:
+            if r.text.startswith("pids "):
+                return [int(p) for p in r.text.split()[1:]]
+        assert not page.state.terminal
+
+
+async def _submit(cp: ControlPlane, files: dict[str, str], entry: str, **spec: Any) -> Job:
+    digest, data = bundles.build({k: v.encode() for k, v in files.items()})
+    await cp.put_bundle(data, digest)
+    return await cp.submit(
+        JobSpec(workload=PythonWorkload(bundle=digest, entrypoint=entry), **spec)
+    )
+
+
+async def test_cancel_kills_the_process_group_with_a_grandchild(
+    gl_cp: ControlPlane, gl_zworker: WorkerFactory
+) -> None:
+    agent = await gl_zworker(kill_grace=1.0)
+    job = await _submit(gl_cp, {"spawn.py": SPAWNER}, "spawn.py")
+    main, child = await _pids(gl_cp, job.id)
+    assert os.getsid(main) == main and os.getpgid(child) == main
+    assert zygote.running_pid(agent.config) is not None
+    await gl_cp.cancel(job.id)
+    done = await gl_cp.wait(job.id, timeout=15)
+    assert (done.state, done.reason) == (JobState.CANCELLED, "cancelled by user")
+    assert await _gone(main) and await _gone(child)
+
+
+async def test_timeout_kills_a_warm_job(gl_cp: ControlPlane, gl_zworker: WorkerFactory) -> None:
+    await gl_zworker(kill_grace=0.5)
+    job = await _submit(gl_cp, {"spawn.py": SPAWNER}, "spawn.py", timeout=1.0)
+    main, child = await _pids(gl_cp, job.id)
+    done = await gl_cp.wait(job.id, timeout=15)
+    assert done.state == JobState.FAILED
+    assert done.reason is not None and "timed out after 1s" in done.reason
+    assert await _gone(main) and await _gone(child)
+
+
+async def test_a_dead_zygote_is_replaced_and_its_running_job_fails_cleanly(
+    gl_cp: ControlPlane, gl_zworker: WorkerFactory, run: Run
+) -> None:
+    agent = await gl_zworker(kill_grace=0.5)
+    job = await _submit(gl_cp, {"spawn.py": SPAWNER}, "spawn.py")
+    main, child = await _pids(gl_cp, job.id)
+    first = zygote.running_pid(agent.config)
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    done = await gl_cp.wait(job.id, timeout=15)
+    assert (done.state, done.reason) == (JobState.FAILED, "killed by SIGKILL")
+    assert await _gone(main) and await _gone(child)
+    done, out, _ = await run({"cell.py": "import os\nos.getppid()"}, "cell:cell.py")
+    second = zygote.running_pid(agent.config)
+    assert done.state == JobState.SUCCEEDED and second not in (None, first)
+    assert done.result == second
+
+
+async def test_a_zygote_that_cannot_start_falls_back_to_a_fresh_interpreter(
+    gl_zworker: WorkerFactory, run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(self: zygote.ZygoteClient) -> None:
+        raise zygote.ZygoteUnavailable("broken on purpose")
+
+    monkeypatch.setattr(zygote.ZygoteClient, "start", broken)
+    agent = await gl_zworker()
+    done, _, _ = await run({"cell.py": "import os\nos.getppid()"}, "cell:cell.py")
+    assert done.state == JobState.SUCCEEDED and done.result == os.getpid()  # setpriv execs
+    assert zygote.running_pid(agent.config) is None
+
+
+async def test_startup_variables_take_the_cold_path(gl_zworker: WorkerFactory, run: Run) -> None:
+    await gl_zworker()
+    cell = "import os, sys\n(os.getppid(), sys.flags.optimize)"
+    done, _, _ = await run({"cell.py": cell}, "cell:cell.py", env={"PYTHONOPTIMIZE": "1"})
+    assert done.state == JobState.SUCCEEDED and done.result == [os.getpid(), 1]
+
+
+async def test_reap_leftovers_recognises_warm_job_processes(tmp_path: Path) -> None:
+    """A crashed worker's successor finds zygote-forked jobs by /proc/PID/environ, as cold ones."""
+    client = zygote.ZygoteClient(sys.executable, (), {"PATH": os.environ["PATH"]})
+    await client.start()
+    try:
+        job_dir = tmp_path / "jobs" / "abc123def456-1"
+        job_dir.mkdir(parents=True)
+        (job_dir / "cell.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(60)\n")
+        env = {"PATH": os.environ["PATH"], "GPULAYER_JOB_ID": "abc123def456"}
+        child = await client.spawn("cell:cell.py", job_dir, env)
+        assert child.stdout is not None
+        assert await asyncio.wait_for(child.stdout.readline(), 10) == b"up\n"  # set up
+        (job_dir / "pgid").write_text(str(child.pid))
+        assert await asyncio.to_thread(reap_leftovers, tmp_path) == [child.pid]
+        assert await child.wait() == -signal.SIGKILL
+        child.close()
+    finally:
+        client.close()
+    assert client.zygote_pid is not None and await _gone(client.zygote_pid)
+
+
+WORKER = """\
+import asyncio, os, sys, time
+from pathlib import Path
+from gpulayer_kernel.worker import zygote
+
+async def main():
+    client = zygote.ZygoteClient(sys.executable, (), {"PATH": os.environ["PATH"]})
+    await client.start()
+    d = Path(sys.argv[1])
+    (d / "cell.py").write_text("import time\\ntime.sleep(60)\\n")
+    child = await client.spawn("cell:cell.py", d, {"GPULAYER_JOB_ID": "x"})
+    print(client.zygote_pid, child.pid, flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_worker_killed_hard_leaves_no_zygote_and_no_job(tmp_path: Path) -> None:
+    worker = subprocess.Popen(
+        [sys.executable, "-c", WORKER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert worker.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(worker.stdout.readline), 30)
+        zygote_pid, job_pid = map(int, line.split())
+        assert pid_alive(zygote_pid) and pid_alive(job_pid)
+        worker.kill()  # SIGKILL: no clean-up code runs in the worker
+        assert await _gone(zygote_pid) and await _gone(job_pid)
+    finally:
+        worker.kill()
+        worker.wait()
+        worker.stdout.close()  # type: ignore[union-attr]
+
+
+def test_the_zygote_imports_the_runner_but_not_heavy_modules() -> None:
+    code = textwrap.dedent(
+        """
+        import json, sys
+        from gpulayer_kernel.worker import zygote
+        print(json.dumps(sorted(m for m in ("pydantic", "torch", "numpy") if m in sys.modules)))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
+
+
+EXIT_CELL = """\
+import atexit, os, threading, time
+f = open(os.path.join(os.environ["GPULAYER_OUTPUT"], "o.txt"), "w")
+f.write("unclosed")
+def keep(): return f  # a cycle through the namespace
+atexit.register(print, "atexit ran")
+threading.Thread(target=lambda: (time.sleep(0.3), print("thread done", flush=True))).start()
+"""
+
+
+async def test_exit_joins_threads_runs_atexit_and_leaves_files_as_the_cold_path(
+    gl_cp: ControlPlane, gl_zworker: WorkerFactory, run: Run
+) -> None:
+    written = []
+    for warm in (True, False):
+        agent = await gl_zworker(name=f"w-{warm}", warm_runner=warm)
+        done, out, _ = await run({"cell.py": EXIT_CELL}, "cell:cell.py")
+        assert done.state == JobState.SUCCEEDED and out == ["thread done", "atexit ran"]
+        [art] = done.artifacts
+        written.append(await gl_cp.get_blob(art.digest))
+        await agent.stop()
+    assert written[0] == written[1]  # (b"": not even a fresh interpreter flushes that file)
