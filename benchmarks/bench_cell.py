@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -31,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _machine import describe  # benchmarks/_machine.py (scripts run from benchmarks/)
 
 TRIVIAL = "%%gpulayer --out x\n1 + 1\n"
 LOG_CELL = """%%gpulayer --out n
@@ -45,16 +46,6 @@ for i in range({lines}):
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 class Kernel:
@@ -144,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         kernel.run("%load_ext gpulayer_kernel.jupyter")
         first = kernel.timed(TRIVIAL)  # opens the control plane (probe) and runs a cell
-        print(f"machine: {cpu_model()}, {os.cpu_count()} cores; python {platform.python_version()}")
+        print(f"machine: {describe()}")
         print(
             f"first cell after kernel start: {1000 * first:.0f} ms "
             f"(extension load + control plane + worker probe + job); "

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import re
 import shutil
 import socket
@@ -36,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _machine import describe  # benchmarks/_machine.py (scripts run from benchmarks/)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -56,16 +57,6 @@ if os.environ.get("BENCH_COLLECTIVE", "1") == "1":
         sys.exit(f"wrong sum {t.item()}")
 """
 _START = re.compile(r"GLSTART (\d+\.\d+)")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def free_port() -> int:
@@ -211,7 +202,7 @@ async def main_async(args: argparse.Namespace) -> int:
             await two.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"cpu: {cpu_model()} ({os.cpu_count()} cores), python {platform.python_version()}")
+    print(f"machine: {describe()}")
     for name, label in (
         ("torchrun", "direct torchrun --nproc-per-node 2"),
         ("gang-1x2", "gang, 1 worker x 2 ranks"),

@@ -23,13 +23,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _machine import describe  # benchmarks/_machine.py (scripts run from benchmarks/)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -47,16 +48,6 @@ from gpulayer_kernel.testing import ServeProcess, WorkerProcess  # noqa: E402
 from gpulayer_kernel.worker.http import HttpTransport  # noqa: E402
 
 TRIVIAL = [sys.executable, "-c", "print(1)"]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -234,7 +225,7 @@ async def main() -> None:
         args.rounds, args.seconds = 3, 1.0
     for var in ("GPULAYER_URL", "GPULAYER_TOKEN", "GPULAYER_HOME"):
         os.environ.pop(var, None)
-    print(f"machine: {os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}")
+    print(f"machine: {describe()}")
     with tempfile.TemporaryDirectory(prefix="gl-bench-http-") as d:
         tmp = Path(d)
         os.environ["GPULAYER_HOME"] = str(tmp / "default-home")

@@ -12,12 +12,11 @@ import json
 import os
 import signal
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import cli_server
+from . import cli_server, render
 from .contracts import Job, JobSpec, JobState, parse
 from .errors import GPUlayerError
 from .session import Session, open_session
@@ -215,48 +214,13 @@ async def cmd_run(args: argparse.Namespace) -> int:
         return exit_code_of(final)
 
 
-def _age(t: float | None) -> str:
-    if t is None:
-        return "-"
-    d = max(0.0, time.time() - t)
-    if d < 60:
-        return f"{d:.0f}s ago"
-    if d < 3600:
-        return f"{d / 60:.0f}m ago"
-    return f"{d / 3600:.1f}h ago"
-
-
-def _placement(job: Job) -> str:
-    if job.placement is None:
-        return "-"
-    parts = []
-    for n in job.placement.nodes:
-        dev = ",".join(map(str, n.devices))
-        where = n.worker_name + (f":{dev}" if dev else "")
-        if n.simulated:
-            where += "(sim)"
-        if n.cpu_fallback:
-            where += "(cpu)"
-        parts.append(where)
-    return " ".join(parts)
-
-
 async def cmd_jobs(args: argparse.Namespace) -> int:
     async with open_session() as s:
         jobs = await s.list(states=[JobState(x) for x in args.state], limit=args.limit)
     if args.json:
         print(json.dumps([j.model_dump(mode="json") for j in jobs], indent=2))
         return 0
-    if not jobs:
-        print("no jobs yet; submit one with: gpulayer run -- python -c \"print('hi')\"")
-        return 0
-    print(f"{'ID':<13}{'NAME':<20}{'STATE':<11}{'EXIT':<6}{'SUBMITTED':<12}PLACEMENT")
-    for j in jobs:
-        code = "-" if j.exit_code is None else str(j.exit_code)
-        print(
-            f"{j.id:<13}{j.spec.name[:19]:<20}{j.state.value:<11}{code:<6}"
-            f"{_age(j.submitted_at):<12}{_placement(j)}"
-        )
+    print(render.jobs_table(jobs))
     return 0
 
 
@@ -305,17 +269,7 @@ async def cmd_workers(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([w.model_dump(mode="json") for w in workers], indent=2))
         return 0
-    if not workers:
-        print("no workers yet; start one with: gpulayer worker --server URL --join-token TOKEN")
-        return 0
-    for w in workers:
-        sim = " (simulated GPUs)" if w.capabilities.simulated else ""
-        print(f"{w.name}  {w.state.value}  heartbeat {_age(w.last_heartbeat)}{sim}")
-        for d in w.capabilities.devices:
-            user = w.device_jobs.get(d.index)
-            mem = f"{d.memory_bytes / 2**30:.0f} GiB" if d.memory_bytes else "?"
-            tag = " [simulated]" if d.simulated else ""
-            print(f"  gpu {d.index}: {d.kind} {mem}{tag}  {'job ' + user if user else 'free'}")
+    print(render.workers_table(workers))
     return 0
 
 

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import render
 from ..contracts import Artifact, Job, JobState
 from ..errors import GPUlayerError, NotFound
-from . import render
 from .bridge import Bridge, Update
 
 if TYPE_CHECKING:

@@ -26,10 +26,9 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 
-from .. import bundles
+from .. import bundles, render
 from ..contracts import Job, JobSpec, JobState, ensure_json, parse
 from ..errors import GPUlayerError, NotJSON
-from . import render
 from .bridge import Bridge, Target, get_bridge, reconnect
 from .handle import CellError, JobHandle, NoResult, follow, result_of
 

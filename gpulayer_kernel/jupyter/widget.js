@@ -1,5 +1,5 @@
 // The GPUlayer job widget (anywidget ESM). Python sends facts already rendered to text
-// (gpulayer_kernel/jupyter/render.py); this file only lays them out, keeps the log lines,
+// (gpulayer_kernel/render.py); this file only lays them out, keeps the log lines,
 // ticks the elapsed time, and wires the cancel button (see widget.py for why it talks to the
 // Jupyter server directly while the cell blocks).
 

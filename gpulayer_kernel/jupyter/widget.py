@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 import anywidget
 import traitlets
 
+from .. import render
 from ..contracts import Job, JobState, LogRecord
-from . import render
 from .bridge import Update
 
 if TYPE_CHECKING:

@@ -217,8 +217,11 @@ async def test_long_poll_answers_the_moment_something_happens(gl_api: Api) -> No
 async def test_a_client_leaving_ends_its_long_poll(gl_api: Api) -> None:
     ctx = gl_api.server.context
     job = await gl_api.cp.submit(cmd("true"))
+    while (await gl_api.cp.get(job.id)).pending is None:  # its scheduling pass has run
+        await asyncio.sleep(0.01)
+    now = (await gl_api.cp.events()).next_since  # nothing after it yet: the poll waits
     polls = [
-        asyncio.create_task(gl_api.call("GET", "/events", params={"since": 10**6, "wait": 50})),
+        asyncio.create_task(gl_api.call("GET", "/events", params={"since": now, "wait": 50})),
         asyncio.create_task(gl_api.call("GET", f"/jobs/{job.id}/logs", params={"wait": 50})),
     ]
     for _ in range(100):

@@ -20,7 +20,7 @@ from gpulayer_kernel.contracts import (
 from gpulayer_kernel.jupyter.bridge import Target, Update
 from gpulayer_kernel.jupyter.widget import JobWidget, rest_cancel_path
 
-from .test_render import make_job
+from ..test_render import make_job
 
 
 class FakeBridge:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+from gpulayer_kernel import render
 from gpulayer_kernel.contracts import (
     Job,
     JobSpec,
@@ -15,7 +16,6 @@ from gpulayer_kernel.contracts import (
     Reason,
     ReasonCount,
 )
-from gpulayer_kernel.jupyter import render
 
 BUNDLE = "0" * 64
 

@@ -1,4 +1,4 @@
-"""Plain-text rendering of jobs, logs and workers, and the text view of a running cell.
+"""Plain-text rendering of jobs, logs and workers (the CLI, reprs), and the text view of a cell.
 
 Where widgets cannot render (nbval, nbconvert, a terminal IPython) a ``%%gpulayer`` cell shows the
 same information as the widget, as text: one line when the job is submitted, the pending
@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, TextIO
 
-from ..contracts import Job, JobState, LogRecord, WorkerInfo
+from .contracts import Job, JobState, LogRecord, WorkerInfo
 
 PROGRESS_EVERY = 2.0  # seconds between two printed progress lines: a log, not a progress bar
 
@@ -158,11 +158,12 @@ def age(t: float | None, now: float | None = None) -> str:
 
 def jobs_table(jobs: Sequence[Job], now: float | None = None) -> str:
     if not jobs:
-        return "no jobs yet; run a cell with %%gpulayer"
-    rows = [f"{'ID':<13}{'NAME':<20}{'STATE':<11}{'SUBMITTED':<11}PLACEMENT"]
+        return "no jobs yet; run a cell with %%gpulayer, or: gpulayer run -- COMMAND"
+    rows = [f"{'ID':<13}{'NAME':<20}{'STATE':<11}{'EXIT':<6}{'SUBMITTED':<11}PLACEMENT"]
     for j in jobs:
+        code = "-" if j.exit_code is None else str(j.exit_code)
         rows.append(
-            f"{j.id:<13}{j.spec.name[:19]:<20}{j.state.value:<11}"
+            f"{j.id:<13}{j.spec.name[:19]:<20}{j.state.value:<11}{code:<6}"
             f"{age(j.submitted_at, now):<11}{placement(j)}"
         )
     return "\n".join(rows)
