@@ -44,8 +44,16 @@ extras="torch,jupyter"
 if [ "$dev" = 1 ]; then
   extras="$extras,dev"
 fi
-step "installing gpulayer[$extras]"
+step "installing gpulayer[$extras] (builds the JupyterLab panel when Node.js is here)"
 "${PIP[@]}" install -e ".[$extras]"
+# The editable build of the panel only warns when it fails: say so plainly instead.
+if [ ! -f gpulayer_kernel/labextension/static/style.js ]; then
+  if command -v node >/dev/null; then
+    echo "install.sh: building the JupyterLab panel failed; run: PATH=.venv/bin:\$PATH jlpm build" >&2
+    exit 1
+  fi
+  echo "install.sh: no Node.js here, so the JupyterLab panel was not built (the rest works)" >&2
+fi
 
 if [ "$dev" = 1 ]; then
   if [ -x /usr/bin/chromium ]; then
