@@ -23,4 +23,4 @@ def test_quick_benchmark_prints_the_gang_ratio_last() -> None:
     assert re.fullmatch(r"gang/torchrun: \d+\.\d\dx", lines[-1]), lines[-1]
     assert re.fullmatch(r"2-worker gang/torchrun: \d+\.\d\dx", lines[-2]), lines[-2]
     assert any(line.startswith("direct torchrun --nproc-per-node 2: ") for line in lines)
-    assert any(line.startswith("cpu: ") for line in lines)
+    assert any(line.startswith("machine: ") for line in lines)
