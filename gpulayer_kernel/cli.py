@@ -167,6 +167,21 @@ async def _follow(s: Session, job_id: str, since: int = 0) -> Job:
             return await s.get(job_id)
 
 
+async def _say_why_it_waits(s: Session, job_id: str, first: float = 0.5) -> None:
+    """While the job waits to be placed, print the scheduler's sentence (again when it changes)."""
+    said = ""
+    delay = first
+    while True:
+        job = await s.wait(job_id, timeout=delay)
+        if job.state != JobState.QUEUED:
+            return
+        sentence = await s.explain(job_id)
+        if sentence != said:
+            print(f"gpulayer: waiting: {sentence} (Ctrl-C cancels)", file=sys.stderr)
+            said = sentence
+        delay = 10.0
+
+
 def exit_code_of(job: Job) -> int:
     if job.state == JobState.SUCCEEDED:
         return 0
@@ -188,6 +203,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         print(f"gpulayer: job {job.id} submitted ({spec.name})", file=sys.stderr)
         loop = asyncio.get_running_loop()
         follow = asyncio.create_task(_follow(s, job.id))
+        watch = asyncio.create_task(_say_why_it_waits(s, job.id))
         interrupted = asyncio.Event()
         loop.add_signal_handler(signal.SIGINT, interrupted.set)
         loop.add_signal_handler(signal.SIGTERM, interrupted.set)
@@ -206,6 +222,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
                 except TimeoutError:
                     final = await s.get(job.id)
         finally:
+            watch.cancel()
             loop.remove_signal_handler(signal.SIGINT)
             loop.remove_signal_handler(signal.SIGTERM)
         if final.state != JobState.SUCCEEDED:

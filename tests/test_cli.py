@@ -164,3 +164,31 @@ def test_a_killed_gpulayer_run_leaves_no_running_job_behind(gl_home: Path) -> No
     # The next local worker stops what the dead one's job left behind (no orphans).
     assert gl("run", "--", "true").returncode == 0
     assert _gone(child), "a process of the killed run's job is still alive"
+
+
+def test_a_gpu_job_without_gpus_says_why_it_waits_and_ctrl_c_cancels_it(gl_home: Path) -> None:
+    proc = subprocess.Popen(
+        [*GL, "run", "--gpus", "1", "--", "true"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if "waiting:" in line:
+            break
+    assert "0/1 workers can run job" in lines[-1] and "GPU" in lines[-1], lines
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    [job] = json.loads(gl("jobs", "--json").stdout)
+    assert job["state"] == "cancelled"
+
+
+def test_explain_works_from_a_fresh_process(gl_home: Path) -> None:
+    job_id = gl("run", "--detach", "--gpus", "1", "--", "true").stdout.strip()
+    out = gl("explain", job_id)
+    assert out.returncode == 0
+    assert "workers can run job" in out.stdout or "no workers" in out.stdout, out.stdout

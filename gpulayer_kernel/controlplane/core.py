@@ -294,7 +294,12 @@ class ControlPlane:
         if job.placement is not None:
             return job.placement.explanation
         if job.state == JobState.QUEUED:
-            return f"job {job.id} is queued and waits for the next scheduling pass"
+            # Asked before this control plane's first pass (e.g. a fresh CLI process): the
+            # scheduler is a pure function, so ask it now rather than say "not yet known".
+            report = schedule(self.snapshot()).pending.get(job.id)
+            if report is not None:
+                return report.sentence
+            return f"job {job.id} is queued and about to be placed"
         return f"job {job.id} is {job.state.value}" + (f": {job.reason}" if job.reason else "")
 
     async def workers(self) -> builtins.list[WorkerInfo]:
