@@ -16,6 +16,10 @@ import pytest
 from gpulayer_kernel.contracts import Job, JobSpec
 from gpulayer_kernel.controlplane import ControlPlane
 
+from ..conftest import pid_alive
+
+__all__ = ["pid_alive"]  # re-exported for the tests of this folder
+
 ROOT = Path(__file__).resolve().parents[2]
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed (torchrun needed)")
@@ -95,14 +99,6 @@ def rank_pids(records: list[tuple[str, int | None, str]]) -> dict[int, int]:
         if text.startswith("pid ") and rank is not None:
             out[rank] = int(text.split()[1])
     return out
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def processes_matching(marker: str) -> list[tuple[int, str]]:
