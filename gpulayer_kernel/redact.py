@@ -34,7 +34,3 @@ class Redactor:
         if self._pattern is None:
             return text
         return self._pattern.sub(MASK, text)
-
-    @property
-    def max_len(self) -> int:
-        return max((len(v) for v in self._values.values()), default=0)

@@ -243,9 +243,7 @@ class ControlPlane:
         # Placed or running: the worker stops the process group and reports back.
         job = await self._update(job, cancel_requested=True, reason=reason)
         assert job.placement is not None
-        for worker_id in job.placement.worker_ids:
-            self._cancels.setdefault(worker_id, set()).add(job.id)
-            self._wake_worker(worker_id)
+        self._stop_on_workers(job)
         await self._system_log(job.id, f"{reason}; stopping its processes")
         return job
 
@@ -482,10 +480,7 @@ class ControlPlane:
         node = next(n for n in job.placement.nodes if n.worker_id == worker_id)
         if report.state != "succeeded":
             self._nodes_done.pop(job.id, None)
-            for other in job.placement.worker_ids:
-                if other != worker_id:
-                    self._cancels.setdefault(other, set()).add(job.id)
-                    self._wake_worker(other)
+            self._stop_on_workers(job, but=worker_id)
             reason = f"node {node.node_rank} ({node.worker_name}): {report.reason or 'failed'}"
             return await self._finish(job, report.model_copy(update={"reason": reason}))
         node_ids = job.placement.worker_ids
@@ -539,6 +534,14 @@ class ControlPlane:
 
     def _wake_worker(self, worker_id: str) -> None:
         self._worker_signal(worker_id).fire()
+
+    def _stop_on_workers(self, job: Job, but: str | None = None) -> None:
+        """Tell every worker holding a part of ``job`` (except ``but``) to stop it, now."""
+        assert job.placement is not None
+        for worker_id in job.placement.worker_ids:
+            if worker_id != but:
+                self._cancels.setdefault(worker_id, set()).add(job.id)
+                self._wake_worker(worker_id)
 
     def _emit(self, event: Event) -> None:
         self._events.append(event)
@@ -673,10 +676,7 @@ class ControlPlane:
                 continue
             if job.state not in (JobState.PLACED, JobState.RUNNING):
                 continue
-            for other in job.placement.worker_ids:  # stop the rest of a multi-node gang
-                if other != worker_id:
-                    self._cancels.setdefault(other, set()).add(job.id)
-                    self._wake_worker(other)
+            self._stop_on_workers(job, but=worker_id)  # the rest of a multi-node gang
             reason = f"worker {w.name} was lost: {why}"
             if job.cancel_requested:
                 await self._transition(job, JobState.CANCELLED, reason=job.reason)
@@ -725,9 +725,7 @@ class ControlPlane:
                 )
                 # Fail (not cancel) the gang at once, as _node_finished does: a cancel would
                 # leave the job placed until every worker reported, and call it "cancelled".
-                for wid in job.placement.worker_ids:
-                    self._cancels.setdefault(wid, set()).add(job.id)
-                    self._wake_worker(wid)
+                self._stop_on_workers(job)
                 await self._system_log(job.id, reason)
                 await self._transition(job, JobState.FAILED, reason=reason)
 
@@ -920,10 +918,6 @@ class ControlPlane:
         if due and self._started:
             delay = min(due) - now + 0.01
             self._reserve_timer = asyncio.get_running_loop().call_later(delay, self._kick)
-
-    def pending_report(self, job_id: str) -> PlacementReport | None:
-        job = self._jobs.get(job_id)
-        return job.pending if job else None
 
     async def artifact_for(self, job_id: str, name: str) -> Artifact:
         job = await self.get(job_id)
