@@ -92,17 +92,56 @@ def verify(data: bytes, digest: str) -> None:
         )
 
 
+def check_archive(data: bytes, digest: str) -> None:
+    """Refuse what is not a bundle at all (empty, compressed, not a tar, no files), by name."""
+    if len(data) > MAX_BUNDLE_BYTES:
+        raise BundleError(
+            f"bundle {digest[:12]}… is {len(data)} bytes; the limit is {MAX_BUNDLE_BYTES}",
+            hint="ship large data as artifacts or on the worker's disk, not in the bundle",
+            details={"digest": digest, "bytes": len(data)},
+        )
+    with _open_tar(data, digest) as tar:
+        members = tar.getmembers()
+        for member in members:
+            _check_member(member, digest)
+    if not any(m.isfile() for m in members):
+        raise BundleError(
+            f"bundle {digest[:12]}… holds no files",
+            hint="a bundle is a tar of the files a job runs; build it with gpulayer_kernel.bundles",
+            details={"digest": digest},
+        )
+
+
+def _open_tar(data: bytes, digest: str) -> tarfile.TarFile:
+    """An uncompressed tar over ``data``, or a BundleError that says what the bytes are."""
+    if not data:
+        raise BundleError(
+            f"bundle {digest[:12]}… is empty (0 bytes)",
+            hint="a bundle is a tar of the files a job runs; build it with gpulayer_kernel.bundles",
+            details={"digest": digest},
+        )
+    what = "gzip-compressed" if data[:2] == b"\x1f\x8b" else "not a tar archive"
+    try:
+        return tarfile.open(fileobj=io.BytesIO(data), mode="r:")
+    except tarfile.TarError:
+        raise BundleError(
+            f"bundle {digest[:12]}… is {what}",
+            hint="bundles are plain (uncompressed) tar archives; build them with "
+            "gpulayer_kernel.bundles.build",
+            details={"digest": digest},
+        ) from None
+
+
 def unpack(data: bytes, digest: str, target: Path) -> Path:
     """Verify ``data`` against ``digest`` and unpack it into ``target`` (atomically)."""
     verify(data, digest)
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    check_archive(data, digest)
     tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=target.parent))
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            for member in tar.getmembers():
-                _check_member(member, digest)
+        with _open_tar(data, digest) as tar:
             try:
                 tar.extractall(tmp, filter="data")
             except tarfile.FilterError as exc:

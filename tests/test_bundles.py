@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import tarfile
@@ -133,3 +134,20 @@ def test_repacking_unpacked_files_gives_the_same_digest(
     digest, raw = bundles.build(contents)
     assert bundles.read_files(raw) == contents
     assert bundles.build(bundles.read_files(raw))[0] == digest
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (b"", "is empty"),
+        (gzip.compress(bundles.build({"a.py": b"x"})[1]), "gzip-compressed"),
+        (b"this is not a tar archive at all" * 20, "not a tar archive"),
+        (bundles.build({})[1], "holds no files"),
+    ],
+)
+def test_what_is_not_a_bundle_is_bundle_invalid(tmp_path: Path, data: bytes, says: str) -> None:
+    digest = bundles.digest_of(data)
+    with pytest.raises(BundleError, match=says) as info:
+        bundles.unpack(data, digest, tmp_path / "out")
+    assert info.value.code == "bundle_invalid"
+    assert not (tmp_path / "out").exists()

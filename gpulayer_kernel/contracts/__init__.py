@@ -20,8 +20,10 @@ from .jobs import (
     Resources,
     Workload,
 )
+from .parsing import check_secret_name, parse_pairs
 from .protocol import (
     Event,
+    EventCursor,
     EventPage,
     FinishReport,
     JobAssignment,
@@ -49,6 +51,7 @@ __all__ = [
     "Contract",
     "Device",
     "Event",
+    "EventCursor",
     "EventPage",
     "FinishReport",
     "Frameworks",
@@ -77,6 +80,8 @@ __all__ = [
     "WorkerRegistration",
     "WorkerState",
     "Workload",
+    "check_secret_name",
     "ensure_json",
     "parse",
+    "parse_pairs",
 ]

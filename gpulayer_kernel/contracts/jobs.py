@@ -14,6 +14,10 @@ from .scheduling import PlacementReport
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+# Linux's MAX_ARG_STRLEN (32 pages) for one argv/environ string; a total well under the usual
+# 2 MiB ARG_MAX leaves room for the environment the worker adds itself.
+MAX_ARG_STRLEN = 128 * 1024
+MAX_EXEC_BYTES = 1024 * 1024
 
 
 class JobState(StrEnum):
@@ -162,6 +166,38 @@ class JobSpec(Contract):
             if not LABEL_KEY_RE.match(key):
                 raise ValueError(f"{key!r} is not a valid label key")
         return v
+
+    @model_validator(mode="after")
+    def _exec_safe(self) -> JobSpec:
+        # What reaches execve must be representable there: a NUL byte cannot be passed, and
+        # Linux refuses one string over MAX_ARG_STRLEN or an argv+environ past ARG_MAX. Refuse
+        # at submit, naming the field, rather than fail later on the worker as "worker error".
+        strings: list[tuple[str, str]] = [("name", self.name)]
+        if isinstance(self.workload, CommandWorkload):
+            strings += [(f"workload.argv[{i}]", a) for i, a in enumerate(self.workload.argv)]
+        else:
+            strings.append(("workload.entrypoint", self.workload.entrypoint))
+        strings += [(f"env[{k!r}]", f"{k}={v}") for k, v in self.env.items()]
+        strings += [(f"labels[{k!r}]", f"{k}={v}") for k, v in self.labels.items()]
+        if self.workdir is not None:
+            strings.append(("workdir", self.workdir))
+        total = 0
+        for field, text in strings:
+            if "\x00" in text:
+                raise ValueError(f"{field} contains a NUL byte, which no process can be given")
+            size = len(text.encode()) + 1
+            if size > MAX_ARG_STRLEN:
+                raise ValueError(
+                    f"{field} is {size} bytes; one argument or variable may be at most "
+                    f"{MAX_ARG_STRLEN} bytes (pass large data in a file or artifact)"
+                )
+            total += size
+        if total > MAX_EXEC_BYTES:
+            raise ValueError(
+                f"argv and env add up to {total} bytes; the limit is {MAX_EXEC_BYTES} "
+                "(pass large data in a file or artifact)"
+            )
+        return self
 
     @property
     def is_gang(self) -> bool:

@@ -67,5 +67,18 @@ class EventPage(Contract):
     events: list[Event]
     next_since: int
     reset: bool = Field(
-        False, description="events before `since` were dropped: refetch the lists, then follow"
+        False,
+        description="events before the cursor were dropped, or the cursor is from before a "
+        "restart: refetch the lists, then follow from `cursor`",
     )
+    cursor: str = Field(
+        "",
+        description="where to follow on from: `<epoch>:<seq>`; the epoch changes with every "
+        "control-plane start, so a cursor from before a restart is seen as such",
+    )
+
+
+class EventCursor(Contract):
+    """The event log's current position: follow from here to see only what happens next."""
+
+    cursor: str

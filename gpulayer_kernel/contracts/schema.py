@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from . import (
     Artifact,
     Event,
+    EventCursor,
     EventPage,
     FinishReport,
     Job,
@@ -55,6 +56,7 @@ CONTRACTS: tuple[type[BaseModel], ...] = (
     ProgressReport,
     Rendezvous,
     Event,
+    EventCursor,
     EventPage,
 )
 

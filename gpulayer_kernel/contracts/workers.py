@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from ._base import Contract
 
@@ -13,16 +14,32 @@ Vendor = Literal["nvidia", "amd", "apple", "sim", "cpu"]
 Runtime = Literal["cuda", "rocm", "mps", "sim", "cpu"]
 
 
+# Bounds on what a worker may claim (issue 12): the scheduler turns device indices into bit
+# masks and sums memory, so one absurd registration (an index of 10**12) must be refused at the
+# door, not discovered by every later scheduling pass. Each bound is far above real hardware.
+MAX_DEVICE_INDEX = 1023
+MAX_DEVICES = 256
+MAX_MEMORY_BYTES = 1 << 60  # 1 EiB
+MAX_CPUS = 1 << 16
+MAX_TEXT = 256
+MAX_LABELS = 64
+MAX_LIST = 64
+
+ShortText = Annotated[str, Field(max_length=MAX_TEXT)]
+
+
 class Device(Contract):
     """One accelerator. ``vendor == "sim"`` is a simulated GPU whose maths runs on the CPU."""
 
-    index: int = Field(ge=0)
+    index: int = Field(ge=0, le=MAX_DEVICE_INDEX)
     vendor: Vendor
-    name: str
-    kind: str = Field(description='normalized kind, e.g. "h100", "a100", "l4", "m2", "sim"')
-    memory_bytes: int = Field(0, ge=0)
-    compute_capability: str | None = None
-    uuid: str | None = None
+    name: str = Field(max_length=MAX_TEXT)
+    kind: str = Field(
+        max_length=MAX_TEXT, description='normalized kind, e.g. "h100", "a100", "l4", "m2", "sim"'
+    )
+    memory_bytes: int = Field(0, ge=0, le=MAX_MEMORY_BYTES)
+    compute_capability: str | None = Field(None, max_length=MAX_TEXT)
+    uuid: str | None = Field(None, max_length=MAX_TEXT)
     unified_memory: bool = Field(False, description="Apple silicon: memory shared with the CPU")
 
     @property
@@ -31,23 +48,25 @@ class Device(Contract):
 
 
 class HostFacts(Contract):
-    hostname: str = ""
-    os: str = ""
-    arch: str = ""
-    cpus: int = Field(1, ge=1)
-    memory_bytes: int = Field(0, ge=0)
-    python: str = ""
+    hostname: ShortText = ""
+    os: ShortText = ""
+    arch: ShortText = ""
+    cpus: int = Field(1, ge=1, le=MAX_CPUS)
+    memory_bytes: int = Field(0, ge=0, le=MAX_MEMORY_BYTES)
+    python: ShortText = ""
 
 
 class Frameworks(Contract):
-    torch_version: str | None = None
-    torch_cuda: str | None = Field(None, description="CUDA version torch was built with")
+    torch_version: ShortText | None = None
+    torch_cuda: ShortText | None = Field(None, description="CUDA version torch was built with")
     cuda_available: bool = False
     mps_available: bool = False
-    device_count: int = 0
-    torch_hip: str | None = Field(None, description="ROCm (HIP) version torch was built with")
-    distributed_backends: list[str] = Field(
-        default_factory=list, description='torch.distributed backends found, e.g. ["gloo", "nccl"]'
+    device_count: int = Field(0, ge=0, le=MAX_DEVICES)
+    torch_hip: ShortText | None = Field(None, description="ROCm (HIP) version torch was built with")
+    distributed_backends: list[ShortText] = Field(
+        default_factory=list,
+        max_length=MAX_LIST,
+        description='torch.distributed backends found, e.g. ["gloo", "nccl"]',
     )
 
 
@@ -59,12 +78,14 @@ class WorkerCapabilities(Contract):
     """What a worker's probe found: host facts, devices, drivers and frameworks."""
 
     host: HostFacts = Field(default_factory=HostFacts)
-    devices: list[Device] = Field(default_factory=list)
-    cuda_driver: str | None = None
+    devices: list[Device] = Field(default_factory=list, max_length=MAX_DEVICES)
+    cuda_driver: ShortText | None = None
     frameworks: Frameworks = Field(default_factory=Frameworks)
     workloads: list[Literal["command", "python"]] = Field(default_factory=_all_workloads)
-    probe_errors: list[str] = Field(
-        default_factory=list, description="why a probe step found nothing (never a crash)"
+    probe_errors: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list,
+        max_length=MAX_LIST,
+        description="why a probe step found nothing (never a crash)",
     )
     simulated: bool = False
     runtime: Runtime = Field(
@@ -74,10 +95,22 @@ class WorkerCapabilities(Contract):
     dist_backend: Literal["nccl", "gloo"] | None = Field(
         None, description="torch.distributed backend a gang uses here; None: no gangs"
     )
-    probe_sources: list[str] = Field(
+    probe_sources: list[ShortText] = Field(
         default_factory=list,
+        max_length=MAX_LIST,
         description='where the device facts came from: "torch", "nvml", "nvidia-smi", "simulated"',
     )
+
+    @field_validator("devices")
+    @classmethod
+    def _unique_indices(cls, v: list[Device]) -> list[Device]:
+        # Two devices with one index would let the scheduler hand one GPU to two jobs.
+        seen: set[int] = set()
+        for d in v:
+            if d.index in seen:
+                raise ValueError(f"device index {d.index} appears twice")
+            seen.add(d.index)
+        return v
 
 
 class WorkerState(StrEnum):
@@ -87,6 +120,11 @@ class WorkerState(StrEnum):
     CORDONED = "cordoned"
     LOST = "lost"
     OFFLINE = "offline"
+
+    @property
+    def live(self) -> bool:
+        """The one liveness rule: a lost or offline worker is gone; any other is present."""
+        return self not in (WorkerState.LOST, WorkerState.OFFLINE)
 
 
 class WorkerInfo(Contract):
@@ -103,13 +141,33 @@ class WorkerInfo(Contract):
     device_jobs: dict[int, str] = Field(
         default_factory=dict, description="device index -> id of the job using it"
     )
+    live: bool = Field(
+        True,
+        description="computed by the server from `state` (not lost, not offline); clients read "
+        "it rather than repeat the rule",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _compute_live(cls, data: Any) -> Any:
+        # Derived, never trusted from input: one rule, written here, for every reader.
+        if isinstance(data, dict):
+            state = data.get("state", WorkerState.READY)
+            data = {**data, "live": WorkerState(state).live}
+        return data
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        copy = super().model_copy(update=update, deep=deep)
+        if update and "state" in update:
+            object.__setattr__(copy, "live", WorkerState(copy.state).live)
+        return copy
 
 
 class WorkerRegistration(Contract):
     """What a worker sends when it joins."""
 
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[ShortText, ShortText] = Field(default_factory=dict, max_length=MAX_LABELS)
     capabilities: WorkerCapabilities = Field(default_factory=WorkerCapabilities)
-    address: str | None = None
+    address: str | None = Field(None, max_length=MAX_TEXT)
     transport: Literal["inprocess", "http"] = "inprocess"

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+
+from ..clock import SYSTEM_CLOCK, Clock
 
 
 class Signal:
@@ -11,11 +12,13 @@ class Signal:
 
     Use as: check your condition; if unmet, ``await signal.wait(timeout)``; check again. Between the
     check and the wait there is no ``await``, so no change can slip by on a single event loop.
+    Timeouts run on ``clock``, so a test's FakeClock decides when a long-poll gives up.
     """
 
-    __slots__ = ("_fut",)
+    __slots__ = ("_clock", "_fut")
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
         self._fut: asyncio.Future[None] | None = None
 
     def fire(self) -> None:
@@ -27,10 +30,6 @@ class Signal:
         """Wait for the next ``fire()``; False when ``timeout`` seconds passed first."""
         if self._fut is None or self._fut.done():
             self._fut = asyncio.get_running_loop().create_future()
-        fut = self._fut
         if timeout is not None and timeout <= 0:
             return False
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(fut), timeout)
-            return True
-        return False
+        return await self._clock.wait_for(self._fut, timeout)
