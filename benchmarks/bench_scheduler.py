@@ -7,8 +7,10 @@
 Workers have 0-8 GPUs of several kinds (some simulated, a few cordoned or draining), about half
 of their devices busy; jobs mix CPU and 1/2/4/8-GPU jobs, kinds, memory floors, priorities, CPU
 counts, selectors, fallbacks and two-node gangs, some waiting long enough to reserve. Timings are
-the median of several rounds after a warm-up (the ControlPlane reuses each worker's capabilities
-object between passes, and so does this, so the per-capabilities cache is warm as it is in use).
+the median of several rounds after a warm-up, each pass run as the ControlPlane runs its own: with
+one ``SchedulerCache`` kept across passes (warm, as it is in use: the ControlPlane reuses each
+worker's capabilities object) and the cyclic GC paused (``gc_paused()``). The line before the last
+gives the same passes with the collector running, as ``schedule`` alone runs them (in a kernel).
 
 Baseline: the interim first-fit scheduler this one replaced (one scan of every worker per job, no
 explanations worth the name), run in the same process, interleaved round by round with the new one;
@@ -40,8 +42,10 @@ from gpulayer_kernel.scheduler import (  # noqa: E402
     Assignment,
     JobRequest,
     Plan,
+    SchedulerCache,
     Snapshot,
     WorkerView,
+    gc_paused,
     schedule,
 )
 from gpulayer_kernel.scheduler.testing import (  # noqa: E402
@@ -198,32 +202,41 @@ def main(argv: list[str] | None = None) -> int:
     n_jobs = 1000 if args.quick else 10_000
     rounds = args.rounds or (3 if args.quick else 7)
 
+    cache = SchedulerCache()
+
+    def run(snap: Snapshot) -> Plan:
+        """One pass as the ControlPlane's scheduling loop runs it."""
+        with gc_paused():
+            return schedule(snap, cache)
+
+    def run_collecting(snap: Snapshot) -> Plan:
+        """One pass as ``schedule`` alone runs it: the collector is left alone."""
+        return schedule(snap, cache)
+
     workers = make_workers(n_workers, 0.5, rng)
     jobs = make_jobs(n_jobs, rng)
     snap = snapshot(workers, jobs, now=NOW)
-    cold, _ = timed(lambda: schedule(snap))
-    plan = schedule(snap)
-    full, full_cpu = median_ms(lambda: schedule(snap), rounds)
+    cold, _ = timed(lambda: schedule(snap))  # no cache: a fresh one, as a one-off caller gets
+    plan = run(snap)
+    full, full_cpu = median_ms(partial(run, snap), rounds)
     print(
         f"full pass: {full:.0f} ms (jobs={n_jobs} workers={n_workers}; cpu {full_cpu:.0f} ms; "
         f"placed={len(plan.assignments)} waiting={len(plan.pending)} "
-        f"reservations={len(plan.reservations)}; first, cold-cache pass {cold:.0f} ms)"
+        f"reservations={len(plan.reservations)}; without a cache {cold:.0f} ms)"
     )
 
     sizes = [100, 1000] if args.quick else [1000, 10_000] + ([100_000] if args.big else [])
     for size in sizes:
         more = make_jobs(size, random.Random(size))
         s = snapshot(workers, more, now=NOW)
-        ms, cpu = median_ms(partial(schedule, s), rounds if size <= 10_000 else 1)
+        ms, cpu = median_ms(partial(run, s), rounds if size <= 10_000 else 1)
         print(
             f"growth: {ms:.0f} ms for jobs={size} workers={n_workers} "
             f"(cpu {cpu:.0f} ms, {cpu * 1000 / size:.1f} us/job)"
         )
 
     small = snapshot(workers, make_jobs(n_jobs // 10, random.Random(7)), now=NOW)
-    new_ms, old_ms, ratio, _ = paired(
-        lambda: schedule(small), lambda: interim_first_fit(small), rounds
-    )
+    new_ms, old_ms, ratio, _ = paired(partial(run, small), lambda: interim_first_fit(small), rounds)
     print(
         f"baseline, interim first fit, interleaved: jobs={len(small.pending)} "
         f"workers={n_workers}: this {new_ms:.1f} ms vs first fit {old_ms:.1f} ms "
@@ -232,14 +245,26 @@ def main(argv: list[str] | None = None) -> int:
 
     busy_workers = make_workers(n_workers, 0.9, random.Random(11))
     one = snapshot(busy_workers, [job("new-job", seq=1, gpus=2, kind="a100")], now=NOW)
-    one_plan = schedule(one)
+    one_plan = run(one)
     new_ms, old_ms, ratio, cpu = paired(
-        lambda: schedule(one), lambda: interim_first_fit(one), max(rounds, 21)
+        partial(run, one), lambda: interim_first_fit(one), max(rounds, 21)
     )
     outcome = "placed" if one_plan.assignments else "waiting"
     print(
         f"baseline, interim first fit, one new job, interleaved: {old_ms:.2f} ms "
         f"(median per-round ratio first fit / this: {ratio:.2f})"
+    )
+    # The collector's share, interleaved with the paused runs: what gc_paused() buys.
+    full_gc, full_paused, full_ratio, _ = paired(
+        partial(run_collecting, snap), partial(run, snap), rounds
+    )
+    one_gc, one_paused, one_ratio, _ = paired(
+        partial(run_collecting, one), partial(run, one), max(rounds, 21)
+    )
+    print(
+        f"collector running, interleaved with paused: full pass {full_gc:.0f} ms vs "
+        f"{full_paused:.0f} ms (median per-round ratio {1 / full_ratio:.2f}), one new job "
+        f"{one_gc:.2f} ms vs {one_paused:.2f} ms (ratio {1 / one_ratio:.2f})"
     )
     print(
         f"one new job: {new_ms:.2f} ms (workers={n_workers}, 90% of GPUs busy, {outcome}; "

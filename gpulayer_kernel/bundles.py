@@ -20,6 +20,8 @@ from pathlib import Path, PurePosixPath
 from .errors import BundleError
 
 MAX_BUNDLE_BYTES = 256 << 20
+# Folders that tools leave beside the code and no job needs: bytecode and Jupyter's autosaves.
+IGNORED_DIRS = frozenset({"__pycache__", ".ipynb_checkpoints"})
 _FIXED_MTIME = 0
 
 
@@ -71,7 +73,7 @@ def build_from_paths(
             )
         members = sorted(full.rglob("*")) if full.is_dir() else [full]
         for member in members:
-            if member.is_file() and "__pycache__" not in member.parts:
+            if member.is_file() and not IGNORED_DIRS.intersection(member.parts):
                 try:
                     rel = member.resolve().relative_to(base.resolve())
                 except ValueError:

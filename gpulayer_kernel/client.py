@@ -5,10 +5,10 @@ administration (tokens, secrets, worker states), so code never cares whether it 
 in-process ControlPlane or a client. Errors come back as the same exception types
 (``errors.from_json``); an unreachable server is ``Unavailable`` (code ``server_unreachable``).
 
-Each call is written once, as a generator that yields requests and receives responses; the async
-and sync clients only differ in how they send them. Each client keeps its connections alive and
-reuses them (a new connection costs ~30 ms, a keep-alive round trip under 1 ms). Long waits
-(``wait``, ``logs``, ``events``) are split into server-sized long-polls.
+Each call is written once, as a generator that yields requests and receives responses
+(``calls.py``); the async and sync clients only differ in how they send them. Each client keeps
+its connections alive and reuses them (a new connection costs ~30 ms, a keep-alive round trip
+under 1 ms). Long waits (``wait``, ``logs``, ``events``) are split into server-sized long-polls.
 
     async with AsyncClient("http://127.0.0.1:8470", token) as c:
         job = await c.submit(spec)
@@ -18,30 +18,21 @@ reuses them (a new connection costs ~30 ms, a keep-alive round trip under 1 ms).
 from __future__ import annotations
 
 import builtins
-import hashlib
-import json
-import time
-from collections.abc import Generator, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Any, TypeVar
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import httpx
-from pydantic import BaseModel
 
-from .contracts import EventPage, Job, JobList, JobSpec, JobState, LogPage, WorkerInfo
+from .calls import Call, Calls, Req
+from .contracts import EventPage, Job, JobSpec, JobState, LogPage, WorkerInfo
 from .errors import GPUlayerError, Unavailable, from_json
 from .home import Layout, home_dir, read_owner
 from .security.tls import CA_CERT_ENV, check_url, client_verify, is_loopback
 
 T = TypeVar("T")
-M = TypeVar("M", bound=BaseModel)
 API = "/api/v1"
-# The longest single long-poll a client asks for; the server's own limit is higher (60 s).
-POLL_CHUNK = 25.0
-# How much longer than a long-poll the client waits for its answer before giving up on it.
-POLL_SLACK = 15.0
 
 
 def api_base(url: str) -> str:
@@ -121,206 +112,6 @@ def error_from(resp: httpx.Response) -> GPUlayerError:
         resp.status_code,
         {"code": f"http_{resp.status_code}", "message": f"HTTP {resp.status_code} {text}".strip()},
     )
-
-
-@dataclass
-class Req:
-    """One request of a call; ``ok`` lists error statuses handed back instead of raised."""
-
-    method: str
-    path: str
-    params: list[tuple[str, str]] = field(default_factory=list)
-    json: Any = None
-    content: bytes | None = None
-    timeout: float | None = None
-    ok: tuple[int, ...] = ()
-
-    def send_kwargs(self) -> dict[str, Any]:
-        kw: dict[str, Any] = {"params": self.params}
-        if self.json is not None:
-            kw["content"] = (
-                self.json.encode() if isinstance(self.json, str) else json.dumps(self.json).encode()
-            )
-            kw["headers"] = {"Content-Type": "application/json"}
-        elif self.content is not None:
-            kw["content"] = self.content
-            kw["headers"] = {"Content-Type": "application/octet-stream"}
-        if self.timeout is not None:
-            kw["timeout"] = httpx.Timeout(self.timeout, connect=10.0)
-        return kw
-
-
-Call = Generator[Req, httpx.Response, T]
-
-
-def _model(cls: type[M], resp: httpx.Response) -> M:
-    return cls.model_validate_json(resp.content)
-
-
-def _body(model: BaseModel) -> str:
-    return model.model_dump_json()
-
-
-def _pid(value: str) -> str:
-    return quote(value, safe="")
-
-
-class Calls:
-    """Every call as a generator of requests: written once for both clients."""
-
-    def submit(self, spec: JobSpec) -> Call[Job]:
-        return _model(Job, (yield Req("POST", "/jobs", json=_body(spec))))
-
-    def get(self, job_id: str) -> Call[Job]:
-        return _model(Job, (yield Req("GET", f"/jobs/{_pid(job_id)}")))
-
-    def list(
-        self,
-        states: Iterable[JobState] = (),
-        *,
-        name: str | None = None,
-        label: tuple[str, str] | None = None,
-        limit: int = 100,
-    ) -> Call[builtins.list[Job]]:
-        params = [("state", JobState(s).value) for s in states]
-        if name is not None:
-            params.append(("name", name))
-        if label is not None:
-            params.append(("label", f"{label[0]}={label[1]}"))
-        params.append(("limit", str(limit)))
-        return _model(JobList, (yield Req("GET", "/jobs", params=params))).jobs
-
-    def cancel(self, job_id: str, reason: str = "cancelled by user") -> Call[Job]:
-        # The reason is the server's ("cancelled by user"); kept for parity with the ControlPlane.
-        return _model(Job, (yield Req("POST", f"/jobs/{_pid(job_id)}/cancel")))
-
-    def wait(self, job_id: str, timeout: float | None = None) -> Call[Job]:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = POLL_CHUNK if deadline is None else max(0.0, deadline - time.monotonic())
-            chunk = min(left, POLL_CHUNK)
-            job = _model(
-                Job,
-                (
-                    yield Req(
-                        "GET",
-                        f"/jobs/{_pid(job_id)}/wait",
-                        params=[("timeout", f"{chunk:.3f}")],
-                        timeout=chunk + POLL_SLACK,
-                    )
-                ),
-            )
-            if job.state.terminal or (deadline is not None and time.monotonic() >= deadline):
-                return job
-            job_id = job.id
-
-    def logs(
-        self, job_id: str, since: int = 0, wait: float = 0.0, limit: int = 1000
-    ) -> Call[LogPage]:
-        deadline = time.monotonic() + max(0.0, wait)
-        while True:
-            chunk = min(max(0.0, deadline - time.monotonic()), POLL_CHUNK)
-            page = _model(
-                LogPage,
-                (
-                    yield Req(
-                        "GET",
-                        f"/jobs/{_pid(job_id)}/logs",
-                        params=[
-                            ("since", str(since)),
-                            ("wait", f"{chunk:.3f}"),
-                            ("limit", str(limit)),
-                        ],
-                        timeout=chunk + POLL_SLACK,
-                    )
-                ),
-            )
-            if page.records or page.state.terminal or time.monotonic() >= deadline:
-                return page
-
-    def explain(self, job_id: str) -> Call[str]:
-        resp = yield Req("GET", f"/jobs/{_pid(job_id)}/explain")
-        return str(resp.json()["sentence"])
-
-    def workers(self) -> Call[builtins.list[WorkerInfo]]:
-        resp = yield Req("GET", "/workers")
-        return [WorkerInfo.model_validate(w) for w in resp.json()["workers"]]
-
-    def set_worker_state(self, worker_id: str, state: str) -> Call[WorkerInfo]:
-        return _model(
-            WorkerInfo,
-            (yield Req("POST", f"/workers/{_pid(worker_id)}/state", json={"state": str(state)})),
-        )
-
-    def events(self, since: int = 0, wait: float = 0.0) -> Call[EventPage]:
-        deadline = time.monotonic() + max(0.0, wait)
-        while True:
-            chunk = min(max(0.0, deadline - time.monotonic()), POLL_CHUNK)
-            page = _model(
-                EventPage,
-                (
-                    yield Req(
-                        "GET",
-                        "/events",
-                        params=[("since", str(since)), ("wait", f"{chunk:.3f}")],
-                        timeout=chunk + POLL_SLACK,
-                    )
-                ),
-            )
-            if page.events or page.reset or time.monotonic() >= deadline:
-                return page
-
-    def put_bundle(self, data: bytes, digest: str | None = None) -> Call[str]:
-        digest = digest or hashlib.sha256(data).hexdigest()
-        resp = yield Req("PUT", f"/bundles/{_pid(digest)}", content=data, timeout=600.0)
-        return str(resp.json()["digest"])
-
-    def has_bundle(self, digest: str) -> Call[bool]:
-        resp = yield Req("HEAD", f"/bundles/{_pid(digest)}", ok=(404,))
-        return resp.status_code == 200
-
-    def get_bundle(self, digest: str) -> Call[bytes]:
-        return (yield Req("GET", f"/bundles/{_pid(digest)}", timeout=600.0)).content
-
-    def get_blob(self, digest: str) -> Call[bytes]:
-        return (yield Req("GET", f"/artifacts/{_pid(digest)}", timeout=600.0)).content
-
-    def artifact(self, job_id: str, name: str) -> Call[bytes]:
-        path = f"/jobs/{_pid(job_id)}/artifacts/{quote(name, safe='/')}"
-        return (yield Req("GET", path, timeout=600.0)).content
-
-    def status(self) -> Call[dict[str, Any]]:
-        data = (yield Req("GET", "/status")).json()
-        assert isinstance(data, dict)
-        return data
-
-    # -- administration --------------------------------------------------------------------------
-
-    def create_token(
-        self, kind: str, *, ttl: float | None = None, name: str = ""
-    ) -> Call[tuple[dict[str, Any], str]]:
-        resp = yield Req("POST", "/tokens", json={"kind": kind, "ttl": ttl, "name": name})
-        data = resp.json()
-        return data["token"], str(data["secret"])
-
-    def list_tokens(self, *, include_inactive: bool = False) -> Call[builtins.list[dict[str, Any]]]:
-        resp = yield Req("GET", "/tokens", params=[("all", "1" if include_inactive else "0")])
-        return list(resp.json()["tokens"])
-
-    def revoke_token(self, token_id: str) -> Call[dict[str, Any]]:
-        data = (yield Req("POST", f"/tokens/{_pid(token_id)}/revoke")).json()
-        assert isinstance(data, dict)
-        return data
-
-    def set_secret(self, name: str, value: str) -> Call[None]:
-        yield Req("PUT", f"/secrets/{_pid(name)}", json={"value": value})
-
-    def secret_names(self) -> Call[builtins.list[str]]:
-        return [str(n) for n in (yield Req("GET", "/secrets")).json()["names"]]
-
-    def delete_secret(self, name: str) -> Call[bool]:
-        resp = yield Req("DELETE", f"/secrets/{_pid(name)}", ok=(404,))
-        return resp.status_code == 204
 
 
 class _Base:
@@ -409,8 +200,13 @@ class AsyncClient(_Base):
     async def workers(self) -> builtins.list[WorkerInfo]:
         return await self._run(self._calls.workers())
 
-    async def events(self, since: int = 0, wait: float = 0.0) -> EventPage:
-        return await self._run(self._calls.events(since, wait))
+    async def events(
+        self, since: int = 0, wait: float = 0.0, cursor: str | None = None
+    ) -> EventPage:
+        return await self._run(self._calls.events(since, wait, cursor))
+
+    async def event_cursor(self) -> str:
+        return await self._run(self._calls.event_cursor())
 
     async def put_bundle(self, data: bytes, digest: str | None = None) -> str:
         return await self._run(self._calls.put_bundle(data, digest))
@@ -527,8 +323,11 @@ class Client(_Base):
     def workers(self) -> builtins.list[WorkerInfo]:
         return self._run(self._calls.workers())
 
-    def events(self, since: int = 0, wait: float = 0.0) -> EventPage:
-        return self._run(self._calls.events(since, wait))
+    def events(self, since: int = 0, wait: float = 0.0, cursor: str | None = None) -> EventPage:
+        return self._run(self._calls.events(since, wait, cursor))
+
+    def event_cursor(self) -> str:
+        return self._run(self._calls.event_cursor())
 
     def put_bundle(self, data: bytes, digest: str | None = None) -> str:
         return self._run(self._calls.put_bundle(data, digest))

@@ -28,7 +28,7 @@ from .errors import InvalidInput
 from .home import Layout, StateLock, home_dir
 from .store import LocalArtifactStore, SqliteStore
 from .worker.agent import WorkerAgent
-from .worker.executor import ExecutorConfig
+from .worker.config import ExecutorConfig
 from .worker.transport import InProcessTransport
 
 if TYPE_CHECKING:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gpulayer_kernel.clock import SYSTEM_CLOCK, Clock
 from gpulayer_kernel.contracts import Device, WorkerCapabilities, WorkerRegistration
 from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.store import LocalArtifactStore, SqliteStore
@@ -26,11 +27,20 @@ def gl_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 @pytest.fixture
-async def gl_cp(tmp_path: Path) -> AsyncIterator[ControlPlane]:
+def gl_clock() -> Clock:
+    """The clock ``gl_cp`` runs on: the real one; a module overrides this fixture to hand in a
+    ``FakeClock`` and drive heartbeats, timers and long-polls by hand."""
+    return SYSTEM_CLOCK
+
+
+@pytest.fixture
+async def gl_cp(tmp_path: Path, gl_clock: Clock) -> AsyncIterator[ControlPlane]:
     """A started ControlPlane on a real SQLite file, with a short heartbeat timeout."""
     store = SqliteStore(tmp_path / "cp.db")
     await store.open()
-    cp = ControlPlane(store, LocalArtifactStore(tmp_path / "blobs"), heartbeat_timeout=2.0)
+    cp = ControlPlane(
+        store, LocalArtifactStore(tmp_path / "blobs"), clock=gl_clock, heartbeat_timeout=2.0
+    )
     await cp.start()
     yield cp
     await cp.close()
@@ -51,8 +61,10 @@ WorkerFactory = Callable[..., Awaitable[WorkerAgent]]
 
 
 @pytest.fixture
-async def gl_worker(gl_cp: ControlPlane, tmp_path: Path) -> AsyncIterator[WorkerFactory]:
-    """Start in-process workers on ``gl_cp``: ``await gl_worker(name="w1", gpus=2)``."""
+async def gl_worker(
+    gl_cp: ControlPlane, gl_clock: Clock, tmp_path: Path
+) -> AsyncIterator[WorkerFactory]:
+    """In-process workers on ``gl_cp`` and its clock: ``await gl_worker(name="w1", gpus=2)``."""
     agents: list[WorkerAgent] = []
 
     async def start(name: str = "w1", gpus: int = 0, **config: object) -> WorkerAgent:
@@ -61,6 +73,7 @@ async def gl_worker(gl_cp: ControlPlane, tmp_path: Path) -> AsyncIterator[Worker
             InProcessTransport(gl_cp),
             WorkerRegistration(name=name, capabilities=caps),
             ExecutorConfig(work_root=tmp_path / f"work-{name}", **config),  # type: ignore[arg-type]
+            clock=gl_clock,
             heartbeat_interval=0.5,
         )
         await agent.start()

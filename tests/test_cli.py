@@ -8,10 +8,11 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from gpulayer_kernel.testing import wait_until
 
 from .conftest import pid_alive
 
@@ -112,12 +113,11 @@ def _start_run(*extra: str) -> tuple[subprocess.Popen[str], int]:
 
 
 def _gone(pid: int, within: float = 10.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if not pid_alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
+    try:
+        wait_until(lambda: not pid_alive(pid), within, what=f"process {pid} to end")
+    except TimeoutError:
+        return False
+    return True
 
 
 def test_ctrl_c_cancels_the_job_and_kills_its_process_group(gl_home: Path) -> None:

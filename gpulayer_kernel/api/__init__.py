@@ -3,22 +3,31 @@
 Mount it standalone with ``make_app``/``ApiServer`` (``gpulayer serve``), or inside a Jupyter
 server with ``user_handlers(APIHandler, prefix, cp, tokens, context=ctx)`` plus
 ``worker_handlers(prefix, cp, tokens, context=ctx)`` where ``ctx = make_context(cp, tokens)``.
+
+Modules: ``params`` (limits, query and path parameters) → ``ops`` (the ``@op`` declaration) →
+``context`` → ``longpoll`` and ``mixin`` (``GLMixin``, what every handler does) → ``handlers``
+(user routes), ``worker_routes``, ``openapi`` → ``routes`` (the table and mounting) → ``app``.
 """
 
 from __future__ import annotations
 
-from ._base import ApiContext, ApiLimits, GLMixin, Op, Param, op
 from .app import PREFIX, ApiServer, make_app
 from .auth import ClientTokenAuth, WorkerTokenAuth
-from .handlers import (
+from .context import ApiContext
+from .mixin import GLMixin
+from .openapi import build_openapi
+from .ops import Op, Operation, op, op_of
+from .params import ApiLimits, Param
+from .routes import (
     USER_ROUTES,
+    WORKER_ROUTES,
+    HandlerSpec,
     default_handlers,
     make_context,
+    operations,
     user_handlers,
     worker_handlers,
 )
-from .openapi import build_openapi, operations
-from .worker_routes import WORKER_ROUTES
 
 __all__ = [
     "PREFIX",
@@ -29,7 +38,9 @@ __all__ = [
     "ApiServer",
     "ClientTokenAuth",
     "GLMixin",
+    "HandlerSpec",
     "Op",
+    "Operation",
     "Param",
     "WorkerTokenAuth",
     "build_openapi",
@@ -37,6 +48,7 @@ __all__ = [
     "make_app",
     "make_context",
     "op",
+    "op_of",
     "operations",
     "user_handlers",
     "worker_handlers",

@@ -8,7 +8,6 @@ and on ``stop()`` ends every long-poll before closing connections.
 from __future__ import annotations
 
 import logging
-import re
 import socket
 import ssl
 from typing import Any
@@ -19,9 +18,11 @@ import tornado.web
 
 from ..controlplane import ControlPlane
 from ..security import TokenService, check_serve
-from ._base import ApiContext, ApiLimits, _http_error_body
 from .auth import ClientTokenAuth
-from .handlers import make_context, user_handlers, worker_handlers
+from .context import ApiContext
+from .errors import error_body, loggable_path
+from .params import ApiLimits
+from .routes import make_context, user_handlers, worker_handlers
 
 PREFIX = "/api/v1"
 access_log = logging.getLogger("gpulayer.access")
@@ -35,19 +36,11 @@ class JSONNotFound(tornado.web.RequestHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         self.set_header("Content-Type", "application/json")
-        body = _http_error_body(status_code, "no such route")
+        body = error_body(status_code, "no such route")
         self.finish(tornado.escape.json_encode(body))
 
     def log_exception(self, typ: Any, value: BaseException | None, tb: Any) -> None:
         """A 404 is not worth a log line of its own (the access log has it)."""
-
-
-_TOKEN_RE = re.compile(r"glt_[A-Za-z0-9_-]+")
-
-
-def loggable_path(path: str) -> str:
-    """The path for a log line: a token pasted into a URL by mistake is masked."""
-    return _TOKEN_RE.sub("glt_***", path)
 
 
 def _log_request(handler: tornado.web.RequestHandler) -> None:
@@ -130,7 +123,7 @@ class ApiServer:
         self._server = tornado.httpserver.HTTPServer(
             self.app,
             ssl_options=self.ssl_context,
-            max_body_size=max(limits.max_blob, limits.drain_max),
+            max_body_size=max(limits.max_blob, limits.max_bundle, limits.drain_max),
             idle_connection_timeout=3600,
             body_timeout=600,
         )

@@ -12,7 +12,8 @@ from __future__ import annotations
 import tornado.web
 
 from ..security import Principal, TokenKind
-from ._base import ApiContext, op_of
+from .context import ApiContext
+from .ops import op_of
 
 
 def bearer_of(request: tornado.httputil.HTTPServerRequest) -> str | None:

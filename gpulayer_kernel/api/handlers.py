@@ -1,20 +1,16 @@
-"""The HTTP handlers of ``/api/v1`` (docs/api-routes.md): parse a contract, call the ControlPlane,
-answer a contract. No rule lives here that the ControlPlane does not already enforce, except who
-may call (tokens) and how big a request may be.
+"""The user routes of ``/api/v1`` (docs/api-routes.md): parse a contract, call the ControlPlane,
+answer a contract. No rule lives here that the ControlPlane or the contracts do not already
+enforce, except who may call (tokens) and how big a request may be.
 
-User routes are mixins mounted on a host's base class (``user_handlers(base, ...)``): the
-standalone ``ClientTokenAuth`` or jupyter_server's ``APIHandler``. Worker routes are complete
-classes on ``WorkerTokenAuth`` (``worker_handlers(...)``), the same in both hosts.
+They are mixins mounted on a host's base class (``routes.user_handlers(base, ...)``): the
+standalone ``ClientTokenAuth`` or jupyter_server's ``APIHandler``. The worker routes are in
+``worker_routes.py``, the route table in ``routes.py``.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-from typing import Any
-
-import tornado.web
-
 from ..contracts import (
+    EventCursor,
     EventPage,
     Job,
     JobList,
@@ -23,14 +19,13 @@ from ..contracts import (
     LogPage,
     WorkerInfo,
     WorkerState,
+    check_secret_name,
 )
-from ..contracts.jobs import ENV_NAME_RE
-from ..controlplane import ControlPlane
-from ..errors import NotFound, ValidationFailed
-from ..security import TokenService, token_state
+from ..errors import NotFound
+from ..security import token_state
 from ..store import TokenRecord
 from ..store.artifacts import check_digest
-from ._base import WAIT, ApiContext, ApiLimits, GLMixin, Param, op, route_pattern
+from .mixin import GLMixin
 from .models import (
     BlobStored,
     Explanation,
@@ -44,16 +39,10 @@ from .models import (
     WorkerList,
     WorkerStateChange,
 )
-from .worker_routes import WORKER_ROUTES, check_artifact_name
-
-LIVE = (WorkerState.LOST, WorkerState.OFFLINE)
-
-
-def package_version() -> str:
-    try:
-        return importlib.metadata.version("gpulayer")
-    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source checkout
-        return "0+unknown"
+from .ops import op
+from .params import WAIT, Param
+from .uploads import Upload
+from .worker_routes import check_artifact_name
 
 
 def token_info(rec: TokenRecord, now: float) -> TokenInfo:
@@ -76,9 +65,9 @@ class StatusHandler(GLMixin):
 
     @op("the server's version, live workers and jobs per state", answer=Status)
     async def get(self) -> Status:
-        workers = [w for w in await self.cp.workers() if w.state not in LIVE]
+        live = sum(1 for w in await self.cp.workers() if w.live)
         counts = await self.cp.job_counts()
-        return Status(version=self.ctx.version, workers=len(workers), jobs=counts)
+        return Status(version=self.ctx.version, workers=live, jobs=counts)
 
 
 class JobsHandler(GLMixin):
@@ -178,15 +167,16 @@ class BundleHandler(GLMixin):
         self.finish()
 
     @op(
-        "upload a bundle; its sha256 must be the digest",
+        "upload a bundle (streamed to disk; at most `max_bundle` bytes); its sha256 must be "
+        "the digest",
         body="bytes",
         answer=BlobStored,
         status=201,
-        errors=(413, 422),
+        errors=(413, 422, 503),
+        upload_limit="max_bundle",
     )
-    async def put(self, digest: str, data: bytes) -> BlobStored:
-        stored = await self.cp.put_bundle(data, check_digest(digest))
-        return BlobStored(digest=stored, size=len(data))
+    async def put(self, digest: str, upload: Upload) -> BlobStored:
+        return await upload.commit(check_digest(digest))
 
     @op("download a bundle", answer="bytes")
     async def get(self, digest: str) -> bytes:
@@ -221,12 +211,34 @@ class EventsHandler(GLMixin):
     route = "/events"
 
     @op(
-        "job and worker changes after `since` (long-poll with `wait`)",
+        "job and worker changes after `cursor` (or the older `since`); long-poll with `wait`",
         answer=EventPage,
-        query=(Param("since", "integer", 0, 0), WAIT),
+        query=(
+            Param(
+                "cursor",
+                "string",
+                None,
+                description="`<epoch>:<seq>`, from a page's `cursor` or /events/cursor; "
+                "wins over `since`",
+                max_length=64,
+            ),
+            Param("since", "integer", 0, 0, description="a sequence number (older clients)"),
+            WAIT,
+        ),
     )
-    async def get(self, since: float, wait: float) -> EventPage:
-        return await self.long_poll(wait, self.cp.events(int(since), wait))
+    async def get(self, cursor: str | None, since: float, wait: float) -> EventPage:
+        return await self.long_poll(wait, self.cp.events(int(since), wait, cursor=cursor))
+
+
+class EventCursorHandler(GLMixin):
+    route = "/events/cursor"
+
+    @op(
+        "where the event log is now: follow from here to see only what happens next",
+        answer=EventCursor,
+    )
+    async def get(self) -> EventCursor:
+        return EventCursor(cursor=await self.cp.event_cursor())
 
 
 class TokensHandler(GLMixin):
@@ -270,121 +282,18 @@ class SecretsHandler(GLMixin):
         return SecretNames(names=await self.cp.secret_names())
 
 
-def _secret_name(name: str) -> str:
-    if not ENV_NAME_RE.match(name):
-        raise ValidationFailed(
-            f"{name!r} is not a valid secret name",
-            hint="secret names are environment variable names: letters, digits and _",
-            details={"errors": [{"field": "name", "problem": "not an environment name"}]},
-        )
-    return name
-
-
 class SecretHandler(GLMixin):
     route = "/secrets/{name}"
 
     @op("store a secret's value (write-only)", body=SecretValue, answer=None, status=204)
     async def put(self, name: str, body: SecretValue) -> None:
-        await self.cp.set_secret(_secret_name(name), body.value)
+        await self.cp.set_secret(check_secret_name(name), body.value)
 
     @op("delete a secret", answer=None, status=204)
     async def delete(self, name: str) -> None:
-        if not await self.cp.delete_secret(_secret_name(name)):
+        if not await self.cp.delete_secret(check_secret_name(name)):
             raise NotFound(
                 f"no secret {name!r}",
                 hint="list them with `gpulayer secret list`",
                 code="secret_not_found",
             )
-
-
-class OpenApiHandler(GLMixin):
-    route = "/openapi.json"
-
-    @op("this API as OpenAPI 3.1, generated from the contracts", answer=None)
-    async def get(self) -> None:
-        from .openapi import openapi_json
-
-        self.set_header("Content-Type", "application/json")
-        base = self.request.path.rsplit("/openapi.json", 1)[0]
-        self.finish(openapi_json(self.ctx.limits, self.ctx.version, base))
-
-
-USER_ROUTES: tuple[type[GLMixin], ...] = (
-    StatusHandler,
-    JobsHandler,
-    JobHandler,
-    JobCancelHandler,
-    JobLogsHandler,
-    JobWaitHandler,
-    JobExplainHandler,
-    JobArtifactHandler,
-    BundleHandler,
-    ArtifactHandler,
-    WorkersHandler,
-    WorkerStateHandler,
-    EventsHandler,
-    TokensHandler,
-    TokenRevokeHandler,
-    SecretsHandler,
-    SecretHandler,
-    OpenApiHandler,
-)
-
-
-# -- mounting ----------------------------------------------------------------------------------
-
-HandlerSpec = tuple[str, type[tornado.web.RequestHandler], dict[str, Any]]
-_COMPOSED: dict[tuple[type[GLMixin], type[tornado.web.RequestHandler]], type[GLMixin]] = {}
-
-
-def compose(mixin: type[GLMixin], base: type[tornado.web.RequestHandler]) -> type[GLMixin]:
-    """``class X(mixin, base)``, made once per pair (the mixin comes first in the MRO)."""
-    key = (mixin, base)
-    if key not in _COMPOSED:
-        _COMPOSED[key] = type(mixin.__name__, (mixin, base), {"__module__": __name__})
-    return _COMPOSED[key]
-
-
-def make_context(
-    cp: ControlPlane,
-    tokens: TokenService,
-    *,
-    limits: ApiLimits | None = None,
-    version: str | None = None,
-) -> ApiContext:
-    if version is None:
-        version = package_version()
-    return ApiContext(cp=cp, tokens=tokens, limits=limits or ApiLimits(), version=version)
-
-
-def user_handlers(
-    base_class: type[tornado.web.RequestHandler],
-    prefix: str,
-    cp: ControlPlane,
-    tokens: TokenService,
-    *,
-    context: ApiContext | None = None,
-) -> list[HandlerSpec]:
-    """User routes on ``base_class`` (``ClientTokenAuth``, or jupyter_server's ``APIHandler``).
-
-    Pass the same ``context`` to ``worker_handlers`` so one ``context.drain()`` ends every
-    long-poll of the mount when its host stops.
-    """
-    ctx = context or make_context(cp, tokens)
-    return [
-        (route_pattern(prefix, h.route), compose(h, base_class), {"ctx": ctx}) for h in USER_ROUTES
-    ]
-
-
-def worker_handlers(
-    prefix: str, cp: ControlPlane, tokens: TokenService, *, context: ApiContext | None = None
-) -> list[HandlerSpec]:
-    """Worker routes: GPUlayer worker tokens only, whichever host mounts them."""
-    ctx = context or make_context(cp, tokens)
-    return [(route_pattern(prefix, h.route), h, {"ctx": ctx}) for h in WORKER_ROUTES]
-
-
-# The route table, as jupyter_server ends its handlers modules: (route template, handler).
-default_handlers: list[tuple[str, type[GLMixin]]] = [
-    (h.route, h) for h in (*USER_ROUTES, *WORKER_ROUTES)
-]

@@ -26,7 +26,7 @@ class ErrorBody(BaseModel):
 
 class Status(Contract):
     version: str
-    workers: int = Field(description="workers that are not lost or offline")
+    workers: int = Field(description="live workers (`WorkerInfo.live`: not lost, not offline)")
     jobs: dict[str, int] = Field(description="job count per state")
 
 

@@ -1,24 +1,27 @@
 """``GET /api/v1/openapi.json``: OpenAPI 3.1 generated from the handlers' ``@op`` declarations and
 the pydantic contracts (``model_json_schema``), so the document cannot drift from the code.
+
+The document describes the route table it is given (``routes.operations()``); the handler reads
+its mount's table from the ``ApiContext``, so this module needs no route table of its own.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import re
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from ._base import ApiLimits, GLMixin, Op, Param, op_of, openapi_path
-from .handlers import USER_ROUTES, package_version
+from ..contracts import JobState
+from .context import package_version
+from .mixin import GLMixin
 from .models import ErrorBody
-from .worker_routes import WORKER_ROUTES
+from .ops import Operation, op
+from .params import ApiLimits, Param, openapi_path, path_params
 
-METHODS = ("get", "head", "post", "put", "delete")
-_PATH_PARAM = re.compile(r"\{(\w+)(?::path)?\}")
 _SHA256 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
 ERROR_TEXT = {
     400: "invalid input",
@@ -32,30 +35,18 @@ ERROR_TEXT = {
 }
 
 
-def operations() -> list[tuple[str, str, type[GLMixin], Op]]:
-    """(route template, method, handler, op) for every operation: the route table."""
-    out = []
-    for handler in (*USER_ROUTES, *WORKER_ROUTES):
-        for method in METHODS:
-            spec = op_of(handler.__dict__.get(method))
-            if spec is not None:
-                out.append((handler.route, method, handler, spec))
-    return out
-
-
 def _param_schema(p: Param, limits: ApiLimits) -> dict[str, Any]:
     schema: dict[str, Any]
     if p.kind == "states":
-        from ..contracts import JobState
-
         return {"type": "array", "items": {"type": "string", "enum": [s.value for s in JobState]}}
     if p.kind == "label":
         return {"type": "string", "pattern": "^[^=]+=.*$", "maxLength": p.max_length}
     if p.kind == "string":
         return {"type": "string", "maxLength": p.max_length}
     schema = {"type": "integer" if p.kind == "integer" else "number"}
-    if p.minimum is not None:
-        schema["minimum"] = p.minimum
+    low = p.floor()
+    if low is not None:
+        schema["minimum"] = low
     high = p.bound(limits)
     if high is not None:
         schema["maximum"] = high
@@ -65,15 +56,21 @@ def _param_schema(p: Param, limits: ApiLimits) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=8)
-def openapi_json(limits: ApiLimits, version: str | None = None, base: str = "/api/v1") -> str:
-    return json.dumps(build_openapi(limits, version, base))
+def openapi_json(
+    ops: tuple[Operation, ...], limits: ApiLimits, version: str | None = None, base: str = "/api/v1"
+) -> str:
+    """``build_openapi`` as text, made once per mount."""
+    return json.dumps(build_openapi(ops, limits, version, base))
 
 
 def build_openapi(
-    limits: ApiLimits | None = None, version: str | None = None, base: str = "/api/v1"
+    ops: Sequence[Operation],
+    limits: ApiLimits | None = None,
+    version: str | None = None,
+    base: str = "/api/v1",
 ) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the operations ``ops`` (``routes.operations()``)."""
     limits = limits or ApiLimits()
-    ops = operations()
     wanted: list[tuple[type[BaseModel], Literal["validation", "serialization"]]] = [
         (ErrorBody, "serialization")
     ]
@@ -95,7 +92,7 @@ def build_openapi(
     paths: dict[str, dict[str, Any]] = {}
     for template, method, handler, spec in ops:
         params: list[dict[str, Any]] = []
-        for name in _PATH_PARAM.findall(template):
+        for name in path_params(template):
             schema = _SHA256 if name == "digest" else {"type": "string", "minLength": 1}
             params.append({"name": name, "in": "path", "required": True, "schema": schema})
         for p in spec.query:
@@ -116,7 +113,7 @@ def build_openapi(
             ok["content"] = binary
         elif isinstance(spec.answer, type):
             ok["content"] = {"application/json": {"schema": ref(spec.answer, "serialization")}}
-        elif handler.__name__ == "OpenApiHandler":
+        elif handler is OpenApiHandler:
             ok["content"] = {"application/json": {"schema": {"type": "object"}}}
         responses[str(spec.status)] = ok
         statuses = {400, 401, 403, 404, *spec.errors}
@@ -124,7 +121,7 @@ def build_openapi(
             statuses |= {413, 422}
         if any(p is not None and p.maximum == "max_wait" for p in spec.query):
             statuses.add(503)
-        if spec.kinds is not None and handler.route.startswith("/worker/jobs"):
+        if spec.kinds is not None and template.startswith("/worker/jobs"):
             statuses.add(409)
         for status in sorted(statuses):
             responses[str(status)] = {"description": ERROR_TEXT.get(status, "error")}
@@ -174,3 +171,14 @@ def build_openapi(
             },
         },
     }
+
+
+class OpenApiHandler(GLMixin):
+    route = "/openapi.json"
+
+    @op("this API as OpenAPI 3.1, generated from the contracts", answer=None)
+    async def get(self) -> None:
+        self.set_header("Content-Type", "application/json")
+        base = self.request.path.rsplit("/openapi.json", 1)[0]
+        ctx = self.ctx
+        self.finish(openapi_json(ctx.operations, ctx.limits, ctx.version, base))

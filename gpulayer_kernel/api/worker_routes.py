@@ -1,6 +1,7 @@
 """The worker routes of ``/api/v1`` (docs/api-routes.md, ADR 0003): complete handler classes on
-``WorkerTokenAuth``, the same in every host. Each operation names the token kinds it accepts; a
-route with a ``{job_id}`` reaches only jobs assigned to the caller's worker.
+``WorkerTokenAuth``, the same in every host (their table is ``routes.WORKER_ROUTES``). Each
+operation names the token kinds it accepts; a route with a ``{job_id}`` reaches only jobs
+assigned to the caller's worker.
 """
 
 from __future__ import annotations
@@ -20,9 +21,13 @@ from ..contracts import (
 from ..errors import Forbidden, InvalidInput, NotFound
 from ..security import TokenKind
 from ..store.artifacts import check_digest
-from ._base import WAIT, ClientGone, GLMixin, Param, op
 from .auth import WorkerTokenAuth
+from .longpoll import ClientGone
+from .mixin import GLMixin
 from .models import BlobStored, JoinAnswer, LogAck
+from .ops import op
+from .params import WAIT
+from .uploads import Upload
 
 WORKER = (TokenKind.WORKER,)
 JOINING = (TokenKind.JOIN, TokenKind.INSTANCE, TokenKind.WORKER)
@@ -75,30 +80,26 @@ class JoinHandler(WorkerRoute):
     route = "/workers/join"
 
     @op(
-        "enrol a worker (join or instance token) or re-join (its session token); "
-        "answers a new session token",
+        "enrol a worker (join or instance token: always a new worker id) or re-join as itself "
+        "(its session token); answers a new session token",
         body=WorkerRegistration,
         answer=JoinAnswer,
-        query=(
-            Param(
-                "worker_id",
-                "string",
-                None,
-                description="keep this id when re-joining",
-                max_length=64,
-            ),
-        ),
         kinds=JOINING,
+        errors=(422,),
     )
-    async def post(self, body: WorkerRegistration, worker_id: str | None) -> JoinAnswer:
-        assert self.principal is not None
-        if self.principal.kind == TokenKind.WORKER:
-            keep = self.principal.worker_id  # a session re-joins as itself, whatever it asks
-        else:
-            known = {w.id: w.name for w in await self.cp.workers()}
-            keep = worker_id if worker_id and known.get(worker_id) == body.name else None
-        info = await self.cp.register(body.model_copy(update={"transport": "http"}), keep)
-        session = await self.ctx.tokens.issue_worker_session(info.id, name=info.name)
+    async def post(self, body: WorkerRegistration) -> JoinAnswer:
+        principal = self.principal
+        assert principal is not None
+        # Only a worker's own credential keeps its id: its session token, or an instance token
+        # issued for that worker id. A join token is shared by every machine an operator enrols,
+        # so it never names an existing worker: honouring a ``?worker_id=`` (older workers still
+        # send one) would let any holder take over another worker's identity and its jobs.
+        keep = principal.worker_id if principal.kind != TokenKind.JOIN else None
+        # An instance token is spent only if the enrolment succeeds: a body refused before
+        # this point (422) or a failure inside leaves it usable.
+        async with self.ctx.tokens.spending(principal):
+            info = await self.cp.register(body.model_copy(update={"transport": "http"}), keep)
+            session = await self.ctx.tokens.issue_worker_session(info.id, name=info.name)
         interval = self.ctx.heartbeat_interval or max(0.2, self.cp.heartbeat_timeout / 3)
         return JoinAnswer(
             worker=info,
@@ -216,16 +217,16 @@ class WorkerBlobHandler(WorkerRoute):
         )
 
     @op(
-        "upload an artifact; its sha256 must be the digest",
+        "upload an artifact (streamed to disk; at most `max_blob` bytes); its sha256 must be "
+        "the digest",
         body="bytes",
         answer=BlobStored,
         status=201,
         kinds=WORKER,
-        errors=(413, 422),
+        errors=(413, 422, 503),
     )
-    async def put(self, digest: str, data: bytes) -> BlobStored:
-        stored = await self.cp.put_blob(data, check_digest(digest))
-        return BlobStored(digest=stored, size=len(data))
+    async def put(self, digest: str, upload: Upload) -> BlobStored:
+        return await upload.commit(check_digest(digest))
 
 
 class LeaveHandler(WorkerRoute):
@@ -242,17 +243,3 @@ class LeaveHandler(WorkerRoute):
         await self.ctx.tokens.revoke_where(
             lambda r: r.kind == TokenKind.WORKER and r.worker_id == self.worker_id
         )
-
-
-WORKER_ROUTES: tuple[type[WorkerRoute], ...] = (
-    JoinHandler,
-    HeartbeatHandler,
-    WorkHandler,
-    StartedHandler,
-    LogsHandler,
-    ProgressHandler,
-    FinishedHandler,
-    RendezvousHandler,
-    WorkerBlobHandler,
-    LeaveHandler,
-)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, ValidationFailed
 from .jobs import ENV_NAME_RE
 
 
@@ -25,9 +25,11 @@ def parse_pairs(items: Iterable[str], flag: str) -> dict[str, str]:
 
 
 def check_secret_name(name: str) -> str:
-    """Secret names are environment variable names (jobs see them as such)."""
+    """Secret names are environment variable names (jobs see them as such).
+
+    A bad name is ``ValidationFailed`` (422), as the same rule inside a ``JobSpec`` is."""
     if not ENV_NAME_RE.match(name):
-        raise InvalidInput(
+        raise ValidationFailed(
             f"{name!r} is not a valid secret name",
             hint="secret names are environment variable names: letters, digits and _",
             details={"name": name},

@@ -1,4 +1,4 @@
-"""The ControlPlane (ADR 0001) and its job state machine."""
+"""The ControlPlane (ADR 0001): a facade over its parts (see core.py), and the job state machine."""
 
 from __future__ import annotations
 

@@ -33,3 +33,35 @@ class Signal:
         if timeout is not None and timeout <= 0:
             return False
         return await self._clock.wait_for(self._fut, timeout)
+
+
+class Signals:
+    """One :class:`Signal` per key (a job id, a worker id), made on first use, dropped on demand."""
+
+    __slots__ = ("_clock", "_by_key")
+
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
+        self._by_key: dict[str, Signal] = {}
+
+    def fire(self, key: str) -> None:
+        sig = self._by_key.get(key)
+        if sig is not None:
+            sig.fire()
+
+    async def wait(self, key: str, timeout: float | None) -> bool:
+        """Wait for the next ``fire(key)``; False when ``timeout`` seconds passed first."""
+        sig = self._by_key.get(key)
+        if sig is None:
+            sig = self._by_key[key] = Signal(self._clock)
+        return await sig.wait(timeout)
+
+    def drop(self, key: str) -> None:
+        """Wake the key's waiters one last time and forget it (late waiters make a new one)."""
+        sig = self._by_key.pop(key, None)
+        if sig is not None:
+            sig.fire()
+
+    def fire_all(self) -> None:
+        for sig in self._by_key.values():
+            sig.fire()

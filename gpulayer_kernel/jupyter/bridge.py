@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 from ..contracts import Job, JobSpec, JobState, LogPage, LogRecord, WorkerInfo
-from ..errors import GPUlayerError, InvalidInput, Unavailable
+from ..errors import GPUlayerError, Unavailable
 from ..home import home_dir
 from ..session import URL_ENV, Session, open_session
 
@@ -257,14 +257,14 @@ class Bridge:
         async def run(s: Session) -> Job:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
-            cursor = await _event_cursor(s)
+            cursor = await s.event_cursor()
             job = await s.get(job_id)
             while job.state == JobState.QUEUED and job.pending is None:
                 left = deadline - loop.time()
                 if left <= 0:
                     break
-                page = await s.events(since=cursor, wait=left)
-                cursor = page.next_since
+                page = await s.events(cursor=cursor, wait=left)
+                cursor = page.cursor
                 job = await s.get(job_id)
             return job
 
@@ -317,7 +317,7 @@ class Bridge:
 
 async def _follow(s: Session, job_id: str, sink: Callable[[Update], None]) -> None:
     try:
-        cursor = await _event_cursor(s)
+        cursor = await s.event_cursor()  # from now: the job is read right after
         sink(Update("job", job=await s.get(job_id)))
         changes = asyncio.create_task(_job_changes(s, job_id, cursor, sink))
         try:
@@ -340,24 +340,17 @@ async def _follow(s: Session, job_id: str, sink: Callable[[Update], None]) -> No
         sink(Update("error", error=exc))
 
 
-async def _event_cursor(s: Session) -> int:
-    """The current end of the event stream, without fetching the backlog.
+async def _job_changes(
+    s: Session, job_id: str, cursor: str, sink: Callable[[Update], None]
+) -> None:
+    """Pass on the job's state, pending explanation and progress as they change (long-poll).
 
-    Asking for events after a point far ahead, without waiting, answers at once with no events
-    and ``next_since`` = the newest event's number.
+    A server restart shows as ``reset`` (the cursor's epoch changed): the job is read again.
     """
-    try:
-        return (await s.events(since=1 << 53, wait=0.0)).next_since
-    except InvalidInput:  # a server that refuses a cursor from the future: take the backlog
-        return (await s.events(since=0, wait=0.0)).next_since
-
-
-async def _job_changes(s: Session, job_id: str, since: int, sink: Callable[[Update], None]) -> None:
-    """Pass on the job's state, pending explanation and progress as they change (long-poll)."""
     failures = 0
     while True:
         try:
-            page = await s.events(since=since, wait=LONG_POLL)
+            page = await s.events(cursor=cursor, wait=LONG_POLL)
             failures = 0
         except asyncio.CancelledError:
             raise
@@ -365,7 +358,7 @@ async def _job_changes(s: Session, job_id: str, since: int, sink: Callable[[Upda
             failures += 1
             await asyncio.sleep(min(5.0, 0.2 * 2**failures))  # retry backoff
             continue
-        since = page.next_since
+        cursor = page.cursor
         latest: Job | None = None
         for e in page.events:
             if e.kind == "job" and e.job is not None and e.job.id == job_id:

@@ -37,9 +37,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Float, Int, Unicode
 
-from ..api import ApiServer, make_context, user_handlers, worker_handlers
-from ..api._base import op_of
-from ..api.handlers import HandlerSpec
+from ..api import ApiServer, HandlerSpec, make_context, op_of, user_handlers, worker_handlers
 from ..embedded import Embedded
 from ..errors import GPUlayerError, Unavailable
 from ..home import HOME_ENV

@@ -27,8 +27,8 @@ from IPython.core.magic import Magics, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from .. import bundles, render
-from ..contracts import Job, JobSpec, JobState, ensure_json, parse
-from ..errors import GPUlayerError, NotJSON
+from ..contracts import Job, JobSpec, JobState, ensure_json, parse, parse_pairs
+from ..errors import GPUlayerError, InvalidInput, NotJSON
 from .bridge import Bridge, Target, get_bridge, reconnect
 from .handle import CellError, JobHandle, NoResult, follow, result_of
 
@@ -103,13 +103,11 @@ def _error(exc: GPUlayerError) -> CellError:
 
 
 def _pairs(values: list[str], flag: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise CellError(f"{flag} {item!r} is not KEY=VALUE", hint=f"write {flag} NAME=value")
-        out[key] = value
-    return out
+    """KEY=VALUE options as a dict; a bad item is the cell's error, worded as everywhere else."""
+    try:
+        return parse_pairs(values, flag)
+    except InvalidInput as exc:
+        raise CellError(exc.message, hint=exc.hint, details=exc.details) from None
 
 
 @magics_class

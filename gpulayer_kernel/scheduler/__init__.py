@@ -1,14 +1,16 @@
-"""The pure, deterministic, explainable scheduler (ADR 0004): ``schedule(snapshot) -> Plan``.
+"""The pure, deterministic, explainable scheduler (ADR 0004): ``schedule(snapshot, cache) -> Plan``.
 
 Stages (see README.md beside this file): ``feasible`` → ``rank`` → ``plan`` → ``reports`` →
-``explain``; ``model`` holds the input and output values, ``testing`` builds snapshots for tests.
+``explain``; ``model`` holds the input and output values, ``cache`` what passes remember
+(``SchedulerCache``), ``testing`` builds snapshots for tests.
 """
 
 from __future__ import annotations
 
+from .cache import SchedulerCache
 from .explain import render
 from .model import Assignment, JobRequest, Plan, Reservation, RunningJob, Snapshot, WorkerView
-from .plan import schedule
+from .plan import gc_paused, schedule
 
 __all__ = [
     "Assignment",
@@ -16,8 +18,10 @@ __all__ = [
     "Plan",
     "Reservation",
     "RunningJob",
+    "SchedulerCache",
     "Snapshot",
     "WorkerView",
+    "gc_paused",
     "render",
     "schedule",
 ]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from ..capabilities.kinds import format_bytes
 from ..contracts import PlacementReport, Reason, ReasonCount
+from .cache import Memo
 from .feasible import Shape
 
 SHORT_ID = 8
@@ -150,10 +151,6 @@ def render(report: PlacementReport) -> str:
     return f"{head}: {body}{tail}{_position(report.position)}"
 
 
-# Frozen and equal by value, so one object serves every report that counts the same thing.
-_COUNTS: dict[tuple[Reason, int, str], ReasonCount] = {}
-
-
 def make_report(
     shape: Shape,
     counts: Mapping[Reason, int],
@@ -164,8 +161,11 @@ def make_report(
     why: str = "",
     reservation: Sequence[str] = (),
     candidates: Sequence[str] = (),
+    counts_memo: Memo[tuple[Reason, int, str], ReasonCount] | None = None,
 ) -> PlacementReport:
-    """A report template (``job_id`` empty) from per-reason worker counts."""
+    """A report template (``job_id`` empty) from per-reason worker counts. ``counts_memo``
+    shares one ``ReasonCount`` between reports that count the same thing (frozen, equal by
+    value: sharing changes nothing but the allocations)."""
     filtered: list[ReasonCount] = []
     exhausted: list[ReasonCount] = []
     for code in sorted(counts, key=_STAGE.__getitem__):
@@ -173,13 +173,11 @@ def make_report(
         if not n:
             continue
         text = detail(code, shape, owners=owners, why=why)
-        rc = _COUNTS.get((code, n, text))
+        rc = counts_memo.get((code, n, text)) if counts_memo is not None else None
         if rc is None:
-            if len(_COUNTS) >= 65536:
-                _COUNTS.clear()
-            rc = _COUNTS[(code, n, text)] = ReasonCount(
-                code=code, workers=n, detail=text, waiting_helps=code.waiting_helps
-            )
+            rc = ReasonCount(code=code, workers=n, detail=text, waiting_helps=code.waiting_helps)
+            if counts_memo is not None:
+                counts_memo.put((code, n, text), rc)
         (exhausted if rc.waiting_helps else filtered).append(rc)
     template = PlacementReport(
         job_id="",

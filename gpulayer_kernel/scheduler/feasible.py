@@ -25,9 +25,8 @@ Checks run cheapest first, in this documented order, and the first failure is th
 
 from __future__ import annotations
 
-import itertools
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..capabilities.kinds import parse_kind
@@ -42,7 +41,8 @@ TAKES_WORK = frozenset({WorkerState.READY, WorkerState.BUSY})
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Profile:
-    """What one ``WorkerCapabilities`` means to the scheduler; derived once and cached."""
+    """What one ``WorkerCapabilities`` means to the scheduler; derived once per object while a
+    ``SchedulerCache`` remembers it."""
 
     key: tuple[object, ...]  # equal keys: indistinguishable to every check
     uid: int  # a small int per distinct key, so hot paths hash an int, not a nested tuple
@@ -63,7 +63,9 @@ class Profile:
         return self.sim_mask != 0
 
 
-def _derive_profile(caps: WorkerCapabilities) -> Profile:
+def derive_profile(caps: WorkerCapabilities, uid: int = 0) -> Profile:
+    """The scheduler's view of ``caps``, numbered ``uid``. Not cached here: profiles with equal
+    ``key`` must share one uid within a pass, which ``SchedulerCache.profile`` sees to."""
     support = worker_support(caps)
     kinds = {d.index: d.kind for d in support.usable}
     memory = {d.index: d.memory_bytes for d in support.usable}
@@ -80,12 +82,8 @@ def _derive_profile(caps: WorkerCapabilities) -> Profile:
         reported_kinds |= {"sim"}
     layout = tuple(sorted((d.index, d.kind, d.memory_bytes, d.vendor) for d in support.usable))
     unusable = tuple(sorted((u.device.index, u.device.kind, u.why) for u in support.unusable))
-    key = (layout, unusable, support.single_device_only)
-    uid = _PROFILE_IDS.get(key)
-    if uid is None:
-        uid = _PROFILE_IDS[key] = next(_UIDS)
     return Profile(
-        key=key,
+        key=(layout, unusable, support.single_device_only),
         uid=uid,
         usable_mask=usable_mask,
         usable_count=len(support.usable),
@@ -99,29 +97,6 @@ def _derive_profile(caps: WorkerCapabilities) -> Profile:
         host_cpus=caps.host.cpus,
         homogeneous=len({(k, memory[i]) for i, k in kinds.items()}) <= 1,
     )
-
-
-# Keyed by id() with the object kept alive inside the entry, so an id is never reused while cached.
-# The ControlPlane keeps one capabilities object per worker between passes, so a pass over 1,000
-# workers costs 1,000 dict lookups instead of 1,000 support-matrix evaluations. Memoization only:
-# results never depend on what is cached.
-_PROFILES: dict[int, tuple[WorkerCapabilities, Profile]] = {}
-_PROFILE_IDS: dict[tuple[object, ...], int] = {}
-_UIDS = itertools.count()  # never reused, even after a clear: two profiles never share a uid
-_PROFILES_MAX = 8192
-
-
-def profile_of(caps: WorkerCapabilities) -> Profile:
-    """The scheduler's view of ``caps`` (cached per object)."""
-    hit = _PROFILES.get(id(caps))
-    if hit is not None and hit[0] is caps:
-        return hit[1]
-    if len(_PROFILES) >= _PROFILES_MAX or len(_PROFILE_IDS) >= _PROFILES_MAX:
-        _PROFILES.clear()
-        _PROFILE_IDS.clear()
-    profile = _derive_profile(caps)
-    _PROFILES[id(caps)] = (caps, profile)
-    return profile
 
 
 # ------------------------------------------------------------------------------------------------
@@ -166,14 +141,10 @@ class Shape:
         return tuple(c.label for c in self.choices if c.kind is not None)
 
 
-def shape_key(r: Resources) -> tuple[tuple[object, ...], int]:
-    """Everything in ``Resources`` that placement reads, as a hashable tuple, and a small int
-    standing for that tuple (equal tuples, equal ints). Cached per object, like profiles: a
-    queued job keeps its ``Resources`` object from pass to pass."""
-    hit = _KEYS.get(id(r))
-    if hit is not None and hit[0] is r:
-        return hit[1], hit[2]
-    key = (
+def shape_value(r: Resources) -> tuple[object, ...]:
+    """Everything in ``Resources`` that placement reads, as a hashable tuple: jobs with equal
+    tuples are one shape (``SchedulerCache.shape_key`` numbers them)."""
+    return (
         r.gpus,
         tuple(r.gpu_kind),
         r.gpu_memory_min,
@@ -183,19 +154,6 @@ def shape_key(r: Resources) -> tuple[tuple[object, ...], int]:
         tuple(sorted(r.selector.items())) if r.selector else (),
         r.worker,
     )
-    if len(_KEYS) >= _KEYS_MAX or len(_KEY_IDS) >= _KEYS_MAX:
-        _KEYS.clear()
-        _KEY_IDS.clear()
-    kid = _KEY_IDS.get(key)
-    if kid is None:
-        kid = _KEY_IDS[key] = next(_UIDS)
-    _KEYS[id(r)] = (r, key, kid)
-    return key, kid
-
-
-_KEYS: dict[int, tuple[Resources, tuple[object, ...], int]] = {}
-_KEY_IDS: dict[tuple[object, ...], int] = {}
-_KEYS_MAX = 1 << 17
 
 
 def make_shape(
@@ -213,7 +171,7 @@ def make_shape(
     if not choices:
         choices.append(KindChoice(None, base_memory, "any"))
     return Shape(
-        key=key if key is not None else shape_key(r)[0],
+        key=key if key is not None else shape_value(r),
         uid=uid,
         gpu_uid=gpu_uid,
         gpus=r.gpus,
@@ -310,22 +268,10 @@ CPU_FIT = Fit(None, cpu_only=True)
 FALLBACK_FIT = Fit(None, cpu_only=True, fallback=True)
 
 
-def gpu_uid(r: Resources) -> int:
-    """A small int for the part of a request the GPU checks read: requests with equal ints get
-    the same GPU verdict on a profile, so verdicts are cached by (this, profile uid)."""
-    key = (r.gpus, r.nodes, tuple(r.gpu_kind), r.gpu_memory_min, bool(r.fallback))
-    uid = _GPU_IDS.get(key)
-    if uid is None:
-        if len(_GPU_IDS) >= _KEYS_MAX:
-            _GPU_IDS.clear()
-        uid = _GPU_IDS[key] = next(_UIDS)
-    return uid
-
-
-_GPU_IDS: dict[tuple[object, ...], int] = {}
-# (gpu uid, profile uid) -> the GPU part of the verdict. Both ids come from one counter that never
-# repeats, so an entry can go stale only by never being asked for again.
-_GPU_FITS: dict[tuple[int, int], Fit] = {}
+def gpu_value(r: Resources) -> tuple[object, ...]:
+    """The part of a request the GPU checks read: requests with equal tuples get the same GPU
+    verdict on a profile (``SchedulerCache.gpu_fit`` keeps verdicts per (this, profile))."""
+    return (r.gpus, r.nodes, tuple(r.gpu_kind), r.gpu_memory_min, bool(r.fallback))
 
 
 def _kind_matches(choice: KindChoice, kind: str, simulated: bool) -> bool:
@@ -371,9 +317,10 @@ def gpu_fit(shape: Shape, p: Profile) -> Fit:
     return Fit(None, masks=tuple(masks))
 
 
-def check(shape: Shape, cls: WorkerClass) -> Fit:
+def check(shape: Shape, cls: WorkerClass, gpu: Callable[[Shape, Profile], Fit] = gpu_fit) -> Fit:
     """Run the static checks, cheapest first (see the module docstring for the order). Labels are
-    not checked here but per worker, between state and the rest (``selected``)."""
+    not checked here but per worker, between state and the rest (``selected``). ``gpu`` gives
+    checks 3-5 (``SchedulerCache.gpu_fit`` remembers them across passes)."""
     if cls.state_reason is not None:
         return _FITS[cls.state_reason]
     if shape.worker is not None and cls.name != shape.worker:
@@ -381,13 +328,7 @@ def check(shape: Shape, cls: WorkerClass) -> Fit:
     if shape.cpu_job:
         fit = CPU_FIT
     else:
-        key = (shape.gpu_uid, cls.profile.uid)
-        hit = _GPU_FITS.get(key)
-        if hit is None:
-            if len(_GPU_FITS) >= _KEYS_MAX:
-                _GPU_FITS.clear()
-            hit = _GPU_FITS[key] = gpu_fit(shape, cls.profile)
-        fit = hit
+        fit = gpu(shape, cls.profile)
         if fit.reason is not None:
             return fit
     if shape.cpus is not None and shape.cpus > cls.host_cpus:

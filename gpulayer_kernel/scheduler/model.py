@@ -42,7 +42,7 @@ class RunningJob:
 @dataclass(frozen=True, slots=True)
 class WorkerView:
     """A worker as the scheduler sees it. Build one per worker per pass; reuse the same
-    ``capabilities`` object between passes (the scheduler caches what it derives from it)."""
+    ``capabilities`` object between passes (a ``SchedulerCache`` remembers what it derives)."""
 
     id: str
     name: str

@@ -15,11 +15,13 @@ No I/O, no clock (``now`` is in the snapshot), no randomness; every tie breaks o
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import attrgetter
 
 from ..contracts import NodePlacement, Placement, PlacementReport
+from .cache import SchedulerCache
 from .explain import PlacedNode, finish, placed_sentence, sentence_parts
 from .feasible import (
     Fit,
@@ -28,16 +30,13 @@ from .feasible import (
     WorkerClass,
     check,
     class_key,
-    gpu_uid,
     label_index,
     make_shape,
-    profile_of,
     selected,
-    shape_key,
     state_reason,
 )
 from .model import Assignment, JobRequest, Plan, Reservation, Snapshot, WorkerView
-from .rank import INF, Index, Lane, NodeChoice, bits, lanes, pick_devices
+from .rank import INF, Index, Lane, NodeChoice, bits, lanes
 from .reports import Reports
 
 
@@ -55,45 +54,62 @@ class ShapeInfo:
     cpu_cursor: int = 0  # workers before it lack CPUs for this shape (CPUs only fall)
 
 
-def schedule(snapshot: Snapshot) -> Plan:
-    """Place what fits now, explain what waits, and say which devices are reserved for whom."""
-    # A pass allocates tens of thousands of small acyclic objects; the cyclic collector would scan
-    # every live object several times over for nothing (measured: about a third of a 10,000-job
-    # pass). Pause it for the pass, as timeit does, and restore it whatever happens.
-    paused = gc.isenabled()
+def schedule(snapshot: Snapshot, cache: SchedulerCache | None = None) -> Plan:
+    """Place what fits now, explain what waits, and say which devices are reserved for whom.
+
+    ``cache``: what earlier passes derived (hand the same one to every pass; none: a fresh one).
+    The plan is the same with or without it.
+    """
+    with (SchedulerCache() if cache is None else cache).open_pass() as memo:
+        return _Pass(snapshot, memo).run()
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector for a block: for the ControlPlane's own scheduling pass.
+
+    A pass allocates tens of thousands of small acyclic objects, and the collector scans every
+    live object several times over for nothing (measured with ``benchmarks/bench_scheduler.py``:
+    a 10,000-job pass takes about a quarter longer with it running). The collector is
+    process-wide, so ``schedule`` never pauses it itself: only a process that is the control
+    plane's own (``gpulayer serve``, the Jupyter server extension) should, never a kernel whose
+    user code runs on other threads meanwhile. Restores the collector's state whatever happens.
+    """
+    was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _Pass(snapshot).run()
+        yield
     finally:
-        if paused:
+        if was_enabled:
             gc.enable()
 
 
 class _Pass:
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(self, snapshot: Snapshot, cache: SchedulerCache) -> None:
+        self.cache = cache
         self.snap = snapshot
         self.now = snapshot.now
         self.workers: list[WorkerView] = sorted(snapshot.workers, key=attrgetter("id"))
         # Queue order: priority high to low, then seq, then id (two stable sorts, in C).
         self.queue: list[JobRequest] = sorted(snapshot.pending, key=attrgetter("seq", "id"))
         self.queue.sort(key=attrgetter("priority"), reverse=True)
+        cache = self.cache
         shapes: dict[int, Shape] = {}
         self.job_shapes: list[Shape] = []
-        for job in self.queue:
-            key, kid = shape_key(job.resources)
+        keys = cache.shape_keys([job.resources for job in self.queue])
+        for job, (key, kid) in zip(self.queue, keys, strict=True):
             shape = shapes.get(kid)
             if shape is None:
-                g = gpu_uid(job.resources)
+                g = cache.gpu_uid(job.resources)
                 shape = shapes[kid] = make_shape(job.resources, key, len(shapes), g)
             self.job_shapes.append(shape)
         cpu_asks = sorted({s.cpus for s in shapes.values() if s.cpus is not None})
         names = frozenset(s.worker for s in shapes.values() if s.worker is not None)
         self.has_selectors = any(s.selector for s in shapes.values())
         classes: dict[tuple[object, ...], WorkerClass] = {}
-        profiles: list[Profile] = []
         class_of: list[WorkerClass] = []
-        for i, w in enumerate(self.workers):
-            p = profile_of(w.capabilities)
+        profiles: list[Profile] = cache.profiles([w.capabilities for w in self.workers])
+        for i, (w, p) in enumerate(zip(self.workers, profiles, strict=True)):
             ck = class_key(p, w.state, p.host_cpus, w.name, cpu_asks, names)
             cls = classes.get(ck)
             if cls is None:
@@ -103,10 +119,9 @@ class _Pass:
                 )
                 classes[ck] = cls
             cls.members.append(i)
-            profiles.append(p)
             class_of.append(cls)
         self.classes = list(classes.values())
-        self.index = Index(self.workers, profiles, class_of, len(self.classes))
+        self.index = Index(self.workers, profiles, class_of, len(self.classes), cache.picks)
         self.labels = label_index([w.labels for w in self.workers]) if self.has_selectors else {}
         self.infos: dict[int, ShapeInfo] = {}
         self.verdicts: dict[
@@ -127,7 +142,8 @@ class _Pass:
             key = (shape.gpu_uid, shape.cpus, shape.worker)
             verdicts = self.verdicts.get(key)
             if verdicts is None:
-                fits = [check(shape, cls) for cls in self.classes]
+                gpu_fit = self.cache.gpu_fit
+                fits = [check(shape, cls, gpu_fit) for cls in self.classes]
                 gpu = [(c, f) for c, f in zip(self.classes, fits, strict=True) if f.masks]
                 cpu = [(c, f) for c, f in zip(self.classes, fits, strict=True) if f.cpu_only]
                 verdicts = self.verdicts[key] = (fits, gpu, cpu)
@@ -319,12 +335,12 @@ class _Pass:
         """When ``n`` of the ``avail`` devices on ``i`` will be free at the latest, and which."""
         have = self.index.free[i] & avail
         if have.bit_count() >= n:
-            return self.now, pick_devices(have, n)
+            return self.now, self.index.pick(have, n)
         for at, mask in self.index.free_at(i):
             have |= mask & avail
             if have.bit_count() >= n:
-                return max(at, self.now), pick_devices(have, n)
-        return INF, pick_devices(avail, n)
+                return max(at, self.now), self.index.pick(have, n)
+        return INF, self.index.pick(avail, n)
 
     def _prior(
         self, prior: Reservation, reservable: dict[int, int]
@@ -350,7 +366,12 @@ class _Pass:
         if not waiting:
             return {}
         reports = Reports(
-            self.index, self.classes, self.workers, self.reservations, self.verdicts_for
+            self.index,
+            self.classes,
+            self.workers,
+            self.reservations,
+            self.verdicts_for,
+            self.cache.counts,
         )
         Key = tuple[int, frozenset[str] | None, str | None]
         templates: dict[Key, tuple[PlacementReport, tuple[str, str]]] = {}

@@ -26,6 +26,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .cache import Memo
 from .feasible import Fit, Profile, Shape, WorkerClass
 from .model import WorkerView
 
@@ -77,7 +78,9 @@ class Index:
         profiles: Sequence[Profile],
         class_of: Sequence[WorkerClass],
         n_classes: int,
+        picks: Memo[tuple[int, int], int],
     ) -> None:
+        self.picks = picks  # pick_devices per (mask, n): masks repeat within and across passes
         self.workers = workers
         self.profiles = profiles
         self.class_of = class_of
@@ -177,6 +180,16 @@ class Index:
 
     # -- search ------------------------------------------------------------------------------
 
+    def pick(self, mask: int, n: int) -> int:
+        """``pick_devices(mask, n)``, remembered."""
+        key = (mask, n)
+        hit = self.picks.new.get(key)
+        if hit is None:
+            hit = self.picks.get(key)
+            if hit is None:
+                hit = self.picks.put(key, pick_devices(mask, n))
+        return hit
+
     def gpu_candidates(
         self,
         shape: Shape,
@@ -220,12 +233,12 @@ class Index:
                         if i is not None:
                             key = (sim, k - n, i)
                             if best is None or key < best[0]:
-                                node = NodeChoice(i, pick_devices(self.free[i], n), k - n, None)
+                                node = NodeChoice(i, self.pick(self.free[i], n), k - n, None)
                                 best = (key, node)
                             break
                     else:
                         for i in self._all(heap, k, cpus, ok):
-                            node = NodeChoice(i, pick_devices(self.free[i], n), k - n, None)
+                            node = NodeChoice(i, self.pick(self.free[i], n), k - n, None)
                             found.append(((sim, k - n, i), node))
                 if not seen and n <= top == ceiling[cid]:
                     ceiling[cid] = n - 1  # nothing in [n, ceiling]: never again this pass
@@ -284,7 +297,7 @@ class Index:
             return
         # Prefer devices nobody reserved, so a backfill touches a reservation only when it must.
         plain = avail & ~reserved_ok
-        devices = pick_devices(plain, n) if plain.bit_count() >= n else pick_devices(avail, n)
+        devices = self.pick(plain, n) if plain.bit_count() >= n else self.pick(avail, n)
         left = self.count[i] - n
         uses = via if devices & reserved_ok else None
         found.append(((sim, left, i), NodeChoice(i, devices, left, uses)))
@@ -305,16 +318,9 @@ class Index:
         return [key[3] for key in order]
 
 
-_PICKS: dict[tuple[int, int], int] = {}
-
-
 def pick_devices(mask: int, n: int) -> int:
     """Choose ``n`` devices from ``mask``: the shortest contiguous run that fits, lowest first;
-    without such a run, the ``n`` lowest indices. Cached: masks repeat across a pass."""
-    key = (mask, n)
-    hit = _PICKS.get(key)
-    if hit is not None:
-        return hit
+    without such a run, the ``n`` lowest indices (``Index.pick`` remembers the answers)."""
     runs: list[tuple[int, int]] = []  # (length, start)
     index = 0
     rest = mask
@@ -339,9 +345,6 @@ def pick_devices(mask: int, n: int) -> int:
             low = rest & -rest
             chosen |= low
             rest ^= low
-    if len(_PICKS) > 65536:
-        _PICKS.clear()
-    _PICKS[key] = chosen
     return chosen
 
 

@@ -15,7 +15,8 @@ from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..contracts import PlacementReport, Reason
+from ..contracts import PlacementReport, Reason, ReasonCount
+from .cache import Memo
 from .explain import make_report
 from .feasible import Fit, Shape, WorkerClass
 from .model import Reservation, WorkerView
@@ -69,7 +70,9 @@ class Reports:
         workers: Sequence[WorkerView],
         reservations: Mapping[str, Reservation],
         verdicts: Callable[[Shape], tuple[list[Fit], frozenset[int] | None]],
+        counts_memo: Memo[tuple[Reason, int, str], ReasonCount] | None = None,
     ) -> None:
+        self.counts_memo = counts_memo
         self.index = index
         self.classes = classes
         self.workers = workers
@@ -169,6 +172,7 @@ class Reports:
             why=static.why,
             reservation=sorted(reservation.devices) if reservation else (),
             candidates=[self.workers[i].name for _, _, i in ranked[:CANDIDATES]],
+            counts_memo=self.counts_memo,
         )
 
     def _verdicts(

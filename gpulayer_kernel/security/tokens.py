@@ -15,19 +15,20 @@ owns the state directory, DESIGN rule 3) and are written through to the Metadata
 | -------- | --------------------------------- | ------------------------------------ |
 | client   | users, notebooks, the Lab panel   | user routes                          |
 | join     | operators enrolling workers       | ``POST /workers/join`` (reusable)    |
-| instance | one provisioned machine           | ``POST /workers/join``, once         |
+| instance | one provisioned machine           | ``POST /workers/join``, one success  |
 | worker   | one enrolled worker (its session) | worker routes, for its own jobs only |
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
 import re
 import secrets
 import time
-from collections.abc import Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -66,6 +67,15 @@ class Principal:
     token_id: str
     worker_id: str | None = None
     name: str = ""
+
+
+def _replayed(token_id: str) -> Unauthorized:
+    log.warning("refused a second use of single-use instance token %s", token_id)
+    return Unauthorized(
+        f"instance token {token_id} was already used",
+        hint="an instance token enrols one machine once; create a new one for a new machine",
+        code="token_replayed",
+    )
 
 
 def _hash(token_id: str, secret: str) -> str:
@@ -164,6 +174,7 @@ class TokenService:
 
         Unauthorized (401): missing, malformed, unknown, wrong secret, expired, revoked, replayed.
         Forbidden (403): a valid token of a kind this endpoint does not accept.
+        It only checks: an instance token is spent by ``spending``, once the use succeeds.
         """
         if not text:
             raise Unauthorized(
@@ -212,19 +223,34 @@ class TokenService:
                 code="wrong_token_kind",
             )
         if state == "used":
-            log.warning("refused a second use of single-use instance token %s", token_id)
-            raise Unauthorized(
-                f"instance token {token_id} was already used",
-                hint="an instance token enrols one machine once; create a new one for a new "
-                "machine",
-                code="token_replayed",
-            )
-        if kind == TokenKind.INSTANCE:
-            # Marked before the first await: a concurrent second use on this loop is refused.
-            rec = replace(rec, used=True)
-            self._records[token_id] = rec
-            await self.store.save_token(rec)
+            raise _replayed(token_id)
         return Principal(kind=kind, token_id=token_id, worker_id=rec.worker_id, name=rec.name)
+
+    @contextlib.asynccontextmanager
+    async def spending(self, principal: Principal) -> AsyncIterator[None]:
+        """Spend a single-use (instance) token on the block's success; other kinds pass through.
+
+        ``authenticate`` only checks, so a request refused after it (a bad body, a failed
+        enrolment) leaves the token usable. The token is marked used before the block runs
+        (memory and store), so a concurrent second use is refused and a crash inside the block
+        never leaves it spendable twice; an error in the block gives it back.
+        """
+        if principal.kind != TokenKind.INSTANCE:
+            yield
+            return
+        token_id = principal.token_id
+        rec = self._records[token_id]
+        if rec.used:  # another request spent it after this one was authenticated
+            raise _replayed(token_id)
+        self._records[token_id] = replace(rec, used=True)  # before the first await
+        try:
+            await self.store.save_token(self._records[token_id])
+            yield
+        except BaseException:
+            # Revoked meanwhile stays revoked: only the spend is undone.
+            self._records[token_id] = replace(self._records[token_id], used=False)
+            await self.store.save_token(self._records[token_id])
+            raise
 
     # -- administration --------------------------------------------------------------------------
 

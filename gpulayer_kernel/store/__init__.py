@@ -1,9 +1,14 @@
-"""Stores behind interfaces (ADR 0008): metadata in SQLite, blobs in a content-addressed store."""
+"""Stores behind interfaces (ADR 0008): metadata in SQLite, blobs in a content-addressed store.
+
+``open_store(url)`` opens a metadata store by URL; every ``MetadataStore`` passes the conformance
+suite in ``tests/store/conformance.py``.
+"""
 
 from __future__ import annotations
 
 from .artifacts import ArtifactStore, LocalArtifactStore, MemoryArtifactStore
 from .base import JobQuery, MetadataStore, TokenRecord
+from .factory import open_store
 from .sqlite import LATEST_SCHEMA, SqliteStore
 
 __all__ = [
@@ -15,4 +20,5 @@ __all__ = [
     "MetadataStore",
     "SqliteStore",
     "TokenRecord",
+    "open_store",
 ]

@@ -80,6 +80,10 @@ class MetadataStore(abc.ABC):
     async def load_workers(self) -> list[WorkerInfo]: ...
 
     @abc.abstractmethod
+    async def delete_worker(self, worker_id: str) -> None:
+        """Forget a removed worker, so it stays removed after a restart (no-op if unknown)."""
+
+    @abc.abstractmethod
     async def save_token(self, token: TokenRecord) -> None: ...
 
     @abc.abstractmethod

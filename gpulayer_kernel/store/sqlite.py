@@ -8,9 +8,11 @@ one shared transaction that carries every write queued while the previous one ra
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -68,13 +70,33 @@ _UPSERT_WORKER = (
 )
 
 
+_TABLE = re.compile(r"^\s*(?:INSERT(?: OR \w+)? INTO|DELETE FROM|UPDATE)\s+(\w+)", re.IGNORECASE)
+
+
+def _table_of(sql: str) -> str:
+    """The table a write statement touches (each touches one: no triggers, no joins)."""
+    match = _TABLE.match(sql)
+    if match is None:
+        raise StoreError(f"cannot tell which table this write touches: {sql[:60]}")
+    return match.group(1).lower()
+
+
+@dataclass(slots=True)
+class _Run:
+    """Consecutive rows of one write statement, committed with one ``executemany``."""
+
+    table: str
+    sql: str
+    rows: list[tuple[Any, ...]]
+
+
 class SqliteStore(MetadataStore):
     """The embedded default: one SQLite file in WAL mode."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path) if str(path) != ":memory:" else path
         self._db: aiosqlite.Connection | None = None
-        self._queue: dict[str, list[tuple[Any, ...]]] = {}
+        self._queue: list[_Run] = []  # writes waiting for the next commit, in order (``_enqueue``)
         self._waiters: list[asyncio.Future[None]] = []
         self._flusher: asyncio.Task[None] | None = None
 
@@ -152,17 +174,35 @@ class SqliteStore(MetadataStore):
     async def _write(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
         if not rows:
             return
-        self._queue.setdefault(sql, []).extend(rows)
+        self._enqueue(sql, rows)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         await fut
 
+    def _enqueue(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Queue rows for the next commit so that it ends as running every write in order would.
+
+        Rows join an earlier run of the same statement (one ``executemany``) unless another
+        statement on the same table was queued after that run: a DELETE between two upserts of
+        one key must stay between them. Statements on different tables touch different rows, so
+        their runs may pass each other.
+        """
+        table = _table_of(sql)
+        for run in reversed(self._queue):
+            if run.table != table:
+                continue
+            if run.sql == sql:
+                run.rows.extend(rows)
+                return
+            break
+        self._queue.append(_Run(table, sql, list(rows)))
+
     async def _flush(self) -> None:
         while self._queue:
             queue, waiters = self._queue, self._waiters
-            self._queue, self._waiters = {}, []
+            self._queue, self._waiters = [], []
             try:
                 await self._in_thread(self._commit_sync, queue)
             except Exception as exc:  # noqa: BLE001 - handed to every waiter of this batch
@@ -181,14 +221,15 @@ class SqliteStore(MetadataStore):
         # version range in pyproject), which turns 3 + N hops per commit into one.
         return await self.db._execute(fn, *args)  # type: ignore[no-untyped-call,no-any-return]
 
-    def _commit_sync(self, queue: dict[str, list[tuple[Any, ...]]]) -> None:
+    def _commit_sync(self, queue: Sequence[_Run]) -> None:
         conn = self.db._conn  # the sqlite3 connection, on its own thread (we are on it)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            # Each statement touches its own table with idempotent keys, so grouping by statement
-            # (order kept within each) gives the same end state as issuing them one by one.
-            for sql, rows in queue.items():
-                conn.executemany(sql, rows)
+            # Runs in queue order, rows in order within each: ``_enqueue`` only merged rows into
+            # a run when no other statement on that table came between, so this transaction
+            # ends in the state the writes one by one would have left.
+            for run in queue:
+                conn.executemany(run.sql, run.rows)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -285,6 +326,9 @@ class SqliteStore(MetadataStore):
     async def load_workers(self) -> list[WorkerInfo]:
         rows = await self._fetchall("SELECT body FROM workers")
         return [WorkerInfo.model_validate_json(r[0]) for r in rows]
+
+    async def delete_worker(self, worker_id: str) -> None:
+        await self._write("DELETE FROM workers WHERE id = ?", [(worker_id,)])
 
     # -- tokens and secrets ---------------------------------------------------------------------
 

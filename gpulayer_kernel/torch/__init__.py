@@ -10,7 +10,16 @@ from __future__ import annotations
 from .checkpoint import load_checkpoint
 from .config import TrainerConfig
 from .data import distributed_loader, to_device
-from .errors import CheckpointInvalid, LossNotFinite, NoTrainingData, PrecisionUnsupported
+from .errors import (
+    CheckpointInvalid,
+    LossNotFinite,
+    NoTrainingData,
+    OptimizersInvalid,
+    PrecisionUnsupported,
+    SchedulerUnsupported,
+    TrainingStepInvalid,
+    ValidationStepInvalid,
+)
 from .module import Module
 from .progress import PEAK_FLOPS, peak_flops
 from .runtime import (
@@ -35,9 +44,13 @@ __all__ = [
     "LossNotFinite",
     "Module",
     "NoTrainingData",
+    "OptimizersInvalid",
     "PrecisionUnsupported",
+    "SchedulerUnsupported",
     "Trainer",
     "TrainerConfig",
+    "TrainingStepInvalid",
+    "ValidationStepInvalid",
     "all_reduce_mean",
     "barrier",
     "destroy_distributed",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sized
 from typing import Any
 
 import torch
@@ -114,6 +114,25 @@ def _samplers_of(loader: Iterable[Any]) -> list[Any]:
         if sampler is not None and all(sampler is not other for other in unique):
             unique.append(sampler)
     return unique
+
+
+def loader_length(loader: Iterable[Any]) -> int | None:
+    """``len(loader)`` in batches, or None when it has none (an IterableDataset's loader)."""
+    try:
+        return len(loader) if isinstance(loader, Sized) else None
+    except TypeError:  # a DataLoader is Sized, but over an IterableDataset len() raises
+        return None
+
+
+def samples_of(loader: Iterable[Any]) -> int | None:
+    """How many samples one epoch of ``loader`` draws on this rank, when it can tell."""
+    for source in (getattr(loader, "sampler", None), getattr(loader, "dataset", None)):
+        if isinstance(source, Sized):
+            try:
+                return len(source)
+            except TypeError:
+                continue
+    return None
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -2,10 +2,17 @@
 
 GPUlayerError
 ├── InvalidInput (400 invalid_input)
-│   ├── PrecisionUnsupported (400 precision_unsupported)  e.g. '16-mixed' on a CPU
-│   ├── CheckpointInvalid (422 checkpoint_invalid)        not a GPUlayer checkpoint, too new
-│   └── NoTrainingData (400 no_training_data)             train_loader yielded nothing
-└── LossNotFinite (500 loss_not_finite)                   training diverged at a named step
+│   ├── PrecisionUnsupported (400 precision_unsupported)        e.g. '16-mixed' on a CPU
+│   ├── CheckpointInvalid (422 checkpoint_invalid)              not a GPUlayer checkpoint, too new
+│   ├── NoTrainingData (400 no_training_data)                   no batch, or too few for a step
+│   ├── TrainingStepInvalid (400 training_step_invalid)         None, a float, a non-scalar
+│   ├── ValidationStepInvalid (400 validation_step_invalid)     not a dict of scalar tensors
+│   └── OptimizersInvalid (400 configure_optimizers_invalid)    Lightning-style lists or dicts
+│       └── SchedulerUnsupported (400 scheduler_unsupported)    needs a metric: ReduceLROnPlateau
+└── LossNotFinite (500 loss_not_finite)                         training diverged at a named step
+
+The contract errors (``*Invalid``, ``SchedulerUnsupported``) name the hook and what it returned
+(``details = {"method", "returned"}``); ``contract.py`` raises them before or at the first step.
 """
 
 from __future__ import annotations
@@ -31,6 +38,34 @@ class NoTrainingData(InvalidInput):
     """An epoch of ``train_loader`` produced no batches, so training could never progress."""
 
     code = "no_training_data"
+    status = 400
+
+
+class TrainingStepInvalid(InvalidInput):
+    """``training_step`` returned something other than a scalar loss tensor with a gradient."""
+
+    code = "training_step_invalid"
+    status = 400
+
+
+class ValidationStepInvalid(InvalidInput):
+    """``validation_step`` returned something other than a dict of scalar tensors."""
+
+    code = "validation_step_invalid"
+    status = 400
+
+
+class OptimizersInvalid(InvalidInput):
+    """``configure_optimizers`` returned something other than an optimizer or a pair."""
+
+    code = "configure_optimizers_invalid"
+    status = 400
+
+
+class SchedulerUnsupported(OptimizersInvalid):
+    """A scheduler the Trainer cannot step: it needs a metric, like ``ReduceLROnPlateau``."""
+
+    code = "scheduler_unsupported"
     status = 400
 
 

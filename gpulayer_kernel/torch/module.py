@@ -8,7 +8,7 @@ from typing import Any, TypeAlias
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-OptimizerSetup: TypeAlias = torch.optim.Optimizer | tuple[torch.optim.Optimizer, LRScheduler]
+OptimizerSetup: TypeAlias = torch.optim.Optimizer | tuple[torch.optim.Optimizer, LRScheduler | None]
 """What ``configure_optimizers`` returns: an optimizer, or an optimizer and its scheduler."""
 
 
@@ -19,7 +19,8 @@ class Module(torch.nn.Module, abc.ABC):
     :meth:`configure_optimizers`; :meth:`validation_step` and :meth:`flops_per_sample` are
     optional. The hooks run on the training device; batches arrive already moved there.
     Call ``self(...)`` (not ``self.forward(...)``) inside the hooks so that DDP, hooks and
-    ``torch.compile`` see the call.
+    ``torch.compile`` see the call. The Trainer checks what the hooks return (once, up front)
+    and raises an error naming the hook, e.g. ``TrainingStepInvalid``, for anything else.
     """
 
     @abc.abstractmethod
@@ -27,13 +28,15 @@ class Module(torch.nn.Module, abc.ABC):
         """Return the scalar loss of one (micro-)batch; the Trainer does backward and the step.
 
         Return the *mean* over the batch: gradient accumulation and DDP average these means.
+        A tensor with one element and a gradient; not a float (``.item()``), not a dict.
         """
 
     @abc.abstractmethod
     def configure_optimizers(self) -> OptimizerSetup:
         """Return an optimizer over ``self.parameters()``, or ``(optimizer, scheduler)``.
 
-        A scheduler steps once per optimizer step (not per epoch).
+        A scheduler steps once per optimizer step (not per epoch), without a metric, so
+        ``ReduceLROnPlateau`` is refused; so are Lightning's lists and dicts.
         """
 
     def validation_step(self, batch: Any) -> dict[str, torch.Tensor]:

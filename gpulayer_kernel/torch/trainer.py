@@ -9,7 +9,7 @@ waits for the device: metrics are reduced every ``log_every`` steps (see ``progr
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping, Sized
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +24,13 @@ from .. import job
 from ..errors import InvalidInput
 from .checkpoint import FORMAT, VERSION, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from .config import TrainerConfig
-from .data import batch_size_of, epoch_iterator, to_device
+from .contract import (
+    check_optimizers,
+    check_train_loader,
+    check_training_step,
+    check_validation_step,
+)
+from .data import batch_size_of, epoch_iterator, loader_length, to_device
 from .errors import NoTrainingData, PrecisionUnsupported
 from .module import Module, has_validation_step
 from .progress import MetricWindow, ProgressDisplay, peak_flops
@@ -195,6 +201,7 @@ class _Run:
                 f"precision '16-mixed' needs a CUDA device; this rank trains on {dev.type}",
                 hint="use precision='bf16-mixed' (runs on CPUs and recent GPUs) or '32'",
             )
+        check_train_loader(train_loader, cfg)
         checkpoint = load_checkpoint(resume) if resume is not None else None
         if checkpoint is None:
             seed_everything(cfg.seed + rank())  # distinct dropout masks per rank
@@ -202,8 +209,7 @@ class _Run:
         module.train()
         if checkpoint is not None:
             module.load_state_dict(checkpoint["model"])
-        setup = module.configure_optimizers()
-        optimizer, scheduler = setup if isinstance(setup, tuple) else (setup, None)
+        optimizer, scheduler = check_optimizers(module.configure_optimizers(), module)
         scaler = torch.amp.GradScaler(dev.type, enabled=cfg.precision == "16-mixed")
         if cfg.compile:
             module.compile()  # compiles __call__ in place: self(...) in the hooks is compiled
@@ -221,20 +227,28 @@ class _Run:
             optimizer=optimizer,
             scheduler=scheduler,
             scaler=scaler,
-            train_step=train_step,
+            train_step=train_step,  # replaced just below, by a check of the first call
             no_sync=no_sync,
             autocast=_autocast(cfg.precision, dev),
             val_loader=val_loader,
             params=[p for p in module.parameters() if p.requires_grad],
         )
+        run.train_step = functools.partial(run._first_train_step, train_step)
         if checkpoint is not None:
             run._load(checkpoint)
         run.flops = module.flops_per_sample()
         run.peak = peak_flops(dev) if run.flops else None
         run.total = cfg.max_steps
-        if cfg.max_epochs is not None and isinstance(train_loader, Sized):
-            run.total = len(train_loader) * cfg.max_epochs // cfg.accumulate
+        batches = loader_length(train_loader)
+        if cfg.max_epochs is not None and batches is not None:
+            run.total = batches * cfg.max_epochs // cfg.accumulate
         return run
+
+    def _first_train_step(self, step: Callable[[Any], Any], batch: Any) -> torch.Tensor:
+        """Run and check the first call of ``training_step``; later calls skip the check."""
+        loss = check_training_step(step(batch), self.module)
+        self.train_step = step  # from now on the bare call: the check costs nothing per step
+        return loss
 
     def _load(self, checkpoint: dict[str, Any]) -> None:
         """Take optimizer, scheduler, scaler state and position from a resumed checkpoint."""
@@ -318,6 +332,7 @@ class _Run:
             for batch in loader:
                 with self.autocast():
                     out = self.module.validation_step(to_device(batch, self.device))
+                out = check_validation_step(out, self.module)  # host-side facts only, no sync
                 for key, value in out.items():
                     value = value.detach().float()
                     sums[key] = sums[key] + value if key in sums else value

@@ -3,6 +3,11 @@
 One agent, any transport (ADR 0003): the embedded default hands it an ``InProcessTransport``;
 ``gpulayer worker`` hands it an ``HttpTransport``. Waiting for work is a long-poll that the control
 plane answers the moment a job is assigned (ADR 0016); the only sleeps are retry backoffs.
+
+The agent owns what its jobs share on this machine: its warm runner (the zygote its Python jobs
+fork from) and its rendezvous port reservations, handed to each :class:`JobExecutor`. Every wait
+(heartbeats, backoffs, the job timeouts of its executors) runs on one
+:class:`~gpulayer_kernel.clock.Clock`, so tests drive them with ``FakeClock``.
 """
 
 from __future__ import annotations
@@ -10,42 +15,53 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
+from collections.abc import Awaitable, Callable
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import FinishReport, JobAssignment, WorkerInfo, WorkerRegistration
 from ..errors import Conflict, GPUlayerError, NotFound, Unauthorized
-from . import zygote
-from .executor import ExecutorConfig, JobExecutor, reap_leftovers
+from .backoff import backoff
+from .config import ExecutorConfig
+from .executor import JobExecutor
+from .ports import PortReservations
+from .processes import reap_leftovers
 from .transport import Transport
+from .zygote_client import WarmRunner
+
+__all__ = ["WorkerAgent", "backoff"]  # backoff: re-exported for the CLI's join loop
 
 log = logging.getLogger("gpulayer.worker")
 
 
-def backoff(attempt: int, base: float = 0.2, cap: float = 10.0) -> float:
-    """Capped exponential backoff with full jitter."""
-    return random.uniform(0, min(cap, base * 2**attempt))
-
-
 class WorkerAgent:
+    """One worker: joins, heartbeats, long-polls for work, runs each job, reports back."""
+
     def __init__(
         self,
         transport: Transport,
         registration: WorkerRegistration,
         config: ExecutorConfig,
         *,
+        clock: Clock = SYSTEM_CLOCK,
         heartbeat_interval: float = 5.0,
         poll_wait: float = 25.0,
     ) -> None:
         self.transport = transport
         self.registration = registration
         self.config = config
+        self.clock = clock
         self.heartbeat_interval = heartbeat_interval
         self.poll_wait = poll_wait
+        # What this worker's jobs share, owned here so that two workers in one process (tests,
+        # the embedded default beside a served one) never share a zygote or a port.
+        self.warm_runner = WarmRunner(config, clock)
+        self.ports = PortReservations()
         self.info: WorkerInfo | None = None
         self.running: dict[str, JobExecutor] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = False
+        self._stopped = False
         self.joined = asyncio.Event()
 
     async def start(self) -> WorkerInfo:
@@ -64,15 +80,24 @@ class WorkerAgent:
         await asyncio.gather(*self._loops, return_exceptions=True)
 
     async def stop(self, reason: str = "the worker is shutting down") -> None:
-        """Stop taking work, stop running jobs (their reports are sent), then leave."""
-        self._stopping = True
-        for t in self._loops:
-            t.cancel()
-        for ex in list(self.running.values()):
-            ex.cancel(reason)
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=self.config.kill_grace + 10)
-        zygote.shutdown(self.config)  # the warm runner goes with its worker
+        """Stop taking work, stop running jobs (their reports are sent), then leave.
+
+        Idempotent. Whatever happens on the way (a cancel, a transport error), the warm runner
+        is closed and its process reaped before this returns or raises.
+        """
+        if self._stopped:
+            return
+        self._stopped = self._stopping = True
+        try:
+            for t in self._loops:
+                t.cancel()
+            for ex in list(self.running.values()):
+                ex.cancel(reason)
+            if self._tasks:
+                finishing = asyncio.gather(*self._tasks, return_exceptions=True)
+                await self.clock.wait_for(finishing, self.config.kill_grace + 10)
+        finally:
+            self.warm_runner.close()  # the warm runner goes with its worker
         with contextlib.suppress(Exception):
             await self.transport.deregister()
         await self.transport.close()
@@ -97,7 +122,7 @@ class WorkerAgent:
                 delay = backoff(failures)
                 failures += 1
                 log.warning("polling for work failed (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
+                await self.clock.sleep(delay)
                 continue
             for a in work.assignments:
                 self._start_job(a)
@@ -108,11 +133,11 @@ class WorkerAgent:
 
     async def _heartbeat_loop(self) -> None:
         while not self._stopping:
-            await asyncio.sleep(self.heartbeat_interval)
+            await self.clock.sleep(self.heartbeat_interval)
             with contextlib.suppress(Exception):
                 await self.transport.heartbeat()
 
-    async def _retrying(self, fn) -> None:  # type: ignore[no-untyped-def]
+    async def _retrying(self, fn: Callable[[], Awaitable[None]]) -> None:
         attempt = 0
         while not self._stopping:
             try:
@@ -123,13 +148,21 @@ class WorkerAgent:
             except Exception as exc:  # noqa: BLE001
                 delay = backoff(attempt)
                 attempt += 1
-                log.warning("%s failed (%s); retrying in %.1fs", fn.__name__, exc, delay)
-                await asyncio.sleep(delay)
+                name = getattr(fn, "__name__", "re-joining")
+                log.warning("%s failed (%s); retrying in %.1fs", name, exc, delay)
+                await self.clock.sleep(delay)
 
     def _start_job(self, a: JobAssignment) -> None:
         if a.job.id in self.running:
             return
-        ex = JobExecutor(a, self.transport, self.config)
+        ex = JobExecutor(
+            a,
+            self.transport,
+            self.config,
+            ports=self.ports,
+            warm=self.warm_runner,
+            clock=self.clock,
+        )
         self.running[a.job.id] = ex
         task = asyncio.create_task(self._run_job(ex))
         self._tasks.add(task)
@@ -160,5 +193,5 @@ class WorkerAgent:
                     return
             except Exception as exc:  # noqa: BLE001 - server unreachable: keep trying
                 log.warning("reporting job %s failed (%s); will retry", job_id, exc)
-            await asyncio.sleep(backoff(attempt))
+            await self.clock.sleep(backoff(attempt))
             attempt += 1

@@ -1,10 +1,12 @@
 """Runs one job as a subprocess in its own process group; the same code for every transport.
 
 Life of a job here: make its directory → fetch and unpack its bundle (cached by digest, verified)
-→ build its environment (allow-list + declared + secrets) → spawn it with ``start_new_session`` →
-stream stdout/stderr line by line to the control plane → on exit, timeout or cancel, stop the whole
-process group (SIGTERM, then SIGKILL after a grace period) → upload ``$GPULAYER_OUTPUT`` files as
-artifacts → report the exit code, reason and JSON result.
+→ build its environment (allow-list + declared + secrets) → spawn it with ``start_new_session``
+(warm from the worker's zygote when it can) → stream stdout/stderr line by line to the control
+plane → on exit, timeout or cancel, stop the whole process group (SIGTERM, then SIGKILL after a
+grace period) → upload ``$GPULAYER_OUTPUT`` files as artifacts → report the exit code, reason and
+JSON result. Every wait with a deadline (the job's timeout, the kill grace) runs on the worker's
+:class:`~gpulayer_kernel.clock.Clock`.
 """
 
 from __future__ import annotations
@@ -16,60 +18,75 @@ import logging
 import os
 import shutil
 import signal
-import sys
-from dataclasses import dataclass, field
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 from .. import bundles
+from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import Artifact, FinishReport, JobAssignment, PythonWorkload
 from ..errors import GPUlayerError
 from ..job import ARGS_ENV, CONTROL_ENV, JOB_ID_ENV, OUTPUT_ENV, RESULT_ENV
 from ..redact import Redactor
-from . import launch, zygote
+from . import reaper
+from .config import ExecutorConfig
+from .control import ControlReader
 from .env import base_env, job_env
+from .exits import describe_exit, exit_status
+from .launch import PEER_GRACE, Launch, device_env
 from .logship import LogShipper, pump_stream
+from .ports import PortReservations
+from .processes import (
+    Spawned,
+    group_alive,
+    killpg,
+    main_exited,
+    missing_program,
+    reap_leftovers,
+    spawn_cold,
+)
 from .transport import Transport
+from .zygote_client import WarmRunner, ZygoteChild
+
+# Re-exported: ExecutorConfig lived here, and callers outside the worker still import it from here.
+__all__ = ["ExecutorConfig", "JobExecutor", "reap_leftovers"]
 
 log = logging.getLogger("gpulayer.worker")
 
 MAX_RESULT_BYTES = 1 << 20
 MAX_ARTIFACT_BYTES = 512 << 20
-_SETPRIV = shutil.which("setpriv")
-
-
-@dataclass
-class ExecutorConfig:
-    work_root: Path
-    kill_grace: float = 5.0
-    extra_env_allowed: tuple[str, ...] = ()
-    keep_job_dirs: bool = False
-    python: str = sys.executable
-    advertise_addr: str = "127.0.0.1"
-    rendezvous_timeout: float = 120.0
-    bundle_cache: dict[str, bytes] = field(default_factory=dict)
-    # Fork single-process Python jobs from a warm interpreter (worker/zygote.py): saves the job's
-    # interpreter start-up and imports. GPULAYER_WARM_RUNNER=0 turns it off.
-    warm_runner: bool = field(
-        default_factory=lambda: os.environ.get("GPULAYER_WARM_RUNNER", "1") != "0"
-    )
+PIPE_DRAIN = 5.0  # seconds the pumps get to ship what is left in the pipes after the job ends
+GROUP_POLL = 0.02  # seconds between checks that a stopped job's process group is empty
+STOP_WAIT = 2.0  # seconds the supervisor gets to kill a stopped job's processes and exit
 
 
 class JobExecutor:
     """One attempt of one job on this worker."""
 
-    def __init__(self, assignment: JobAssignment, transport: Transport, config: ExecutorConfig):
+    def __init__(
+        self,
+        assignment: JobAssignment,
+        transport: Transport,
+        config: ExecutorConfig,
+        *,
+        ports: PortReservations,
+        warm: WarmRunner | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        """``ports`` and ``warm`` are the worker's (its agent owns them); no ``warm``: cold only."""
         self.a = assignment
         self.job = assignment.job
         self.transport = transport
         self.config = config
+        self.warm = warm
+        self.clock = clock
         self.redactor = Redactor(assignment.secrets)
-        self.shipper = LogShipper(self._send_logs, self.redactor)
+        self.shipper = LogShipper(self._send_logs, self.redactor, clock=clock)
         # torchrun around a gang (ADR 0007): its argv, rank tags, failure reason, reserved port.
-        self.launch = launch.Launch(assignment, transport, config, self.system)
+        self.launch = Launch(assignment, transport, config, self.system, ports=ports, clock=clock)
         self._cancel = asyncio.Event()
         self._cancel_reason = "cancelled"
-        self.proc: zygote.Spawned | None = None  # the cold spawn's Process, or a ZygoteChild
+        self.proc: Spawned | None = None  # the cold spawn's Process, or a ZygoteChild
         self.dir = config.work_root / "jobs" / f"{self.job.id}-{self.job.attempts}"
         if self.a.nnodes > 1:
             self.dir = self.dir.with_name(self.dir.name + f"-n{self.a.node.node_rank}")
@@ -99,7 +116,20 @@ class JobExecutor:
         finally:
             self.launch.close()  # the process is gone: release the rendezvous port
             await self.shipper.close()
-        return report
+        return self._redacted(report)
+
+    def _redacted(self, report: FinishReport) -> FinishReport:
+        """The report with secret values masked: the result (it may return ``os.environ[…]``)
+        and the reason (it quotes a failing rank's last lines)."""
+        if not self.a.secrets:
+            return report
+        redact = self.redactor
+        return report.model_copy(
+            update={
+                "result": redact.redact_json(report.result),
+                "reason": None if report.reason is None else redact.redact(report.reason),
+            }
+        )
 
     def cleanup(self) -> None:
         """Remove the job's directory (called after its result is delivered: off the hot path)."""
@@ -142,7 +172,7 @@ class JobExecutor:
                         hint="submit from a directory that exists on the worker, or bundle the "
                         "files with a Python workload",
                     )
-        gl_env.update(launch.device_env(self.a))
+        gl_env.update(device_env(self.a))
         env = job_env(
             base_env(extra_allowed=self.config.extra_env_allowed),
             spec.env,
@@ -166,100 +196,90 @@ class JobExecutor:
         return cache[digest]
 
     async def _run(self) -> FinishReport:
-        spec = self.job.spec
         argv, env, cwd = await self._prepare()
-        fifo = Path(env[CONTROL_ENV])
-        os.mkfifo(fifo, 0o600)
-        control = _ControlReader(fifo, self)
-        if self._cancel.is_set():
-            return FinishReport(state="cancelled", reason=self._cancel_reason)
-        missing = _missing_program(argv[0], env.get("PATH", ""), cwd)
-        if missing:
-            control.close()
-            return self._launch_failed(127, missing)
-        workload = spec.workload
-        if (
-            self.config.warm_runner
-            and isinstance(workload, PythonWorkload)
-            and self.a.nnodes == 1
-            and not spec.is_gang  # gangs run under torchrun: always the cold spawn
-        ):
-            # Warm path: fork the job from this worker's zygote, which has already paid the
-            # interpreter's start-up and imports. Same pipes, session, env and exit status as
-            # below; None (zygote unavailable) falls through to the cold spawn.
-            self.proc = await zygote.spawn(self.config, workload.entrypoint, cwd, env)
-        # setpriv: if this worker dies hard, the kernel kills the job's main process too.
-        prefix = [_SETPRIV, "--pdeathsig", "SIGKILL", "--"] if _SETPRIV else []
+        control = ControlReader(Path(env[CONTROL_ENV]), self._report_progress)
         try:
+            if self._cancel.is_set():
+                return FinishReport(state="cancelled", reason=self._cancel_reason)
+            failed = await self._spawn(argv, env, cwd)
+            if failed is not None:
+                return failed
+            assert self.proc is not None
+            # Recorded so that a worker restarted after a hard crash can stop what this job left.
+            (self.dir / "pgid").write_text(str(self.proc.pid))
+            started = asyncio.create_task(self._report_started())
+            pumps = self._pump_output(self.proc)
+            outcome, reason = await self._supervise(self.job.spec.timeout)
+            await started
+            # The main process is gone; stop anything it left behind in its group.
+            await self._stop_group(grace=0.0 if outcome == "exited" else self.config.kill_grace)
+            await self._drain(pumps)
+        finally:
+            control.close()
+        return await self._outcome(outcome, reason)
+
+    async def _spawn(self, argv: list[str], env: dict[str, str], cwd: Path) -> FinishReport | None:
+        """Start the job's main process as ``self.proc``; the failed report when it cannot start."""
+        missing = missing_program(argv[0], env.get("PATH", ""), cwd)
+        if missing:
+            return self._launch_failed(127, missing)
+        spec = self.job.spec
+        workload = spec.workload
+        if self.warm is not None and self.config.warm_runner:
+            # Warm path: fork the job's supervisor from this worker's zygote. A single-process
+            # Python job runs in the fork itself, which has already paid the interpreter's
+            # start-up and imports; anything else (commands, torchrun) is exec'd there. Same
+            # pipes, session, env and exit status as the cold spawn; None (zygote unavailable,
+            # or start-up variables a fork cannot honour) falls through to the next way.
+            if isinstance(workload, PythonWorkload) and self.a.nnodes == 1 and not spec.is_gang:
+                self.proc = await self.warm.spawn(workload.entrypoint, cwd, env)
             if self.proc is None:
-                self.proc = await asyncio.create_subprocess_exec(
-                    *prefix,
-                    *argv,
-                    cwd=cwd,
-                    env=env,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    start_new_session=True,
-                )
-        except FileNotFoundError:
-            control.close()
-            return self._launch_failed(127, f"command not found: {argv[0]}")
-        except PermissionError:
-            control.close()
-            return self._launch_failed(126, f"permission denied: {argv[0]}")
-        # Recorded so that a worker restarted after a hard crash can stop what this job left.
-        (self.dir / "pgid").write_text(str(self.proc.pid))
-        started = asyncio.create_task(self._report_started())
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        pumps = [
-            asyncio.create_task(
-                pump_stream(
-                    self.proc.stdout, "stdout", self.shipper, self.launch.splitter("stdout")
-                )
-            ),
-            asyncio.create_task(
-                pump_stream(
-                    self.proc.stderr, "stderr", self.shipper, self.launch.splitter("stderr")
-                )
-            ),
+                self.proc = await self.warm.exec(argv, cwd, env)
+        if self.proc is None:
+            try:
+                self.proc = await spawn_cold(argv, cwd, env)
+            except FileNotFoundError:
+                return self._launch_failed(127, f"command not found: {argv[0]}")
+            except PermissionError:
+                return self._launch_failed(126, f"permission denied: {argv[0]}")
+        return None
+
+    def _pump_output(self, proc: Spawned) -> list[asyncio.Task[None]]:
+        """Ship stdout and stderr line by line (tagged with ranks for a gang) until their EOF."""
+        assert proc.stdout is not None and proc.stderr is not None
+        split = self.launch.splitter
+        return [
+            asyncio.create_task(pump_stream(proc.stdout, "stdout", self.shipper, split("stdout"))),
+            asyncio.create_task(pump_stream(proc.stderr, "stderr", self.shipper, split("stderr"))),
         ]
-        outcome, reason = await self._supervise(spec.timeout)
-        await started
-        # The main process is gone; stop anything it left behind in its group.
-        await self._stop_group(grace=0.0 if outcome == "exited" else self.config.kill_grace)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*pumps, return_exceptions=True), 5.0)
-        for t in pumps:
-            t.cancel()
-        if isinstance(self.proc, zygote.ZygoteChild):
+
+    async def _drain(self, pumps: list[asyncio.Task[None]]) -> None:
+        """Ship what the pipes still hold, for a while: a grandchild may keep them open."""
+        await _within(self.clock, asyncio.gather(*pumps, return_exceptions=True), PIPE_DRAIN)
+        if isinstance(self.proc, ZygoteChild):
             self.proc.close()  # our own pipe transports (a cold spawn's Process closes its own)
-        control.close()
+
+    async def _outcome(self, outcome: str, reason: str) -> FinishReport:
+        """The report of a job whose processes are gone: state, exit code, reason, result, files."""
+        assert self.proc is not None
         code = self.proc.returncode
-        exit_code = _exit_code(code)
-        if outcome == "cancelled":
+        exit_code = exit_status(code)
+        if outcome in ("cancelled", "timeout"):
+            if outcome == "timeout":
+                self.system(reason)
             return FinishReport(
-                state="cancelled",
-                exit_code=exit_code,
-                reason=reason,
-                artifacts=await self._artifacts(),
-            )
-        if outcome == "timeout":
-            self.system(reason)
-            return FinishReport(
-                state="failed",
+                state="cancelled" if outcome == "cancelled" else "failed",
                 exit_code=exit_code,
                 reason=reason,
                 artifacts=await self._artifacts(),
             )
         artifacts = await self._artifacts()
         if code != 0:
-            why = self.launch.failure_reason(code) or _describe_exit(code)
+            why = self.launch.failure_reason(code) or describe_exit(code)
             if self.launch.peer_failure():
                 # Our rank only lost a peer on another node: let that node's report (the root
                 # cause) reach the control plane first; its cancel of this node ends the wait.
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._cancel.wait(), launch.PEER_GRACE)
+                await _within(self.clock, self._cancel.wait(), PEER_GRACE)
             return FinishReport(
                 state="failed", exit_code=exit_code, reason=why, artifacts=artifacts
             )
@@ -268,6 +288,9 @@ class JobExecutor:
             self.system(problem)
             return FinishReport(state="failed", exit_code=0, reason=problem, artifacts=artifacts)
         return FinishReport(state="succeeded", exit_code=0, result=result, artifacts=artifacts)
+
+    async def _report_progress(self, fields: dict[str, Any]) -> None:
+        await self.transport.report_progress(self.job.id, self.redactor.redact_json(fields))
 
     async def _report_started(self) -> None:
         # Runs beside the process's own start-up rather than before it.
@@ -282,19 +305,28 @@ class JobExecutor:
         return FinishReport(state="failed", exit_code=code, reason=reason)
 
     async def _supervise(self, timeout: float | None) -> tuple[str, str]:
+        """Wait for the main process to exit, a cancel, or the job's timeout: whichever is first."""
         assert self.proc is not None
-        exited = asyncio.create_task(_main_exited(self.proc))
+        exited = asyncio.create_task(main_exited(self.proc))
         cancelled = asyncio.create_task(self._cancel.wait())
+        first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def settle(_task: object) -> None:
+            if not first.done():
+                first.set_result(None)
+
+        for task in (exited, cancelled):
+            task.add_done_callback(settle)
         try:
-            done, _ = await asyncio.wait(
-                {exited, cancelled}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
+            await self.clock.wait_for(first, timeout)
+            has_exited, was_cancelled = exited.done(), cancelled.done()
         finally:
             cancelled.cancel()
             exited.cancel()
-        if exited in done:
+            first.cancel()
+        if has_exited:
             return "exited", ""
-        if cancelled in done:
+        if was_cancelled:
             await self._stop_group()
             return "cancelled", self._cancel_reason
         assert timeout is not None
@@ -307,16 +339,20 @@ class JobExecutor:
             return
         grace = self.config.kill_grace if grace is None else grace
         pgid = self.proc.pid
-        if grace > 0 and _group_alive(pgid):
-            _killpg(pgid, signal.SIGTERM)
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + grace
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.proc.wait(), grace)
-            # Children of the main process may outlive it; give them the rest of the grace.
-            while _group_alive(pgid) and loop.time() < deadline:
-                await asyncio.sleep(0.02)
-        _killpg(pgid, signal.SIGKILL)
+        if grace > 0 and group_alive(pgid):
+            killpg(pgid, signal.SIGTERM)
+            deadline = self.clock.monotonic() + grace
+            await _within(self.clock, self.proc.wait(), grace)
+            # Children of the main process may outlive it; give them the rest of the grace. No
+            # event says a process group is empty (they are not our children): poll, briefly.
+            while group_alive(pgid) and self.clock.monotonic() < deadline:
+                await asyncio.sleep(GROUP_POLL)
+        if self.proc.returncode is None:
+            # The supervisor kills everything below it, even what left the group, then itself.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pgid, reaper.STOP)
+            await _within(self.clock, self.proc.wait(), STOP_WAIT)
+        killpg(pgid, signal.SIGKILL)  # what is left of the group, if the supervisor was stuck
         with contextlib.suppress(ProcessLookupError):
             await self.proc.wait()
 
@@ -352,156 +388,10 @@ class JobExecutor:
         return found
 
 
-class _ControlReader:
-    """Reads progress messages from the job's FIFO without blocking the loop or polling."""
-
-    def __init__(self, path: Path, executor: JobExecutor) -> None:
-        self.executor = executor
-        self._buf = b""
-        # Open the read end first (non-blocking), then our own write end so the reader never sees
-        # EOF when the job closes its end: EOF on a FIFO would make the fd readable forever.
-        self.rfd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        self.wfd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-        self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self.rfd, self._readable)
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def _readable(self) -> None:
-        try:
-            chunk = os.read(self.rfd, 65536)
-        except BlockingIOError:
-            return
-        self._buf += chunk
-        *lines, self._buf = self._buf.split(b"\n")
-        for raw in lines:
-            try:
-                msg = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(msg, dict) and msg.get("kind") == "progress":
-                fields = msg.get("fields")
-                if isinstance(fields, dict):
-                    t = asyncio.create_task(self._progress(fields))
-                    self._tasks.add(t)
-                    t.add_done_callback(self._tasks.discard)
-
-    async def _progress(self, fields: dict[str, Any]) -> None:
-        try:
-            await self.executor.transport.report_progress(self.executor.job.id, fields)
-        except Exception as exc:  # noqa: BLE001 - progress is best effort
-            log.debug("progress report failed: %s", exc)
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._readable()  # drain what the job wrote last
-        self._loop.remove_reader(self.rfd)
-        for fd in (self.rfd, self.wfd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-def _missing_program(program: str, path: str, cwd: Path) -> str | None:
-    """Why ``program`` cannot be started, or None (checked before spawning: clear reasons)."""
-    if "/" in program:
-        full = Path(program) if Path(program).is_absolute() else cwd / program
-        if not full.exists():
-            return f"command not found: {program} (no such file)"
-        if not os.access(full, os.X_OK):
-            return f"permission denied: {program} is not executable"
-        return None
-    if shutil.which(program, path=path) is None:
-        return f"command not found: {program} (not on the job's PATH)"
-    return None
-
-
-def reap_leftovers(work_root: Path) -> list[int]:
-    """Stop processes of jobs whose worker died hard, and remove their directories.
-
-    Called when a worker starts, before it runs anything: every job directory still present
-    belongs to a previous incarnation. Only processes in the recorded process group whose
-    environment names that job are killed, so a recycled pid is never hit.
-    """
-    killed: list[int] = []
-    jobs_dir = work_root / "jobs"
-    if not jobs_dir.is_dir():
-        return killed
-    for job_dir in jobs_dir.iterdir():
-        job_id = job_dir.name.split("-")[0]
-        with contextlib.suppress(OSError, ValueError):
-            pgid = int((job_dir / "pgid").read_text())
-            marker = f"{JOB_ID_ENV}={job_id}".encode()
-            for proc_dir in Path("/proc").iterdir():
-                if not proc_dir.name.isdigit():
-                    continue
-                with contextlib.suppress(OSError, ValueError, IndexError):
-                    stat = (proc_dir / "stat").read_text()
-                    if int(stat.rsplit(")", 1)[1].split()[2]) != pgid:
-                        continue
-                    if marker not in (proc_dir / "environ").read_bytes().split(b"\0"):
-                        continue
-                    os.kill(int(proc_dir.name), signal.SIGKILL)
-                    killed.append(int(proc_dir.name))
-        shutil.rmtree(job_dir, ignore_errors=True)
-    return killed
-
-
-async def _main_exited(proc: zygote.Spawned) -> None:
-    """Wait for the job's main process to exit, even while its children hold the pipes open.
-
-    On Python 3.11 ``Process.wait()`` also waits for stdout/stderr to close, which a leftover
-    grandchild can delay forever; a pidfd becomes readable the moment the main process exits.
-    A zygote child's ``wait()`` ends with the zygote's exit message, which carries the status
-    (a pidfd would fire before it arrives), and never waits for pipes.
-    """
-    if isinstance(proc, zygote.ZygoteChild):
-        await proc.wait()
-        return
+async def _within(clock: Clock, aw: Awaitable[object], timeout: float | None) -> bool:
+    """Await ``aw`` for at most ``timeout`` seconds of ``clock``; stop it when time runs out."""
+    task = asyncio.ensure_future(aw)
     try:
-        fd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):
-        await proc.wait()
-        return
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:
-        if not fut.done():
-            fut.set_result(None)
-
-    loop.add_reader(fd, readable)
-    try:
-        await fut
+        return await clock.wait_for(task, timeout)
     finally:
-        loop.remove_reader(fd)
-        os.close(fd)
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def _exit_code(code: int | None) -> int | None:
-    if code is None:
-        return None
-    return 128 - code if code < 0 else code
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "the process did not report an exit status"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"killed by {name}"
-    return f"exited with code {code}"
+        task.cancel()

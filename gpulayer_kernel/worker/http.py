@@ -12,23 +12,25 @@ Errors map onto what the agent already knows how to handle:
 
 Long-polls ask the server for at most its ``max_wait`` and give the HTTP request that much plus a
 margin, so the server always answers first and no assignment is lost in a client timeout.
+Retry deadlines, backoffs and long-poll deadlines run on the transport's
+:class:`~gpulayer_kernel.clock.Clock`; only httpx's own socket timeouts are real seconds.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
+import json
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import httpx
 
 from ..client import error_from, http_client, unreachable
+from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import FinishReport, LogLine, Rendezvous, Work, WorkerInfo, WorkerRegistration
-from ..errors import Unauthorized, Unavailable
-from .agent import backoff
+from ..errors import Conflict, Unauthorized, Unavailable
+from .backoff import backoff
 from .transport import Transport
 
 log = logging.getLogger("gpulayer.worker")
@@ -50,8 +52,10 @@ class HttpTransport(Transport):
         ca_cert: str | None = None,
         timeout: float = 30.0,
         retry_for: float = 120.0,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.server = server
+        self.clock = clock
         self.join_token = join_token
         self.session_token: str | None = None
         self.retry_for = retry_for
@@ -100,18 +104,18 @@ class HttpTransport(Transport):
 
     async def _retrying(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
         """Retry while the server is unreachable or restarting, up to ``retry_for`` seconds."""
-        deadline = time.monotonic() + self.retry_for
+        deadline = self.clock.monotonic() + self.retry_for
         attempt = 0
         while True:
             try:
                 return await fn()
             except Unavailable as exc:
-                if time.monotonic() >= deadline:
+                if self.clock.monotonic() >= deadline:
                     raise
                 delay = backoff(attempt)
                 attempt += 1
                 log.info("%s: %s; retrying in %.1fs", what, exc.message, delay)
-                await asyncio.sleep(delay)
+                await self.clock.sleep(delay)
 
     # -- the Transport ---------------------------------------------------------------------------
 
@@ -165,8 +169,6 @@ class HttpTransport(Transport):
             )
 
     async def report_progress(self, job_id: str, fields: dict[str, Any]) -> None:
-        import json
-
         body = json.dumps({"fields": fields}, allow_nan=False)
         await self._request("POST", f"/worker/jobs/{job_id}/progress", body=body)
 
@@ -200,11 +202,9 @@ class HttpTransport(Transport):
         )
 
     async def get_rendezvous(self, job_id: str, wait: float) -> Rendezvous:
-        from ..errors import Conflict
-
-        deadline = time.monotonic() + max(0.0, wait)
+        deadline = self.clock.monotonic() + max(0.0, wait)
         while True:
-            chunk = max(0.0, min(deadline - time.monotonic(), self.max_wait))
+            chunk = max(0.0, min(deadline - self.clock.monotonic(), self.max_wait))
             try:
                 resp = await self._retrying(
                     f"waiting for the rendezvous of job {job_id}",
@@ -217,7 +217,7 @@ class HttpTransport(Transport):
                 )
                 return Rendezvous.model_validate_json(resp.content)
             except Conflict as exc:
-                if exc.code != "rendezvous_pending" or time.monotonic() >= deadline:
+                if exc.code != "rendezvous_pending" or self.clock.monotonic() >= deadline:
                     raise
 
     async def deregister(self) -> None:

@@ -21,32 +21,23 @@ torchrun's error summary ("Root Cause (first observed failure)") to name the fai
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import os
 import re
 import shutil
-import signal
 import socket
-import struct
 import sys
-import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import JobAssignment, PythonWorkload, Rendezvous
 from ..errors import GPUlayerError
 from ..job import OUTPUT_ENV
-
-if TYPE_CHECKING:
-    from .executor import ExecutorConfig
-    from .transport import Transport
-
-PORTS_ENV = "GPULAYER_RENDEZVOUS_PORTS"
-"""Worker setting: ports (``29500-29509,29600``) the rendezvous may use; default: any free one."""
+from .config import ExecutorConfig
+from .exits import describe_exit
+from .ports import PortReservations, interface_for
+from .transport import Transport
 
 TAIL_LINES = 12  # lines of the failing rank quoted in the job's failure reason
 MAX_TAIL_CHARS = 300  # per quoted line
@@ -72,9 +63,6 @@ _PEER_LOST = re.compile(
     r"peer (?:process|rank) .* (?:exited|crashed)|NCCL communicator was aborted",
     re.IGNORECASE,
 )
-_SIOCGIFADDR = 0x8915
-
-_reserved_ports: set[int] = set()  # ports this worker process holds for rendezvous right now
 
 
 def is_gang(a: JobAssignment) -> bool:
@@ -95,96 +83,6 @@ def device_env(a: JobAssignment) -> dict[str, str]:
     return env
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (racy: prefer :func:`reserve_port`)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def parse_ports(spec: str) -> list[int]:
-    """``"29500-29502,29600"`` → ``[29500, 29501, 29502, 29600]``; a bad spec is an error."""
-    ports: list[int] = []
-    for part in (p.strip() for p in spec.split(",")):
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        try:
-            first, last = int(lo), int(hi) if sep else int(lo)
-        except ValueError:
-            raise GPUlayerError(
-                f"{PORTS_ENV}={spec!r}: {part!r} is not a port or a range",
-                hint="write ports and ranges like 29500-29509,29600",
-            ) from None
-        if not 1 <= first <= last <= 65535:
-            raise GPUlayerError(f"{PORTS_ENV}={spec!r}: {part!r} is not within 1-65535")
-        ports.extend(range(first, last + 1))
-    return ports
-
-
-def reserve_port(host: str, candidates: Iterable[int] | None = None) -> socket.socket:
-    """Bind (not listen) a port for torchrun's store and hold it until the job ends.
-
-    The socket has ``SO_REUSEADDR`` and never listens, so torchrun's own store (which also sets
-    ``SO_REUSEADDR``) can bind and listen on the same port, while the kernel hands that port to
-    no other ``bind(0)`` or outgoing connection in the meantime: no window between picking a port
-    and using it. A candidate someone else already listens on fails to bind and the next one is
-    tried. ``candidates`` default to ``$GPULAYER_RENDEZVOUS_PORTS``, else any free port.
-    """
-    if candidates is None:
-        configured = os.environ.get(PORTS_ENV, "")
-        candidates = parse_ports(configured) if configured.strip() else [0]
-    tried: list[int] = []
-    for port in candidates:
-        if port and port in _reserved_ports:
-            continue  # another job of this worker holds it
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            s.close()
-            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
-                raise  # not an address of this machine (EADDRNOTAVAIL): the caller decides
-            tried.append(port)  # taken (or privileged): try the next candidate
-            continue
-        _reserved_ports.add(int(s.getsockname()[1]))
-        return s
-    raise GPUlayerError(
-        f"no free port for the rendezvous on {host}: tried {_ports_text(tried)}",
-        hint=f"free one of them, or widen {PORTS_ENV} on this worker",
-    )
-
-
-def _ports_text(ports: list[int]) -> str:
-    shown = ", ".join("any" if p == 0 else str(p) for p in ports[:8])
-    return shown + (f" and {len(ports) - 8} more" if len(ports) > 8 else "") if ports else "none"
-
-
-def interface_for(addr: str) -> str | None:
-    """The name of the local network interface that holds IPv4 ``addr``, or None."""
-    if addr.startswith("127."):
-        return "lo"
-    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                raw = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()))
-            except OSError:
-                continue  # no IPv4 address on it
-            if socket.inet_ntoa(raw[20:24]) == addr:
-                return name
-    return None
-
-
-def _describe_code(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 class Launch:
     """The launch of one assignment: its argv, its ranks' lines, and why it failed.
 
@@ -199,11 +97,16 @@ class Launch:
         transport: Transport,
         config: ExecutorConfig,
         system: Callable[[str], None] = lambda _text: None,
+        *,
+        ports: PortReservations,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.a = a
         self.transport = transport
         self.config = config
         self.system = system
+        self.ports = ports  # the worker's: one port is never held for two of its jobs
+        self.clock = clock
         self.gang = is_gang(a)
         self.nproc = max(1, len(a.node.devices))
         self.rank_base = a.node.node_rank * self.nproc  # static rendezvous: node-major ranks
@@ -287,28 +190,28 @@ class Launch:
 
     def _reserve(self, host: str) -> int:
         try:
-            self._reservation = reserve_port(host)
+            self._reservation = self.ports.reserve(host)
         except OSError:
             # The advertised address is not local (NAT, a load balancer): any local address.
-            self._reservation = reserve_port("0.0.0.0")
+            self._reservation = self.ports.reserve("0.0.0.0")
         return int(self._reservation.getsockname()[1])
 
     async def _await_rendezvous(self) -> Rendezvous:
         """Long-poll the control plane for rank 0's record until ``rendezvous_timeout``."""
-        timeout = self.config.rendezvous_timeout
-        deadline = time.monotonic() + timeout
+        timeout, clock = self.config.rendezvous_timeout, self.clock
+        deadline = clock.monotonic() + timeout
         while True:
-            left = deadline - time.monotonic()
-            started = time.monotonic()
+            left = deadline - clock.monotonic()
+            started = clock.monotonic()
             try:
                 return await self.transport.get_rendezvous(self.a.job.id, wait=max(0.0, left))
             except GPUlayerError as exc:
                 # A transport may cap one long-poll below our wait; it then answers
                 # "rendezvous_pending" after the cap and we ask again. An answer well before
                 # the wait ran out means the job was stopped: give up at once.
-                spent = time.monotonic() - started
+                spent = clock.monotonic() - started
                 pending = getattr(exc, "code", "") == "rendezvous_pending"
-                if pending and spent >= min(left, 1.0) - 0.05 and deadline - time.monotonic() > 0:
+                if pending and spent >= min(left, 1.0) - 0.05 and deadline - clock.monotonic() > 0:
                     continue
                 raise GPUlayerError(
                     f"rendezvous did not complete within {timeout:g}s: {exc.message}",
@@ -375,7 +278,8 @@ class Launch:
             exitcode = int(self._root.get("exitcode", "1"))
             where = "" if self.a.nnodes > 1 else f" on {self.a.node.worker_name}"
             lost = " after losing a peer (look at the other nodes)" if self.peer_failure() else ""
-            return f"rank {rank}{where} {_describe_code(exitcode)}{lost}" + self._quote(rank)
+            said = describe_exit(exitcode, subject=f"rank {rank}{where}")
+            return f"{said}{lost}" + self._quote(rank)
         if self._launcher_error is not None:
             if self._addr_in_use and self.master is not None:
                 return (
@@ -420,7 +324,5 @@ class Launch:
     def close(self) -> None:
         """Release the reserved port (torchrun has exited by now)."""
         if self._reservation is not None:
-            with contextlib.suppress(OSError):
-                _reserved_ports.discard(int(self._reservation.getsockname()[1]))
-            self._reservation.close()
+            self.ports.release(self._reservation)
             self._reservation = None

@@ -2,19 +2,21 @@
 
 A line is sent at once when no send is in flight; lines that arrive while one is in flight are
 batched into the next send (a Nagle without the delay). So a quiet job's line arrives in one round
-trip, and a chatty job's lines go out in few, large batches. ``flush_interval`` bounds how long a
-line can wait behind a slow send.
+trip, and a chatty job's lines go out in few, large batches. A failed send is retried after a
+backoff that starts at ``flush_interval`` and doubles (capped at :data:`MAX_BACKOFF`); every wait,
+and every line's timestamp, comes from the shipper's :class:`~gpulayer_kernel.clock.Clock`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import LogLine
 from ..errors import Conflict, NotFound
 from ..redact import Redactor
@@ -23,17 +25,26 @@ log = logging.getLogger("gpulayer.worker")
 
 MAX_BATCH = 2_000
 Stream = Literal["stdout", "stderr", "system"]
-MAX_LINE = 64 * 1024
+MAX_LINE = 64 * 1024  # characters of one line before it is shipped in pieces
+SEND_TIMEOUT = 30.0  # seconds one send may take before it counts as failed
+ATTEMPTS = 5  # sends of one batch before its lines are dropped
+MAX_BACKOFF = 2.0  # seconds, at most, between two attempts
 
 
 class LogShipper:
+    """One job's lines on their way to the control plane: ``add`` never waits, ``close`` flushes."""
+
     def __init__(
         self,
         send: Callable[[list[LogLine]], Awaitable[None]],
         redactor: Redactor,
         flush_interval: float = 0.1,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._send = send
+        self._clock = clock
+        self.redactor = redactor
         self._redact = redactor.redact
         self._buf: list[LogLine] = []
         self._task: asyncio.Task[None] | None = None
@@ -44,7 +55,7 @@ class LogShipper:
     def add(self, stream: Stream, text: str, rank: int | None = None) -> None:
         self._buf.append(
             LogLine.model_construct(
-                time=time.time(), stream=stream, rank=rank, text=self._redact(text)
+                time=self._clock.now(), stream=stream, rank=rank, text=self._redact(text)
             )
         )
         if self._task is None or self._task.done():
@@ -53,9 +64,9 @@ class LogShipper:
     async def _pump(self) -> None:
         while self._buf:
             batch, self._buf = self._buf[:MAX_BATCH], self._buf[MAX_BATCH:]
-            for attempt in range(5):
+            for attempt in range(ATTEMPTS):
                 try:
-                    await asyncio.wait_for(self._send(batch), timeout=30)
+                    await self._send_within(batch, SEND_TIMEOUT)
                     self.sent += len(batch)
                     break
                 except (Conflict, NotFound):
@@ -65,9 +76,18 @@ class LogShipper:
                     break
                 except Exception as exc:  # noqa: BLE001 - logs must not kill the job
                     log.warning("sending %d log lines failed (%s); retrying", len(batch), exc)
-                    await asyncio.sleep(min(2.0, self._flush_interval * 2**attempt))
+                    await self._clock.sleep(min(MAX_BACKOFF, self._flush_interval * 2**attempt))
             else:
                 self.dropped += len(batch)
+
+    async def _send_within(self, batch: list[LogLine], timeout: float) -> None:
+        sending = asyncio.ensure_future(self._send(batch))
+        try:
+            if not await self._clock.wait_for(sending, timeout):
+                raise TimeoutError(f"no answer within {timeout:g}s")
+            sending.result()
+        finally:
+            sending.cancel()
 
     async def close(self) -> None:
         """Send everything buffered; returns once the control plane has it."""
@@ -84,30 +104,40 @@ async def pump_stream(
     shipper: LogShipper,
     split_rank: Callable[[str], tuple[int | None, str]] | None = None,
 ) -> None:
-    """Read a pipe to EOF and hand each complete line (without the newline) to the shipper."""
-    partial = b""
+    """Read a pipe to EOF and hand each complete line (without the newline) to the shipper.
+
+    A line longer than :data:`MAX_LINE` characters goes out in pieces, cut where no secret
+    straddles the cut (``Redactor.cut``), so each piece is redacted as safely as a whole line.
+    Bytes are decoded incrementally: a character split between two reads stays whole.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    redactor = shipper.redactor
+    partial = ""
     while True:
         chunk = await reader.read(65536)
         if not chunk:
             break
-        partial += chunk
-        *lines, partial = partial.split(b"\n")
-        for raw in lines:
-            _emit(raw, stream, shipper, split_rank)
-        while len(partial) > MAX_LINE:  # a line without end: ship it in pieces
-            _emit(partial[:MAX_LINE], stream, shipper, split_rank)
-            partial = partial[MAX_LINE:]
+        partial += decoder.decode(chunk)
+        *lines, partial = partial.split("\n")
+        for text in lines:
+            _emit(text, stream, shipper, split_rank)
+        # A line without end: ship it in pieces, holding back what a secret could straddle.
+        while len(partial) >= MAX_LINE + redactor.window:
+            n = redactor.cut(partial, MAX_LINE)
+            _emit(redactor.redact(partial[:n]), stream, shipper, split_rank)
+            partial = partial[n:]
+    partial += decoder.decode(b"", final=True)
     if partial:
         _emit(partial, stream, shipper, split_rank)
 
 
 def _emit(
-    raw: bytes,
+    text: str,
     stream: Stream,
     shipper: LogShipper,
     split_rank: Callable[[str], tuple[int | None, str]] | None,
 ) -> None:
-    text = raw.decode("utf-8", errors="replace").rstrip("\r")
+    text = text.rstrip("\r")
     rank = None
     if split_rank is not None:
         rank, text = split_rank(text)

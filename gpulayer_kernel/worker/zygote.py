@@ -1,16 +1,22 @@
-"""A warm runner ("zygote"): forks single-process Python jobs from an interpreter already started.
+"""The warm runner's fork server ("zygote"): forks jobs from an interpreter already started.
 
 A cold Python job pays interpreter start-up plus ``import gpulayer_kernel.runner`` (~100 ms on a
 loaded 2-core box) before the user's first line runs. The zygote is a long-lived helper
-(``python -m gpulayer_kernel.worker.zygote``), one per worker (per :class:`ExecutorConfig`), started
-lazily by the first Python job and again after it dies. It has imported the runner and the in-job
-API; to launch a job the worker sends it one message on a UNIX ``SOCK_SEQPACKET`` socket: JSON
-``{"id", "entrypoint", "cwd", "env"}`` plus the job's stdin/stdout/stderr as SCM_RIGHTS fds. The
-zygote ``fork()``s; the child becomes the job exactly as a cold spawn would have made it:
+(``python -m gpulayer_kernel.worker.zygote``: this module, which runs in that helper process), one
+per worker, owned by its agent's :class:`~gpulayer_kernel.worker.zygote_client.WarmRunner` (the
+worker's side), started lazily by the first Python job and again after it dies. It has imported
+the runner and the in-job API; to launch a job the worker sends it one message on a UNIX
+``SOCK_SEQPACKET`` socket: JSON ``{"id", "entrypoint", "cwd", "env"}`` (or ``"argv"`` instead of
+``"entrypoint"``: a command to exec) plus the job's stdin/stdout/stderr as SCM_RIGHTS fds. The
+zygote ``fork()``s; the child becomes the job's supervisor (:mod:`.reaper`), which forks the job
+exactly as a cold spawn would have made it:
 
-- its own session and process group (``setsid``; pgid == pid, so ``killpg`` stops it and its
-  children), and ``PR_SET_PDEATHSIG=SIGKILL`` (the zygote has it too, towards the worker: a worker
-  that dies hard takes the zygote and its running jobs with it);
+- its own session and process group (``setsid``; pgid == the supervisor's pid, so ``killpg``
+  stops the job and its children); the supervisor is a subreaper that dies with the zygote
+  (``PR_SET_PDEATHSIG``), killing everything the job started first, even processes that left the
+  group; the zygote dies with the worker, so a worker that dies hard takes its jobs with it;
+- a command (``argv``) is exec'd there, with exactly the job's environment and signals at their
+  defaults; a Python job goes on:
 - stdio on the worker's pipes, ``cwd``, ``os.environ`` *exactly* the job's environment (the zygote
   itself starts from the allow-listed one, never the worker's secrets), ``sys.path`` and
   ``sys.argv`` as ``python -m gpulayer_kernel.runner ENTRYPOINT`` would have them, std streams
@@ -35,17 +41,17 @@ context does not survive ``fork``, and ``CUDA_VISIBLE_DEVICES`` is only read whe
 initialises CUDA — after it has its own environment. Do not preload modules that start threads at
 import: the zygote must stay single-threaded to fork safely.
 
-Not taken by the warm path (they use the cold spawn, unchanged): command workloads, gangs and
-multi-node jobs (torchrun), jobs whose environment sets interpreter start-up variables
-(``PYTHONHASHSEED``, ``PYTHONOPTIMIZE``, …: see :data:`STARTUP_VARS`). A zygote that cannot start
-or answer falls back to the cold spawn (warned once): the optimisation never fails a job.
+Not taken by the warm path (they use the cold spawn: ``python -S reaper.py`` around the argv):
+gangs and multi-node jobs (torchrun), Python jobs whose environment sets interpreter start-up
+variables (``PYTHONHASHSEED``, ``PYTHONOPTIMIZE``, …: see :data:`STARTUP_VARS`; commands with them
+are exec'd and unaffected). A zygote that cannot start or answer falls back to the cold spawn
+(warned once): the optimisation never fails a job.
 Known difference: jobs forked from one zygote share its hash seed (``PYTHONHASHSEED`` randomisation
 is per zygote, not per job).
 """
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import contextlib
 import ctypes
@@ -53,26 +59,18 @@ import gc
 import importlib
 import io
 import json
-import logging
 import os
 import random
 import selectors
 import signal
 import socket
-import subprocess
 import sys
 import threading
-import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 from .. import job, runner
-from .env import base_env
-
-if TYPE_CHECKING:
-    from .executor import ExecutorConfig
-
-log = logging.getLogger("gpulayer.worker")
+from . import reaper
 
 PRELOAD_ENV = "GPULAYER_ZYGOTE_PRELOAD"
 """Worker setting: comma-separated modules the zygote imports up front (e.g. ``torch``)."""
@@ -107,15 +105,10 @@ STARTUP_VARS = frozenset(
         "PYTHONX",
     }
 )
-START_TIMEOUT = 30.0  # seconds for the zygote to import what it preloads and say "ready"
-SPAWN_TIMEOUT = 10.0  # seconds for the zygote to answer a launch with a pid
-_MAX_MSG = 1 << 20  # one SEQPACKET message: a launch request (the env dominates) or a reply
-_SLOT_LEN = 128  # bytes reserved in the zygote's environment block for a child's job id
+MAX_MSG = 1 << 20  # one SEQPACKET message: a launch request (the env dominates) or a reply
+SLOT_LEN = 128  # bytes reserved in the zygote's environment block for a child's job id
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _PR_SET_PDEATHSIG = 1
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-
-
-# -- the zygote process --------------------------------------------------------------------------
 
 
 def _pdeathsig(parent: int) -> None:
@@ -128,7 +121,7 @@ def _pdeathsig(parent: int) -> None:
 
 def _env_slot() -> int | None:
     """Address of the placeholder ``GPULAYER_JOB_ID`` value in this process's environment block."""
-    if len(os.environ.get(job.JOB_ID_ENV, "")) != _SLOT_LEN:
+    if len(os.environ.get(job.JOB_ID_ENV, "")) != SLOT_LEN:
         return None
     libc = ctypes.CDLL(None)
     libc.getenv.restype = ctypes.c_void_p
@@ -148,7 +141,7 @@ def serve(sock: socket.socket, preload: list[str]) -> str | None:
     gc.freeze()
     slot = _env_slot()
     zygote = os.getpid()
-    base_path = [p for p in sys.path[1:] if p != _PACKAGE_ROOT]  # [0] is the zygote's cwd
+    base_path = [p for p in sys.path[1:] if p != PACKAGE_ROOT]  # [0] is the zygote's cwd
     rfd, wfd = os.pipe()
     os.set_blocking(rfd, False)
     os.set_blocking(wfd, False)
@@ -165,7 +158,7 @@ def serve(sock: socket.socket, preload: list[str]) -> str | None:
                     os.read(rfd, 4096)
                 _reap(sock)
                 continue
-            msg, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MSG, 3)
+            msg, fds, _flags, _addr = socket.recv_fds(sock, MAX_MSG, 3)
             if not msg:  # the worker closed its end: nothing more to do
                 for fd in fds:
                     os.close(fd)
@@ -216,13 +209,10 @@ def _reap(sock: socket.socket) -> None:
 def _become_job(
     req: dict[str, Any], fds: list[int], slot: int | None, base_path: list[str], zygote: int
 ) -> None:
-    """In the forked child: turn this copy of the zygote into the job's process."""
+    """In the forked child: become the job's supervisor, and in its child the job's process."""
     os.setsid()  # own session and process group, as the cold spawn's start_new_session=True
-    _pdeathsig(zygote)  # passed in: getppid() here may already be init, if the zygote died
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
@@ -233,10 +223,17 @@ def _become_job(
             os.close(fd)
     env: dict[str, str] = req["env"]
     job_id = env.get(job.JOB_ID_ENV, "").encode()
-    if slot is not None and 0 < len(job_id) < _SLOT_LEN:
-        ctypes.memmove(slot, job_id.ljust(_SLOT_LEN, b"\0"), _SLOT_LEN)
+    if slot is not None and 0 < len(job_id) < SLOT_LEN:
+        ctypes.memmove(slot, job_id.ljust(SLOT_LEN, b"\0"), SLOT_LEN)
+    # This process becomes the supervisor (it dies with the zygote, `zygote` passed in: by now
+    # getppid() may be init); only the job's process returns from here.
+    reaper.fork_supervised(zygote)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     cwd: str = req["cwd"]
     os.chdir(cwd)
+    if req.get("argv"):  # a command, not Python: exec it, exactly as the cold spawn would
+        reaper.exec_job(list(req["argv"]), dict(env))
     os.environ.clear()
     os.environ.update(env)
     # As `python -m`: the cwd, then $PYTHONPATH, then the interpreter's own paths.
@@ -308,313 +305,6 @@ def _exit_job(code: int) -> NoReturn:
             stream.flush()
     finally:
         os._exit(code)
-
-
-# -- the worker's side ---------------------------------------------------------------------------
-
-
-class Spawned(Protocol):
-    """What the executor needs of a job's main process: both cold and warm spawns have it."""
-
-    @property
-    def pid(self) -> int: ...
-
-    @property
-    def returncode(self) -> int | None: ...
-
-    @property
-    def stdout(self) -> asyncio.StreamReader | None: ...
-
-    @property
-    def stderr(self) -> asyncio.StreamReader | None: ...
-
-    async def wait(self) -> int: ...
-
-
-class ZygoteUnavailable(Exception):
-    """The zygote could not start or launch: the caller uses the cold spawn."""
-
-
-class ZygoteChild:
-    """A job process forked by the zygote, shaped like :class:`asyncio.subprocess.Process`."""
-
-    def __init__(
-        self,
-        pid: int,
-        exited: asyncio.Future[int],
-        stdout: asyncio.StreamReader,
-        stderr: asyncio.StreamReader,
-        transports: list[asyncio.BaseTransport],
-    ) -> None:
-        self.pid = pid
-        self.stdout: asyncio.StreamReader | None = stdout
-        self.stderr: asyncio.StreamReader | None = stderr
-        self._exited = exited
-        self._transports = transports
-
-    @property
-    def returncode(self) -> int | None:
-        return self._exited.result() if self._exited.done() else None
-
-    async def wait(self) -> int:
-        """The exit status the zygote reported (it reaped the process; we are not its parent)."""
-        return await asyncio.shield(self._exited)
-
-    def close(self) -> None:
-        """Close the pipes' read ends (a grandchild outside the group may still hold them)."""
-        for t in self._transports:
-            t.close()
-
-
-class ZygoteClient:
-    """The worker's handle on one zygote process, bound to the event loop that started it."""
-
-    def __init__(self, python: str, preload: tuple[str, ...], env: dict[str, str]) -> None:
-        self.python = python
-        self.preload = preload
-        self._env = env
-        self.loop = asyncio.get_running_loop()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.sock: socket.socket | None = None
-        self.zygote_pid: int | None = None
-        self._ready: asyncio.Future[int] = self.loop.create_future()
-        self._launches: dict[int, asyncio.Future[int]] = {}
-        self._exits: dict[int, asyncio.Future[int]] = {}
-        self._next_id = 0
-        self.dead = False
-
-    async def start(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = dict(self._env)
-        env["PYTHONPATH"] = _PACKAGE_ROOT
-        env[job.JOB_ID_ENV] = "-" * _SLOT_LEN  # the slot each child overwrites with its job id
-        argv = [self.python, "-m", "gpulayer_kernel.worker.zygote", str(theirs.fileno())]
-        argv += [str(os.getpid()), ",".join(self.preload)]
-        try:
-            # Spawned from the event loop's thread, never a helper thread: PR_SET_PDEATHSIG fires
-            # when the *thread* that forked the zygote exits. Blocks the loop a few ms, once.
-            self.proc = subprocess.Popen(
-                argv,
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                env=env,
-                cwd="/",
-                start_new_session=True,
-            )
-        except OSError as exc:
-            ours.close()
-            raise ZygoteUnavailable(f"could not start {self.python}: {exc}") from exc
-        finally:
-            theirs.close()
-        ours.setblocking(False)
-        self.sock = ours
-        self.loop.add_reader(ours.fileno(), self._readable)
-        try:
-            self.zygote_pid = await asyncio.wait_for(asyncio.shield(self._ready), START_TIMEOUT)
-        except (TimeoutError, ZygoteUnavailable) as exc:
-            self.close()
-            raise ZygoteUnavailable(f"the warm runner did not start: {exc or 'timed out'}") from exc
-
-    def _readable(self) -> None:
-        assert self.sock is not None
-        while True:
-            try:
-                data = self.sock.recv(_MAX_MSG)
-            except BlockingIOError:
-                return
-            except OSError:
-                data = b""
-            if not data:
-                self._died()
-                return
-            msg = json.loads(data)
-            if "exit" in msg:
-                self._exit_future(int(msg["exit"])).set_result(int(msg["code"]))
-            elif "ready" in msg:
-                self._ready.set_result(int(msg["ready"]))
-            elif "fatal" in msg and not self._ready.done():
-                self._ready.set_exception(ZygoteUnavailable(msg["fatal"]))
-            else:
-                fut = self._launches.pop(int(msg.get("id") or -1), None)
-                if fut is not None and not fut.done():
-                    if "pid" in msg:
-                        fut.set_result(int(msg["pid"]))
-                    else:
-                        fut.set_exception(ZygoteUnavailable(str(msg.get("error"))))
-
-    def _exit_future(self, pid: int) -> asyncio.Future[int]:
-        fut = self._exits.get(pid)
-        if fut is None:
-            fut = self._exits[pid] = self.loop.create_future()
-        return fut
-
-    def _died(self) -> None:
-        """EOF from the zygote: it is gone, and (pdeathsig) so are the jobs it forked."""
-        was_dead, self.dead = self.dead, True
-        if self.sock is not None:
-            with contextlib.suppress(Exception):
-                self.loop.remove_reader(self.sock.fileno())
-            self.sock.close()
-        if not self._ready.done():
-            self._ready.set_exception(ZygoteUnavailable("it exited during start-up"))
-            self._ready.exception()  # retrieved: start() reports it, if anyone still waits
-        for fut in self._launches.values():
-            if not fut.done():
-                fut.set_exception(ZygoteUnavailable("it exited"))
-        for fut in self._exits.values():
-            if not fut.done():
-                fut.set_result(-signal.SIGKILL)
-        if not was_dead and self.zygote_pid is not None:
-            log.warning(
-                "the warm runner (pid %s) exited; its running jobs died with it", self.zygote_pid
-            )
-        self._reap_zygote(wait=0.0)
-
-    def _reap_zygote(self, wait: float) -> None:
-        if self.proc is None:
-            return
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(wait)
-            return
-        if self.proc.returncode is None and wait == 0.0:
-            return  # still exiting: close() or the next check collects it
-        self.proc.kill()
-        self.proc.wait()
-
-    async def spawn(self, entrypoint: str, cwd: Path, env: dict[str, str]) -> ZygoteChild:
-        """Fork one job: its stdout/stderr come back as StreamReaders, as with a cold spawn."""
-        if self.dead or self.sock is None:
-            raise ZygoteUnavailable("not running")
-        self._next_id += 1
-        rid = self._next_id
-        fut: asyncio.Future[int] = self.loop.create_future()
-        self._launches[rid] = fut
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        request = {"id": rid, "entrypoint": entrypoint, "cwd": str(cwd), "env": env}
-        try:
-            try:
-                socket.send_fds(self.sock, [json.dumps(request).encode()], [null, out_w, err_w])
-            except OSError as exc:  # full buffer, or the zygote is gone
-                raise ZygoteUnavailable(f"launch request failed: {exc}") from exc
-            finally:
-                for fd in (null, out_w, err_w):
-                    os.close(fd)
-            pid = await asyncio.wait_for(asyncio.shield(fut), SPAWN_TIMEOUT)
-        except BaseException as exc:
-            for fd in (out_r, err_r):
-                os.close(fd)
-            if isinstance(exc, asyncio.TimeoutError):
-                self.close()  # if it forked after all, the job dies with it (pdeathsig)
-                raise ZygoteUnavailable("no answer to a launch request") from None
-            if isinstance(exc, asyncio.CancelledError):
-                # Cancelled mid-launch: the job may start anyway; stop it when its pid arrives.
-                fut.add_done_callback(_kill_launched)
-            else:
-                self._launches.pop(rid, None)
-            raise
-        readers: list[asyncio.StreamReader] = []
-        transports: list[asyncio.BaseTransport] = []
-        for fd in (out_r, err_r):
-            reader = asyncio.StreamReader(limit=2**16)
-            protocol = asyncio.StreamReaderProtocol(reader)
-            transport, _ = await self.loop.connect_read_pipe(
-                lambda p=protocol: p,  # type: ignore[misc]
-                open(fd, "rb", buffering=0),  # noqa: SIM115 - the transport closes it
-            )
-            readers.append(reader)
-            transports.append(transport)
-        return ZygoteChild(pid, self._exit_future(pid), readers[0], readers[1], transports)
-
-    def close(self) -> None:
-        """Hang up; the zygote exits on EOF (and takes any still running job with it)."""
-        if self.sock is not None and not self.dead:
-            with contextlib.suppress(Exception):
-                self.loop.remove_reader(self.sock.fileno())
-            self.sock.close()
-        self.dead = True
-        self._reap_zygote(wait=2.0)
-
-
-def _kill_launched(fut: asyncio.Future[int]) -> None:
-    if not fut.cancelled() and fut.exception() is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(fut.result(), signal.SIGKILL)
-
-
-# One zygote per ExecutorConfig (i.e. per worker): id(config) → client. ExecutorConfig is a
-# mutable dataclass, so unhashable; a finalizer drops the entry when the config goes.
-_clients: dict[int, ZygoteClient] = {}
-_broken: set[int] = set()
-_warned = False
-
-
-def _warn_once(reason: str) -> None:
-    global _warned
-    if not _warned:
-        _warned = True
-        log.warning("warm runner unavailable (%s); Python jobs use a fresh interpreter", reason)
-
-
-def _forget(key: int) -> None:
-    client = _clients.pop(key, None)
-    _broken.discard(key)
-    if client is not None:
-        client.close()
-
-
-async def _client(config: ExecutorConfig, env: dict[str, str]) -> ZygoteClient:
-    key = id(config)
-    if key in _broken:
-        raise ZygoteUnavailable("it failed to start before")
-    preload = tuple(m for m in os.environ.get(PRELOAD_ENV, "").split(",") if m.strip())
-    client = _clients.get(key)
-    if client is not None and (
-        client.dead
-        or client.loop is not asyncio.get_running_loop()
-        or client.python != config.python
-        or client.preload != preload
-    ):
-        client.close()
-        client = None
-    if client is None:
-        if key not in _clients:
-            weakref.finalize(config, _forget, key)
-        client = _clients[key] = ZygoteClient(config.python, preload, env)
-        try:
-            await client.start()
-        except ZygoteUnavailable:
-            _broken.add(key)  # a failed start is likely to fail again: stop trying
-            raise
-    return client
-
-
-async def spawn(
-    config: ExecutorConfig, entrypoint: str, cwd: Path, env: dict[str, str]
-) -> ZygoteChild | None:
-    """Launch a Python job through this worker's zygote; None means "use the cold spawn"."""
-    if any(k in STARTUP_VARS for k in env):
-        return None
-    try:
-        # The zygote starts from the allow-listed worker environment: no secrets in its memory.
-        client = await _client(config, base_env(extra_allowed=config.extra_env_allowed))
-        return await client.spawn(entrypoint, cwd, env)
-    except ZygoteUnavailable as exc:
-        _warn_once(str(exc))
-        return None
-
-
-def shutdown(config: ExecutorConfig) -> None:
-    """Stop this worker's zygote now (it also stops when the config is garbage-collected)."""
-    _forget(id(config))
-
-
-def running_pid(config: ExecutorConfig) -> int | None:
-    """The pid of this worker's live zygote, if any (for tests and diagnostics)."""
-    client = _clients.get(id(config))
-    return client.zygote_pid if client is not None and not client.dead else None
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 /**
- * The GPUlayer HTTP API as the panel sees it: typed contracts (the subset of
- * `gpulayer_kernel/contracts/` it reads) and one request function.
+ * The GPUlayer HTTP API as the panel sees it: the calls it makes, over one request function,
+ * typed by the contracts generated from the Python ones (`contracts.generated.ts`).
  *
  * Every request goes through JupyterLab's `ServerConnection`, so it carries the
  * Jupyter token/cookie and XSRF header; no GPUlayer token ever reaches the page.
@@ -8,147 +8,56 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import type {
+  IEventCursor,
+  IEventPage,
+  IJob,
+  IJobList,
+  ILogPage,
+  IWorkerInfo,
+  JobState
+} from './contracts.generated';
+
+// The contracts, generated from `gpulayer_kernel/contracts/schema.json` (see that file's
+// header); only the request code below is written by hand.
+export type {
+  IDevice,
+  IEvent,
+  IEventCursor,
+  IEventPage,
+  IJob,
+  IJobList,
+  IJobSpec,
+  ILogPage,
+  ILogRecord,
+  INodePlacement,
+  IPlacementReport,
+  IWorkerInfo,
+  JobState,
+  JsonValue,
+  WorkerState
+} from './contracts.generated';
+
 /** Where the server extension mounts the API, relative to the Jupyter base URL. */
 export const API_PATH = 'gpulayer/api/v1';
 
-export type JobState =
-  | 'queued'
-  | 'placed'
-  | 'running'
-  | 'succeeded'
-  | 'failed'
-  | 'cancelled'
-  | 'lost';
+/**
+ * Whether each job state is final. A record, not a list, so a state added to the contracts
+ * fails `tsc` here until someone says whether it is final (the job table's rule in Python).
+ */
+const FINAL: Readonly<Record<JobState, boolean>> = {
+  queued: false,
+  placed: false,
+  running: false,
+  succeeded: true,
+  failed: true,
+  cancelled: true,
+  lost: true
+};
 
-export const JOB_STATES: readonly JobState[] = [
-  'queued',
-  'placed',
-  'running',
-  'succeeded',
-  'failed',
-  'cancelled',
-  'lost'
-];
-
-export const TERMINAL_STATES: ReadonlySet<JobState> = new Set<JobState>([
-  'succeeded',
-  'failed',
-  'cancelled',
-  'lost'
-]);
-
-export type WorkerState =
-  'ready' | 'busy' | 'draining' | 'cordoned' | 'lost' | 'offline';
-
-export type JSONValue =
-  null | boolean | number | string | JSONValue[] | { [key: string]: JSONValue };
-
-export interface IDevice {
-  index: number;
-  vendor: string;
-  name: string;
-  kind: string;
-  memory_bytes: number;
-}
-
-export interface IWorkerInfo {
-  id: string;
-  name: string;
-  state: WorkerState;
-  labels: Record<string, string>;
-  capabilities: {
-    devices: IDevice[];
-    simulated: boolean;
-    runtime: string;
-    host: { hostname: string; cpus: number };
-  };
-  transport: 'inprocess' | 'http';
-  registered_at: number;
-  last_heartbeat: number;
-  running: string[];
-  /** Device index (as a JSON object key) to the id of the job using it. */
-  device_jobs: Record<string, string>;
-}
-
-export interface INodePlacement {
-  worker_id: string;
-  worker_name: string;
-  devices: number[];
-  simulated: boolean;
-  node_rank: number;
-  cpu_fallback: boolean;
-}
-
-export interface IPlacementReport {
-  job_id: string;
-  workers_total: number;
-  workers_feasible: number;
-  reserved_by: string | null;
-  reservation: string[];
-  position: number | null;
-  sentence: string;
-  candidates: string[];
-}
-
-export interface IJobSpec {
-  name: string;
-  workload: {
-    kind: 'command' | 'python';
-    argv?: string[];
-    entrypoint?: string;
-  };
-  resources: { gpus: number; nodes: number; gpu_kind: string[] };
-  labels: Record<string, string>;
-  priority: number;
-  timeout: number | null;
-}
-
-export interface IJob {
-  id: string;
-  seq: number;
-  spec: IJobSpec;
-  state: JobState;
-  attempts: number;
-  placement: { nodes: INodePlacement[]; explanation: string } | null;
-  pending: IPlacementReport | null;
-  submitted_at: number;
-  placed_at: number | null;
-  started_at: number | null;
-  finished_at: number | null;
-  exit_code: number | null;
-  reason: string | null;
-  progress: Record<string, JSONValue> | null;
-  cancel_requested: boolean;
-}
-
-export interface IEvent {
-  seq: number;
-  time: number;
-  kind: 'job' | 'worker';
-  job: IJob | null;
-  worker: IWorkerInfo | null;
-}
-
-export interface IEventPage {
-  events: IEvent[];
-  next_since: number;
-  reset: boolean;
-}
-
-export interface ILogRecord {
-  seq: number;
-  time: number;
-  stream: 'stdout' | 'stderr' | 'system';
-  rank: number | null;
-  text: string;
-}
-
-export interface ILogPage {
-  job_id: string;
-  records: ILogRecord[];
-  next_since: number;
-  state: JobState;
-}
+export const TERMINAL_STATES: ReadonlySet<JobState> = new Set(
+  (Object.keys(FINAL) as JobState[]).filter(state => FINAL[state])
+);
 
 /** The label the `%%gpulayer` magic puts on a job: the notebook that submitted it. */
 export const NOTEBOOK_LABEL = 'gpulayer.io/notebook';
@@ -319,7 +228,7 @@ export class GPUlayerAPI {
     return this.request('workers');
   }
 
-  jobs(limit = 200): Promise<{ jobs: IJob[] }> {
+  jobs(limit = 200): Promise<IJobList> {
     return this.request(`jobs?limit=${limit}`);
   }
 
@@ -327,12 +236,19 @@ export class GPUlayerAPI {
     return this.request(`jobs/${encodeURIComponent(id)}`);
   }
 
+  /** The event log's current position: follow from it to see only what happens next. */
+  eventCursor(signal?: AbortSignal): Promise<IEventCursor> {
+    return this.request('events/cursor', { signal });
+  }
+
+  /** Events after `cursor`, waiting up to `wait` s for the first; the page's `cursor` is next. */
   events(
-    since: number,
+    cursor: string,
     wait: number,
     signal?: AbortSignal
   ): Promise<IEventPage> {
-    return this.request(`events?since=${since}&wait=${wait}`, { signal });
+    const q = `cursor=${encodeURIComponent(cursor)}&wait=${wait}`;
+    return this.request(`events?${q}`, { signal });
   }
 
   logs(

@@ -2,7 +2,7 @@
  * Pure formatting for the panel: ages, durations, sizes, placements, progress.
  * No DOM and no clock reads (callers pass `now`), so it is unit-tested in Node.
  */
-import type { IDevice, IJob, IWorkerInfo, JSONValue, JobState } from './api';
+import type { IDevice, IJob, IWorkerInfo, JobState, JsonValue } from './api';
 
 /** "now", "4s", "3m 05s", "2h 10m", "3d 4h": compact, for narrow sidebars. */
 export function formatDuration(seconds: number): string {
@@ -112,7 +112,7 @@ export function formatJobClock(job: IJob, now: number): string {
   return `for ${formatDuration(elapsed)}`;
 }
 
-function scalar(value: JSONValue | undefined): string | null {
+function scalar(value: JsonValue | undefined): string | null {
   if (typeof value === 'number') {
     if (Number.isInteger(value)) {
       return String(value);
@@ -131,7 +131,7 @@ function scalar(value: JSONValue | undefined): string | null {
  * Progress as the job reported it (`gpulayer_kernel.job.progress(step=10, total=100, loss=0.3)`):
  * the fraction done (0–1) when step and total say so, and a one-line text.
  */
-export function formatProgress(progress: Record<string, JSONValue> | null): {
+export function formatProgress(progress: Record<string, JsonValue> | null): {
   fraction: number | null;
   text: string;
 } {

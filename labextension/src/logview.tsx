@@ -1,20 +1,13 @@
 /**
  * A job's log view (a main-area tab): the job's header (state, placement, progress, cancel)
- * and its log, live. Lines arrive through `GET jobs/{id}/logs?since=&wait=` (a long-poll
- * that answers the moment a line is written); the view follows the tail while it is
- * scrolled to the bottom and stays put while the user reads older lines.
+ * and its log, live. It renders what a `LogFollower` (logfollower.ts) holds; the view
+ * follows the tail while it is scrolled to the bottom and stays put while the user reads
+ * older lines.
  */
 import { ReactWidget } from '@jupyterlab/apputils';
-import { ISignal, Signal } from '@lumino/signaling';
 import * as React from 'react';
 
-import {
-  APIError,
-  GPUlayerAPI,
-  IJob,
-  ILogRecord,
-  TERMINAL_STATES
-} from './api';
+import type { IJob, ILogRecord } from './api';
 import { JobStateBadge, Progress, useNow, useSignal } from './components';
 import {
   formatExit,
@@ -24,127 +17,10 @@ import {
   rankPrefix,
   shortId
 } from './format';
+import { LogFollower } from './logfollower';
 import type { GPUlayerModel } from './model';
 import { JobActions, IPanelActions } from './panel';
-import { ILogBuffer, appendLog, backoff, emptyLog, logRanks } from './state';
-
-/** Lines per request while catching up (the API's own cap is 5000). */
-const PAGE = 2000;
-/** Long-poll wait (s) while the job can still write. */
-const LOG_WAIT = 25;
-
-/** Follows one job's log until the job has finished and every line is in. */
-export class LogFollower {
-  constructor(
-    private readonly _api: GPUlayerAPI,
-    readonly jobId: string,
-    private readonly _max = 20000
-  ) {}
-
-  get buffer(): ILogBuffer {
-    return this._buffer;
-  }
-
-  /** The job as the last log page or fetch saw it (the model's copy is usually fresher). */
-  get job(): IJob | null {
-    return this._job;
-  }
-
-  get status(): 'loading' | 'following' | 'complete' | 'retrying' | 'missing' {
-    return this._status;
-  }
-
-  get error(): string {
-    return this._error;
-  }
-
-  get changed(): ISignal<this, void> {
-    return this._changed;
-  }
-
-  start(): void {
-    if (!this._started) {
-      this._started = true;
-      void this._loop();
-    }
-  }
-
-  dispose(): void {
-    this._abort.abort();
-    Signal.clearData(this);
-  }
-
-  private async _loop(): Promise<void> {
-    const signal = this._abort.signal;
-    let failures = 0;
-    while (!signal.aborted) {
-      try {
-        if (!this._job) {
-          this._job = await this._api.job(this.jobId);
-        }
-        const finished = TERMINAL_STATES.has(this._job.state);
-        const page = await this._api.logs(
-          this.jobId,
-          this._buffer.next,
-          finished ? 0 : LOG_WAIT,
-          PAGE,
-          signal
-        );
-        failures = 0;
-        this._buffer = appendLog(
-          this._buffer,
-          page.records,
-          page.next_since,
-          this._max
-        );
-        if (page.state !== this._job.state) {
-          this._job = await this._api.job(this.jobId);
-        }
-        const done =
-          TERMINAL_STATES.has(page.state) && page.records.length === 0;
-        this._status = done ? 'complete' : 'following';
-        this._error = '';
-        this._changed.emit();
-        if (done) {
-          return;
-        }
-      } catch (error) {
-        if (signal.aborted) {
-          return;
-        }
-        if (error instanceof APIError && error.status === 404) {
-          this._status = 'missing';
-          this._error = error.message;
-          this._changed.emit();
-          return;
-        }
-        failures += 1;
-        this._status = 'retrying';
-        this._error = error instanceof Error ? error.message : String(error);
-        this._changed.emit();
-        await new Promise<void>(resolve => {
-          const timer = setTimeout(
-            resolve,
-            backoff(failures, Math.random()) * 1000
-          );
-          signal.addEventListener('abort', () => {
-            clearTimeout(timer);
-            resolve();
-          });
-        });
-      }
-    }
-  }
-
-  private _buffer: ILogBuffer = emptyLog();
-  private _job: IJob | null = null;
-  private _status:
-    'loading' | 'following' | 'complete' | 'retrying' | 'missing' = 'loading';
-  private _error = '';
-  private _started = false;
-  private _abort = new AbortController();
-  private _changed = new Signal<this, void>(this);
-}
+import { ILogBuffer, logRanks } from './state';
 
 /** The tab's content: one job's header and live log. */
 export class LogView extends ReactWidget {

@@ -1,7 +1,8 @@
 /**
- * The live model behind the panel: one snapshot of the lists, then the event stream
- * (`GET events?since=&wait=`, a long-poll that answers the moment something changes),
- * with a backoff retry loop and a connection status for the banner.
+ * The live model behind the panel: the event cursor (`GET events/cursor`), one snapshot of
+ * the lists, then the event stream from that cursor (`GET events?cursor=&wait=`, a long-poll
+ * that answers the moment something changes), with a backoff retry loop and a connection
+ * status for the banner.
  *
  * Nothing polls on a fixed interval: an idle panel holds one open request at a time.
  */
@@ -46,7 +47,8 @@ export interface IModelOptions {
   now?: () => number;
 }
 
-function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
+/** Sleep `ms`, or less when `signal` aborts (the default `sleep` of the model and followers). */
+export function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
   return new Promise(resolve => {
     const timer = setTimeout(done, ms);
     function done(): void {
@@ -133,13 +135,14 @@ export class GPUlayerModel {
           1,
           Math.min(EVENT_WAIT, Math.ceil(WORKERS_REFRESH - sinceWorkers))
         );
-        const page = await this.api.events(this._state.since, wait, signal);
+        const page = await this.api.events(this._state.cursor, wait, signal);
         if (signal.aborted) {
           return;
         }
-        if (page.reset || page.next_since < this._state.since) {
-          // Events were dropped (or the server restarted and counts from 0): refetch.
-          needSnapshot = true;
+        if (page.reset) {
+          // Events were dropped, or the server restarted (a new epoch in the cursor): the
+          // page's cursor is current, so read the lists again and follow on from it.
+          await this._lists(signal, page.cursor);
           continue;
         }
         this._setLive();
@@ -159,15 +162,25 @@ export class GPUlayerModel {
   }
 
   private async _snapshot(signal: AbortSignal): Promise<void> {
-    // The cursor first, then the lists: events after the cursor are folded on top, and
-    // since every event carries the whole object, the result converges to the newest state.
-    const cursor = await this.api.events(Number.MAX_SAFE_INTEGER, 0, signal);
+    const { cursor } = await this.api.eventCursor(signal);
+    await this._lists(signal, cursor);
+  }
+
+  /**
+   * Read the lists and follow on from `cursor`, which was taken before them: events after it
+   * are folded on top, and since every event carries the whole object, the result converges
+   * to the newest state.
+   */
+  private async _lists(signal: AbortSignal, cursor: string): Promise<void> {
     const [jobs, workers] = await Promise.all([
       this.api.jobs(),
       this.api.workers()
     ]);
+    if (signal.aborted) {
+      return;
+    }
     this._workersAt = this._now();
-    this._state = fromSnapshot(jobs.jobs, workers.workers, cursor.next_since);
+    this._state = fromSnapshot(jobs.jobs, workers.workers, cursor);
     this._setLive(true);
   }
 

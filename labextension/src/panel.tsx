@@ -303,10 +303,9 @@ function WorkerRow(props: {
 }): JSX.Element {
   const { worker: w, now, jobs } = props;
   const devices = w.capabilities.devices;
-  const gone = w.state === 'lost' || w.state === 'offline';
   return (
     <li
-      className={`gl-Row gl-Worker${gone ? ' gl-mod-gone' : ''}`}
+      className={`gl-Row gl-Worker${w.live ? '' : ' gl-mod-gone'}`}
       data-worker={w.name}
     >
       <div className="gl-Row-head">

@@ -3,7 +3,8 @@
  * the queue in scheduling order, job filters, and the bounded log buffer of a log view.
  *
  * Events carry whole objects (the job or worker as it is now), so applying a page is
- * idempotent and a page applied after a newer snapshot converges to the newest state.
+ * idempotent and a page applied after a newer snapshot converges to the newest state. The
+ * event cursor is opaque here: the server hands it out and reads it back.
  */
 import type {
   IEventPage,
@@ -18,24 +19,27 @@ import { TERMINAL_STATES } from './api';
 export interface IPanelState {
   jobs: ReadonlyMap<string, IJob>;
   workers: ReadonlyMap<string, IWorkerInfo>;
-  /** The event cursor: the last event seq folded in. */
-  since: number;
+  /** The event cursor (`<epoch>:<seq>`, the server's): where the stream follows on from. */
+  cursor: string;
 }
 
 export function emptyState(): IPanelState {
-  return { jobs: new Map(), workers: new Map(), since: 0 };
+  return { jobs: new Map(), workers: new Map(), cursor: '' };
 }
 
-/** A fresh state from full lists (after start-up, a reconnect, or an event `reset`). */
+/**
+ * A fresh state from full lists (after start-up, a reconnect, or an event `reset`), following
+ * on from a cursor taken before the lists were read.
+ */
 export function fromSnapshot(
   jobs: readonly IJob[],
   workers: readonly IWorkerInfo[],
-  since: number
+  cursor: string
 ): IPanelState {
   return {
     jobs: new Map(jobs.map(j => [j.id, j])),
     workers: new Map(workers.map(w => [w.id, w])),
-    since
+    cursor
   };
 }
 
@@ -48,15 +52,12 @@ export function applyEvents(
   page: IEventPage,
   maxFinished = 200
 ): IPanelState {
-  if (!page.events.length && page.next_since === state.since) {
+  if (!page.events.length && page.cursor === state.cursor) {
     return state;
   }
   let jobs: Map<string, IJob> | null = null;
   let workers: Map<string, IWorkerInfo> | null = null;
   for (const event of page.events) {
-    if (event.seq <= state.since) {
-      continue;
-    }
     if (event.kind === 'job' && event.job) {
       jobs ??= new Map(state.jobs);
       jobs.set(event.job.id, event.job);
@@ -68,7 +69,7 @@ export function applyEvents(
   return {
     jobs: jobs ? pruneFinished(jobs, maxFinished) : state.jobs,
     workers: workers ?? state.workers,
-    since: Math.max(state.since, page.next_since)
+    cursor: page.cursor
   };
 }
 
@@ -88,10 +89,9 @@ export function pruneFinished(
   return jobs;
 }
 
-/** Workers worth showing: every live one, by name; lost/offline ones last. */
+/** Workers worth showing: every live one, by name; gone ones (the server's `live`) last. */
 export function workerList(state: IPanelState): IWorkerInfo[] {
-  const gone = (w: IWorkerInfo): number =>
-    w.state === 'lost' || w.state === 'offline' ? 1 : 0;
+  const gone = (w: IWorkerInfo): number => (w.live ? 0 : 1);
   return [...state.workers.values()].sort(
     (a, b) =>
       gone(a) - gone(b) ||

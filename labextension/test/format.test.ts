@@ -16,7 +16,7 @@ import {
   stateTone,
   workerCommand
 } from '../src/format';
-import { job, worker } from './fixtures';
+import { device, job, node, withResources, worker } from './fixtures';
 
 describe('durations and ages', () => {
   it('stays compact at every scale', () => {
@@ -46,15 +46,9 @@ describe('sizes and devices', () => {
   });
 
   it('marks simulated devices', () => {
-    const sim = {
-      index: 1,
-      vendor: 'sim',
-      name: 'A100-80GB',
-      kind: 'a100',
-      memory_bytes: 80 * 1024 ** 3
-    };
+    const sim = device(1, { vendor: 'sim' });
     expect(formatDevice(sim)).toBe('#1 A100-80GB · 80 GiB (simulated)');
-    const real = { ...sim, vendor: 'nvidia', memory_bytes: 0 };
+    const real = device(1, { vendor: 'nvidia', memory_bytes: 0 });
     expect(formatDevice(real)).toBe('#1 A100-80GB');
   });
 
@@ -67,28 +61,23 @@ describe('sizes and devices', () => {
 
 describe('jobs', () => {
   it('describes placements on GPUs, CPUs and several nodes', () => {
-    const node = {
-      worker_id: 'w',
-      worker_name: 'box',
-      devices: [0, 1],
-      simulated: true,
-      node_rank: 0,
-      cpu_fallback: false
-    };
+    const gpus = node({ devices: [0, 1], simulated: true });
     const gang = job('a', 1, {
       placement: {
+        api_version: 'gpulayer/v1',
         explanation: '',
         nodes: [
-          node,
-          { ...node, worker_name: 'box2', devices: [3], simulated: false }
+          gpus,
+          { ...gpus, worker_name: 'box2', devices: [3], simulated: false }
         ]
       }
     });
     expect(formatPlacement(gang)).toBe('box GPUs 0,1 (simulated) + box2 GPU 3');
     const cpu = job('b', 2, {
       placement: {
+        api_version: 'gpulayer/v1',
         explanation: '',
-        nodes: [{ ...node, devices: [], cpu_fallback: true }]
+        nodes: [node({ devices: [], cpu_fallback: true })]
       }
     });
     expect(formatPlacement(cpu)).toBe('box CPU (fallback)');
@@ -129,12 +118,7 @@ describe('jobs', () => {
   it('says what a job asked for', () => {
     const r = (gpus: number, nodes = 1, kinds: string[] = []) =>
       formatRequest(
-        job('a', 1, {
-          spec: {
-            ...job('a', 1).spec,
-            resources: { gpus, nodes, gpu_kind: kinds }
-          }
-        })
+        withResources(job('a', 1), { gpus, nodes, gpu_kind: kinds })
       );
     expect(r(0)).toBe('CPU');
     expect(r(1, 1, ['h100'])).toBe('1 GPU (h100)');

@@ -9,7 +9,11 @@ import {
   errorFromAnswer
 } from '../src/api';
 import { GPUlayerModel, WORKERS_REFRESH } from '../src/model';
-import { job, jobEvent, withState, worker } from './fixtures';
+import { cursor, job, jobEvent, page, withState, worker } from './fixtures';
+
+/** The `events` request for a cursor, as the model writes it. */
+const follow = (at: string, wait: number): string =>
+  `events?cursor=${encodeURIComponent(at)}&wait=${wait}`;
 
 /** A scripted API: each call pops the next answer for its path (or waits to be aborted). */
 class FakeServer {
@@ -38,8 +42,8 @@ class FakeServer {
     if (path === 'workers') {
       return { workers: this.workers } as T;
     }
-    if (path.startsWith(`events?since=${Number.MAX_SAFE_INTEGER}`)) {
-      return { events: [], next_since: 7, reset: false } as T;
+    if (path === 'events/cursor') {
+      return { api_version: 'gpulayer/v1', cursor: cursor(7) } as T;
     }
     const next = this.events.shift();
     if (next instanceof Error) {
@@ -74,32 +78,36 @@ function model(server: FakeServer): GPUlayerModel {
 describe('GPUlayerModel', () => {
   it('takes the cursor, then the lists, then follows events from the cursor', async () => {
     const server = new FakeServer();
-    server.events.push({
-      events: [jobEvent(8, withState(job('a', 1), 'running'))],
-      next_since: 8,
-      reset: false
-    });
+    server.events.push(page([jobEvent(8, withState(job('a', 1), 'running'))]));
     const m = model(server);
     m.start();
     await settle();
-    expect(server.calls.slice(0, 4)).toEqual([
-      `events?since=${Number.MAX_SAFE_INTEGER}&wait=0`,
+    expect(server.calls.slice(0, 5)).toEqual([
+      'events/cursor',
       'jobs?limit=200',
       'workers',
-      'events?since=7&wait=10'
+      follow(cursor(7), 10),
+      follow(cursor(8), 10)
     ]);
     expect(m.state.jobs.get('a')?.state).toBe('running');
     expect(m.connection.status).toBe('live');
     m.dispose();
   });
 
-  it('refetches the lists after a reset page', async () => {
+  it('refetches the lists after a reset page and follows from its cursor', async () => {
     const server = new FakeServer();
-    server.events.push({ events: [], next_since: 9000, reset: true });
+    // The server restarted: a new epoch, counting from the start again.
+    server.events.push(page([], 3, { reset: true, cursor: cursor(3, 'e2') }));
     const m = model(server);
     m.start();
     await settle();
-    expect(server.calls.filter(c => c === 'workers').length).toBe(2);
+    expect(server.calls.slice(3)).toEqual([
+      follow(cursor(7), 10),
+      'jobs?limit=200',
+      'workers',
+      follow(cursor(3, 'e2'), 10)
+    ]);
+    expect(m.state.cursor).toBe(cursor(3, 'e2'));
     m.dispose();
   });
 
@@ -125,6 +133,13 @@ describe('GPUlayerModel', () => {
     expect(seen).toContain('unreachable');
     expect(m.connection.status).toBe('live');
     expect(naps).toBe(3);
+    // Back up: a fresh cursor, then the lists, then the stream from that cursor.
+    expect(server.calls.slice(-4)).toEqual([
+      'events/cursor',
+      'jobs?limit=200',
+      'workers',
+      follow(cursor(7), 10)
+    ]);
     m.dispose();
   });
 
@@ -132,11 +147,7 @@ describe('GPUlayerModel', () => {
     const server = new FakeServer();
     let now = 0;
     for (let seq = 8; seq < 14; seq++) {
-      server.events.push({
-        events: [jobEvent(seq, job('a', 1))],
-        next_since: seq,
-        reset: false
-      });
+      server.events.push(page([jobEvent(seq, job('a', 1))]));
     }
     const m = new GPUlayerModel({
       api: new GPUlayerAPI(server.request),
@@ -151,15 +162,11 @@ describe('GPUlayerModel', () => {
     expect(jobs).toBe(1); // the snapshot only
     expect(workers).toBeGreaterThan(1);
     expect(workers).toBeLessThan(
-      server.calls.filter(c => c.startsWith('events')).length
+      server.calls.filter(c => c.startsWith('events?')).length
     );
     // The long-poll never waits past the next workers refresh.
     const waits = server.calls
-      .filter(
-        c =>
-          c.startsWith('events?since=') &&
-          !c.includes(String(Number.MAX_SAFE_INTEGER))
-      )
+      .filter(c => c.startsWith('events?cursor='))
       .map(c => Number(c.split('wait=')[1]));
     expect(Math.max(...waits)).toBeLessThanOrEqual(WORKERS_REFRESH);
     m.dispose();

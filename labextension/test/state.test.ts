@@ -16,55 +16,55 @@ import {
   queue,
   workerList
 } from '../src/state';
-import { job, jobEvent, withState, worker, workerEvent } from './fixtures';
+import {
+  cursor,
+  job,
+  jobEvent,
+  page,
+  report,
+  withState,
+  worker,
+  workerEvent
+} from './fixtures';
 
 describe('folding events', () => {
-  it('applies jobs and workers and moves the cursor', () => {
+  it("applies jobs and workers and moves to the page's cursor", () => {
     const a = job('a', 1);
-    const s1 = applyEvents(emptyState(), {
-      events: [jobEvent(1, a), workerEvent(2, worker('w', 'box'))],
-      next_since: 2,
-      reset: false
-    });
+    const s1 = applyEvents(
+      emptyState(),
+      page([jobEvent(1, a), workerEvent(2, worker('w', 'box'))])
+    );
     expect(s1.jobs.get('a')?.state).toBe('queued');
     expect(s1.workers.get('w')?.name).toBe('box');
-    expect(s1.since).toBe(2);
-    const s2 = applyEvents(s1, {
-      events: [jobEvent(3, withState(a, 'running'))],
-      next_since: 3,
-      reset: false
-    });
+    expect(s1.cursor).toBe(cursor(2));
+    const s2 = applyEvents(s1, page([jobEvent(3, withState(a, 'running'))]));
     expect(s2.jobs.get('a')?.state).toBe('running');
+    expect(s2.cursor).toBe(cursor(3));
     expect(s1.jobs.get('a')?.state).toBe('queued'); // never mutated
   });
 
   it('returns the same state when nothing changed (no re-render)', () => {
-    const s = fromSnapshot([job('a', 1)], [], 5);
-    expect(applyEvents(s, { events: [], next_since: 5, reset: false })).toBe(s);
+    const s = fromSnapshot([job('a', 1)], [], cursor(5));
+    expect(applyEvents(s, page([], 5))).toBe(s);
   });
 
-  it('skips events at or before the cursor', () => {
-    const s = fromSnapshot([withState(job('a', 1), 'succeeded')], [], 5);
-    const next = applyEvents(s, {
-      events: [jobEvent(4, job('a', 1))],
-      next_since: 6,
-      reset: false
-    });
-    expect(next.jobs.get('a')?.state).toBe('succeeded');
-    expect(next.since).toBe(6);
+  it("follows the server's cursor even when a page brings no events", () => {
+    const s = fromSnapshot([job('a', 1)], [], cursor(5));
+    const next = applyEvents(s, page([], 6));
+    expect(next.cursor).toBe(cursor(6));
+    expect(next.jobs).toBe(s.jobs);
   });
 
   it('converges on the newest state when events overlap a snapshot', () => {
     // cursor taken at 10, then the lists (already showing "running"), then events 11..12
-    const s = fromSnapshot([withState(job('a', 1), 'running')], [], 10);
-    const next = applyEvents(s, {
-      events: [
+    const s = fromSnapshot([withState(job('a', 1), 'running')], [], cursor(10));
+    const next = applyEvents(
+      s,
+      page([
         jobEvent(11, withState(job('a', 1), 'placed')),
         jobEvent(12, withState(job('a', 1), 'running'))
-      ],
-      next_since: 12,
-      reset: false
-    });
+      ])
+    );
     expect(next.jobs.get('a')?.state).toBe('running');
   });
 
@@ -74,11 +74,7 @@ describe('folding events', () => {
       events.push(jobEvent(i, withState(job(`f${i}`, i), 'succeeded')));
     }
     events.push(jobEvent(11, withState(job('live', 0), 'running')));
-    const s = applyEvents(
-      emptyState(),
-      { events, next_since: 11, reset: false },
-      3
-    );
+    const s = applyEvents(emptyState(), page(events), 3);
     expect([...s.jobs.keys()].sort()).toEqual(['f10', 'f8', 'f9', 'live']);
   });
 });
@@ -93,16 +89,7 @@ describe('lists', () => {
     ) =>
       job(id, seq, {
         spec: { ...job(id, seq).spec, priority },
-        pending: {
-          job_id: id,
-          workers_total: 1,
-          workers_feasible: 0,
-          reserved_by: null,
-          reservation: [],
-          position,
-          sentence: `s ${id}`,
-          candidates: []
-        }
+        pending: report(id, { position, sentence: `s ${id}` })
       });
     const s = fromSnapshot(
       [
@@ -113,7 +100,7 @@ describe('lists', () => {
         withState(job('r', 0), 'running')
       ],
       [],
-      0
+      ''
     );
     expect(queue(s).map(j => j.id)).toEqual(['b', 'c', 'd', 'a']);
   });
@@ -130,7 +117,7 @@ describe('lists', () => {
         withState(job('p', 7), 'placed')
       ],
       [],
-      0
+      ''
     );
     expect(jobList(s).map(j => j.id)).toEqual([
       'p',
@@ -151,21 +138,28 @@ describe('lists', () => {
     });
   });
 
-  it('sorts workers by name with lost ones last', () => {
+  it("sorts workers by name with gone ones (the server's `live`) last", () => {
     const s = fromSnapshot(
       [],
       [
         worker('1', 'zeta'),
-        worker('2', 'alpha', { state: 'lost' }),
-        worker('3', 'beta')
+        worker('2', 'alpha', { state: 'lost', live: false }),
+        worker('3', 'beta'),
+        // The server's word wins: the panel repeats no rule about states.
+        worker('4', 'aaa', { state: 'offline', live: false })
       ],
-      0
+      ''
     );
-    expect(workerList(s).map(w => w.name)).toEqual(['beta', 'zeta', 'alpha']);
+    expect(workerList(s).map(w => w.name)).toEqual([
+      'beta',
+      'zeta',
+      'aaa',
+      'alpha'
+    ]);
   });
 
   it('finds jobs by id or unique prefix', () => {
-    const s = fromSnapshot([job('abcdef', 1), job('abcxyz', 2)], [], 0);
+    const s = fromSnapshot([job('abcdef', 1), job('abcxyz', 2)], [], '');
     expect(findJob(s, 'abcdef')?.id).toBe('abcdef');
     expect(findJob(s, 'abcx')?.id).toBe('abcxyz');
     expect(findJob(s, 'abc')).toBeNull(); // ambiguous
@@ -187,6 +181,7 @@ describe('lists', () => {
 
 describe('log buffer', () => {
   const rec = (seq: number, rank: number | null = null): ILogRecord => ({
+    api_version: 'gpulayer/v1',
     seq,
     time: seq,
     stream: seq % 2 ? 'stdout' : 'stderr',

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import tornado.web
 
-from gpulayer_kernel.api import USER_ROUTES, WORKER_ROUTES, user_handlers
-from gpulayer_kernel.api._base import GLMixin
-from gpulayer_kernel.api.handlers import compose
+from gpulayer_kernel.api import USER_ROUTES, WORKER_ROUTES, GLMixin, user_handlers
+from gpulayer_kernel.api.routes import compose
 from gpulayer_kernel.client import AsyncClient, Client
 from gpulayer_kernel.contracts import CommandWorkload, JobSpec, JobState
 from gpulayer_kernel.controlplane import ControlPlane

@@ -23,6 +23,7 @@ from gpulayer_kernel.errors import (
     Unauthorized,
     ValidationFailed,
 )
+from gpulayer_kernel.testing import until
 
 from .conftest import Api, sha, start_api, stop_api
 
@@ -130,7 +131,8 @@ async def test_bodies_over_the_limit_get_413_and_the_connection_survives(
     tmp_path: Path,
 ) -> None:
     api = await start_api(
-        tmp_path, limits=ApiLimits(max_json=4096, max_blob=64 << 10, drain_max=1 << 20)
+        tmp_path,
+        limits=ApiLimits(max_json=4096, max_blob=64 << 10, max_bundle=64 << 10, drain_max=1 << 20),
     )
     try:
         big = {"workload": {"kind": "command", "argv": ["echo", "x" * 10_000]}}
@@ -204,40 +206,57 @@ async def test_tokens_in_urls_are_refused_and_never_logged(
 
 async def test_long_poll_answers_the_moment_something_happens(gl_api: Api) -> None:
     async with AsyncClient(gl_api.url, gl_api.client_token) as c:
-        since = (await c.events(0)).next_since
+        cursor = await c.event_cursor()
         t0 = time.monotonic()
-        poll = asyncio.create_task(c.events(since, wait=20))
-        await asyncio.sleep(0.2)
+        poll = asyncio.create_task(c.events(cursor=cursor, wait=20))
+        await until(lambda: gl_api.server.context.polls == 1, what="the server to hold the poll")
         assert not poll.done()
         await gl_api.cp.submit(cmd("true"))
         page = await asyncio.wait_for(poll, 5)
         assert page.events and time.monotonic() - t0 < 5
+        assert page.cursor != cursor and not page.reset
+
+
+async def test_events_follow_a_cursor_and_see_a_restart(gl_api: Api) -> None:
+    async with AsyncClient(gl_api.url, gl_api.client_token) as c:
+        first = await c.submit(cmd("true", name="before"))
+        cursor = await c.event_cursor()  # from now: "before" is behind it
+        assert cursor == (await gl_api.call("GET", "/events/cursor")).json()["cursor"]
+        second = await c.submit(cmd("true", name="after"))
+        page = await c.events(cursor=cursor)
+        jobs = {e.job.id for e in page.events if e.job is not None}
+        assert second.id in jobs and first.id not in jobs and not page.reset
+        assert (await c.events(cursor=page.cursor)).events == []
+        # Older clients follow sequence numbers; the same events come back.
+        old = await c.events(since=0)
+        assert first.id in {e.job.id for e in old.events if e.job is not None}
+        # A cursor from another epoch (a control plane since restarted) says so.
+        epoch, _, seq = cursor.rpartition(":")
+        stale = await c.events(cursor=f"{epoch}0:{seq}")
+        assert stale.reset and stale.cursor.rpartition(":")[0] == epoch
+    r = await gl_api.call("GET", "/events", params={"cursor": "9" * 100})
+    assert r.status_code == 400 and error_shape(r)["details"] == {"parameter": "cursor"}
 
 
 async def test_a_client_leaving_ends_its_long_poll(gl_api: Api) -> None:
     ctx = gl_api.server.context
     job = await gl_api.cp.submit(cmd("true"))
-    while (await gl_api.cp.get(job.id)).pending is None:  # its scheduling pass has run
-        await asyncio.sleep(0.01)
-    now = (await gl_api.cp.events()).next_since  # nothing after it yet: the poll waits
+
+    async def scheduled() -> bool:  # its scheduling pass has run
+        return (await gl_api.cp.get(job.id)).pending is not None
+
+    await until(scheduled, what="the job's first scheduling pass")
+    now = await gl_api.cp.event_cursor()  # nothing after it yet: the poll waits
     polls = [
-        asyncio.create_task(gl_api.call("GET", "/events", params={"since": now, "wait": 50})),
+        asyncio.create_task(gl_api.call("GET", "/events", params={"cursor": now, "wait": 50})),
         asyncio.create_task(gl_api.call("GET", f"/jobs/{job.id}/logs", params={"wait": 50})),
     ]
-    for _ in range(100):
-        if ctx.polls == 2:
-            break
-        await asyncio.sleep(0.02)
-    assert ctx.polls == 2
+    await until(lambda: ctx.polls == 2, 2, what="both long-polls to be held")
     for p in polls:
         p.cancel()
     await asyncio.gather(*polls, return_exceptions=True)
     await gl_api.http.aclose()  # closes the connections: the server notices
-    for _ in range(200):
-        if ctx.polls == 0:
-            break
-        await asyncio.sleep(0.02)
-    assert ctx.polls == 0
+    await until(lambda: ctx.polls == 0, 4, what="the server to end both polls")
     gl_api.http = httpx.AsyncClient(trust_env=False)
 
 
@@ -246,10 +265,7 @@ async def test_stopping_the_server_ends_long_polls(tmp_path: Path) -> None:
     try:
         job = await api.cp.submit(cmd("true"))
         poll = asyncio.create_task(api.call("GET", f"/jobs/{job.id}/wait", params={"timeout": 50}))
-        for _ in range(100):
-            if api.server.context.polls:
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: api.server.context.polls, 2, what="the server to hold the poll")
         t0 = time.monotonic()
         await api.server.stop()
         r = await asyncio.wait_for(poll, 5)
@@ -302,7 +318,7 @@ async def test_worker_state_and_unknown_worker(gl_api: Api) -> None:
 
 
 def test_openapi_covers_every_route_and_the_route_table_doc() -> None:
-    doc = build_openapi()
+    doc = build_openapi(operations())
     ops = operations()
     assert sum(len(v) for v in doc["paths"].values()) == len(ops)
     table = (ROOT / "docs" / "api-routes.md").read_text()
@@ -320,6 +336,8 @@ async def test_openapi_json_is_served(gl_api: Api) -> None:
     assert r.status_code == 200
     assert r.json()["openapi"] == "3.1.0"
     assert r.json()["servers"] == [{"url": "/api/v1"}]
+    assert r.json()["paths"] == build_openapi(operations())["paths"]
+    assert "/events/cursor" in r.json()["paths"]
 
 
 @pytest.mark.slow

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from gpulayer_kernel.contracts import (
 from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.errors import Conflict, InvalidInput, NotFound
 from gpulayer_kernel.store import LocalArtifactStore, SqliteStore
+from gpulayer_kernel.testing import FakeClock, until
 
 from ..conftest import WorkerFactory, pid_alive
 
@@ -29,6 +29,14 @@ PY = sys.executable
 
 def cmd(*argv: str, **kw: object) -> JobSpec:
     return JobSpec(workload=CommandWorkload(argv=list(argv)), **kw)  # type: ignore[arg-type]
+
+
+async def job_is(cp: ControlPlane, job_id: str, state: JobState) -> bool:
+    return (await cp.get(job_id)).state == state
+
+
+async def is_running(cp: ControlPlane, job_id: str) -> bool:
+    return await job_is(cp, job_id, JobState.RUNNING)
 
 
 async def texts(cp: ControlPlane, job_id: str, stream: str | None = None) -> list[str]:
@@ -127,11 +135,7 @@ async def test_cancel_stops_the_whole_process_group(
     done = await gl_cp.wait(job.id, timeout=15)
     assert done.state == JobState.CANCELLED
     assert done.reason == "cancelled by user"
-    for _ in range(100):
-        if not pid_alive(child):
-            break
-        await asyncio.sleep(0.05)
-    assert not pid_alive(child), "the job's child process outlived the cancel"
+    await until(lambda: not pid_alive(child), 5, what="the job's child process to stop")
 
 
 async def test_children_left_behind_by_a_finished_job_are_stopped(
@@ -147,8 +151,7 @@ async def test_children_left_behind_by_a_finished_job_are_stopped(
     done = await gl_cp.wait(job.id, timeout=30)
     assert done.state == JobState.SUCCEEDED
     child = int((await texts(gl_cp, job.id, "stdout"))[0].split()[1])
-    await asyncio.sleep(0.2)
-    assert not pid_alive(child)
+    await until(lambda: not pid_alive(child), 5, what="the left-behind child to be stopped")
 
 
 async def test_cancel_a_queued_job_and_cancel_is_idempotent(gl_cp: ControlPlane) -> None:
@@ -324,17 +327,20 @@ async def test_a_job_needing_an_unset_secret_fails_with_the_name(
     assert done.reason is not None and "NOPE" in done.reason
 
 
+@pytest.mark.parametrize("gl_clock", [FakeClock()])
 async def test_a_silent_worker_is_lost_and_its_job_with_it(
-    gl_cp: ControlPlane, gl_worker: WorkerFactory
+    gl_cp: ControlPlane, gl_worker: WorkerFactory, gl_clock: FakeClock
 ) -> None:
     agent = await gl_worker()
     job = await gl_cp.submit(cmd("sleep", "30"))
-    while (await gl_cp.get(job.id)).state != JobState.RUNNING:
-        await asyncio.sleep(0.02)
+    await until(lambda: is_running(gl_cp, job.id), what="the job to run")
     # The worker process "dies": its loops stop and it never heartbeats again.
     for t in agent._loops:
         t.cancel()
-    done = await gl_cp.wait(job.id, timeout=15)
+    for _ in range(10):  # the heartbeat timeout is 2 s (of the fake clock)
+        await gl_clock.advance(0.5)
+    await until(lambda: job_is(gl_cp, job.id, JobState.LOST), what="the job to be lost")
+    done = await gl_cp.get(job.id)
     assert done.state == JobState.LOST
     assert done.reason is not None and "no heartbeat" in done.reason
     [w] = await gl_cp.workers()
@@ -349,8 +355,7 @@ async def test_restart_marks_in_process_jobs_lost_and_keeps_finished_ones(
     await gl_worker()
     ok = await gl_cp.wait((await gl_cp.submit(cmd("echo", "kept"))).id, timeout=30)
     running = await gl_cp.submit(cmd("sleep", "30"))
-    while (await gl_cp.get(running.id)).state != JobState.RUNNING:
-        await asyncio.sleep(0.02)
+    await until(lambda: is_running(gl_cp, running.id), what="the job to run")
     # A second control plane on the same file, as after a crash of the first host process.
     store = SqliteStore(tmp_path / "cp.db")
     await store.open()
@@ -372,8 +377,7 @@ async def test_worker_reports_for_jobs_it_does_not_own_are_refused(
     a = await gl_worker("a")
     await gl_worker("b")
     job = await gl_cp.submit(cmd("sleep", "5", resources=Resources(worker="b")))
-    while (await gl_cp.get(job.id)).state != JobState.RUNNING:
-        await asyncio.sleep(0.02)
+    await until(lambda: is_running(gl_cp, job.id), what="the job to run")
     assert a.info is not None
     with pytest.raises(Conflict):
         await gl_cp.append_logs(a.info.id, job.id, [])
@@ -425,22 +429,23 @@ async def test_events_after_a_restart_ask_the_client_to_refetch(gl_cp: ControlPl
     assert page.reset and page.next_since < 10_000
 
 
+@pytest.mark.parametrize("gl_clock", [FakeClock()])
 async def test_a_waiting_gang_reserves_devices_without_any_other_event(
-    tmp_path: Path, gl_worker: WorkerFactory, gl_cp: ControlPlane
+    tmp_path: Path, gl_worker: WorkerFactory, gl_cp: ControlPlane, gl_clock: FakeClock
 ) -> None:
     gl_cp.reserve_after = 0.3
     await gl_worker(gpus=2)
     small = await gl_cp.submit(cmd("sleep", "30", resources=Resources(gpus=1)))
-    while (await gl_cp.get(small.id)).state != JobState.RUNNING:
-        await asyncio.sleep(0.02)
+    await until(lambda: is_running(gl_cp, small.id), what="the small job to run")
     gang = await gl_cp.submit(cmd("true", resources=Resources(gpus=2)))
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    async def reserved() -> bool:
         report = (await gl_cp.get(gang.id)).pending
-        if report is not None and report.reservation:
-            break
-        await asyncio.sleep(0.05)
-    assert report is not None and report.reservation, report
+        return report is not None and bool(report.reservation)
+
+    assert not await reserved()
+    await gl_clock.advance(0.5)  # past reserve_after: only the reservation timer fires
+    await until(reserved, 5, what="the gang's reservation")
     await gl_cp.cancel(small.id)
     done = await gl_cp.wait(gang.id, timeout=20)
     assert done.state == JobState.SUCCEEDED

@@ -6,8 +6,6 @@ import importlib.util
 import os
 import sys
 import textwrap
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ import pytest
 
 from gpulayer_kernel.contracts import Job, JobSpec
 from gpulayer_kernel.controlplane import ControlPlane
+from gpulayer_kernel.testing import wait_until
 
 from ..conftest import pid_alive
 
@@ -117,22 +116,16 @@ def processes_matching(marker: str) -> list[tuple[int, str]]:
     return found
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
-    # Polls a test condition (never on a product path); returns the last answer.
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return predicate()
-        time.sleep(0.05)
-    return True
-
-
 @pytest.fixture
 def no_leftovers(tmp_path: Path):  # type: ignore[no-untyped-def]
     """After the test: no process that mentions this test's tmp dir survives (5 s grace)."""
     yield
     marker = str(tmp_path)
-    ok = wait_until(lambda: not processes_matching(marker), 5.0)
+    try:
+        wait_until(lambda: not processes_matching(marker), 5.0, what="the test's processes to end")
+        ok = True
+    except TimeoutError:
+        ok = False
     left = processes_matching(marker)
     for pid, _ in left:  # do not leak them into the next test, even when failing this one
         try:

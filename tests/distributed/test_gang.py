@@ -18,7 +18,7 @@ import pytest
 from gpulayer_kernel import bundles
 from gpulayer_kernel.contracts import JobSpec, JobState, PythonWorkload, Reason, Resources
 from gpulayer_kernel.controlplane import ControlPlane
-from gpulayer_kernel.worker import launch
+from gpulayer_kernel.worker import ports
 
 from ..conftest import WorkerFactory
 from .conftest import (
@@ -170,15 +170,15 @@ async def test_a_taken_port_is_picked_again_not_a_hang(
 ) -> None:
     await gl_worker(name="w1", gpus=2)
     with _listener() as taken:
-        busy, free = taken.getsockname()[1], launch.free_port()
-        monkeypatch.setenv(launch.PORTS_ENV, f"{busy},{free}")
+        busy, free = taken.getsockname()[1], ports.free_port()
+        monkeypatch.setenv(ports.PORTS_ENV, f"{busy},{free}")
         job = await run_to_end(gl_cp, command_spec([PY, str(scripts / "outputs.py")], gpus=2))
         assert job.state == JobState.SUCCEEDED, job.reason
         texts = [t for _, _, t in await lines(gl_cp, job.id)]
         assert texts.count(f"master 127.0.0.1:{free}") == 2
         assert any(t.endswith(f"rendezvous at 127.0.0.1:{free}") for t in texts)
         # Nothing free at all: the job fails at once, saying so, instead of hanging.
-        monkeypatch.setenv(launch.PORTS_ENV, f"{busy}")
+        monkeypatch.setenv(ports.PORTS_ENV, f"{busy}")
         started = time.monotonic()
         job = await run_to_end(gl_cp, command_spec([PY, str(scripts / "outputs.py")], gpus=2))
         assert job.state == JobState.FAILED and time.monotonic() - started < 10

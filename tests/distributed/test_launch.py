@@ -1,4 +1,4 @@
-"""launch.py on its own: torchrun's argv, the port it reserves, rank tags and failure reasons.
+"""launch.py and ports.py on their own: torchrun's argv, the port it reserves, rank tags, reasons.
 
 Fast tests, no job processes; one runs ``torchrun --help`` to check every flag we pass exists.
 """
@@ -9,12 +9,12 @@ import asyncio
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpulayer_kernel.clock import SYSTEM_CLOCK, Clock
 from gpulayer_kernel.contracts import (
     FinishReport,
     Job,
@@ -28,8 +28,12 @@ from gpulayer_kernel.contracts import (
     WorkerRegistration,
 )
 from gpulayer_kernel.errors import Conflict, GPUlayerError
-from gpulayer_kernel.worker import launch
-from gpulayer_kernel.worker.executor import ExecutorConfig
+from gpulayer_kernel.job import OUTPUT_ENV
+from gpulayer_kernel.testing import FakeClock, until
+from gpulayer_kernel.worker import launch, ports
+from gpulayer_kernel.worker.config import ExecutorConfig
+from gpulayer_kernel.worker.exits import describe_exit
+from gpulayer_kernel.worker.ports import PortReservations
 from gpulayer_kernel.worker.transport import Transport
 
 from .conftest import needs_torch
@@ -38,9 +42,10 @@ from .conftest import needs_torch
 class FakeTransport(Transport):
     """Records rendezvous calls; ``get_rendezvous`` answers ``record`` or times out."""
 
-    def __init__(self, record: Rendezvous | None = None) -> None:
+    def __init__(self, record: Rendezvous | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.published: list[tuple[str, Rendezvous]] = []
         self.record = record
+        self.clock = clock
         self.waits: list[float] = []
 
     async def publish_rendezvous(self, job_id: str, rdzv: Rendezvous) -> None:
@@ -50,7 +55,7 @@ class FakeTransport(Transport):
         self.waits.append(wait)
         if self.record is not None:
             return self.record
-        await asyncio.sleep(wait)  # a long-poll that runs out
+        await self.clock.sleep(wait)  # a long-poll that runs out
         raise Conflict("no rendezvous yet", code="rendezvous_pending")
 
     async def register(self, reg: WorkerRegistration) -> WorkerInfo:
@@ -100,12 +105,26 @@ def assignment(
 
 
 def make(
-    a: JobAssignment, tmp_path: Path, transport: Transport | None = None, **config: Any
+    a: JobAssignment,
+    tmp_path: Path,
+    transport: Transport | None = None,
+    *,
+    held: PortReservations | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+    **config: Any,
 ) -> tuple[launch.Launch, dict[str, str], list[str]]:
     said: list[str] = []
     cfg = ExecutorConfig(work_root=tmp_path, **config)
-    env = {launch.OUTPUT_ENV: str(tmp_path / "job" / "output")}
-    return launch.Launch(a, transport or FakeTransport(), cfg, said.append), env, said
+    env = {OUTPUT_ENV: str(tmp_path / "job" / "output")}
+    lx = launch.Launch(
+        a,
+        transport or FakeTransport(),
+        cfg,
+        said.append,
+        ports=held if held is not None else PortReservations(),
+        clock=clock,
+    )
+    return lx, env, said
 
 
 def flag(argv: list[str], name: str) -> str:
@@ -129,11 +148,11 @@ def test_device_env_names_exactly_the_placed_devices() -> None:
 
 
 def test_parse_ports_reads_lists_and_ranges() -> None:
-    assert launch.parse_ports("29500-29502, 29600,") == [29500, 29501, 29502, 29600]
+    assert ports.parse_ports("29500-29502, 29600,") == [29500, 29501, 29502, 29600]
     with pytest.raises(GPUlayerError, match="'x' is not a port"):
-        launch.parse_ports("29500,x")
+        ports.parse_ports("29500,x")
     with pytest.raises(GPUlayerError, match="not within 1-65535"):
-        launch.parse_ports("70000")
+        ports.parse_ports("70000")
 
 
 def _listener() -> socket.socket:
@@ -144,23 +163,25 @@ def _listener() -> socket.socket:
 
 
 def test_a_taken_port_is_skipped_and_the_next_one_reserved() -> None:
+    worker = PortReservations()
     with _listener() as taken:
         busy = taken.getsockname()[1]
-        free = launch.free_port()
-        held = launch.reserve_port("127.0.0.1", [busy, free])
+        free = ports.free_port()
+        held = worker.reserve("127.0.0.1", [busy, free])
         try:
-            assert held.getsockname()[1] == free
+            assert held.getsockname()[1] == free and free in worker
             # The same worker never hands one port to two jobs at once.
             with pytest.raises(GPUlayerError, match=f"tried {busy}") as err:
-                launch.reserve_port("127.0.0.1", [busy, free])
+                worker.reserve("127.0.0.1", [busy, free])
             assert "GPULAYER_RENDEZVOUS_PORTS" in err.value.hint
         finally:
-            held.close()
-            launch._reserved_ports.discard(free)
+            worker.release(held)
+    assert free not in worker
 
 
 def test_a_reserved_port_is_free_for_torchruns_store_only() -> None:
-    held = launch.reserve_port("127.0.0.1", [0])
+    worker = PortReservations()
+    held = worker.reserve("127.0.0.1", [0])
     port = held.getsockname()[1]
     try:
         plain = socket.socket()
@@ -174,35 +195,35 @@ def test_a_reserved_port_is_free_for_torchruns_store_only() -> None:
         store.listen()
         store.close()
     finally:
-        held.close()
-        launch._reserved_ports.discard(port)
+        worker.release(held)
 
 
 def test_configured_ports_all_taken_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     with _listener() as taken:
         busy = taken.getsockname()[1]
-        monkeypatch.setenv(launch.PORTS_ENV, f"{busy}")
+        monkeypatch.setenv(ports.PORTS_ENV, f"{busy}")
         with pytest.raises(GPUlayerError, match=f"no free port for the rendezvous.*{busy}"):
-            launch.reserve_port("127.0.0.1")
+            PortReservations().reserve("127.0.0.1")
 
 
 def test_interface_for_finds_loopback_and_nothing_for_a_foreign_address() -> None:
-    assert launch.interface_for("127.0.0.1") == "lo"
-    assert launch.interface_for("192.0.2.77") is None  # TEST-NET-1: on no interface here
+    assert ports.interface_for("127.0.0.1") == "lo"
+    assert ports.interface_for("192.0.2.77") is None  # TEST-NET-1: on no interface here
 
 
 # -- argv ---------------------------------------------------------------------------------------
 
 
 async def test_single_host_gang_runs_torchrun_with_a_static_rendezvous(tmp_path: Path) -> None:
-    lx, env, said = make(assignment(gpus=2), tmp_path)
+    held = PortReservations()
+    lx, env, said = make(assignment(gpus=2), tmp_path, held=held)
     argv = await lx.wrap(["python", "train.py", "--lr", "1"], env)
     try:
         assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
         assert flag(argv, "nnodes") == "1" and flag(argv, "nproc-per-node") == "2"
         assert flag(argv, "node-rank") == "0" and flag(argv, "master-addr") == "127.0.0.1"
         port = int(flag(argv, "master-port"))
-        assert lx.master == ("127.0.0.1", port) and port in launch._reserved_ports
+        assert lx.master == ("127.0.0.1", port) and port in held
         assert flag(argv, "max-restarts") == "0" and flag(argv, "tee") == "3"
         assert flag(argv, "log-dir") == str(tmp_path / "job" / "torchrun")
         rank_argv = argv[argv.index("--no-python") + 1 :]
@@ -216,7 +237,7 @@ async def test_single_host_gang_runs_torchrun_with_a_static_rendezvous(tmp_path:
         ]
     finally:
         lx.close()
-    assert port not in launch._reserved_ports
+    assert port not in held
 
 
 async def test_non_gang_jobs_run_as_they_are(tmp_path: Path) -> None:
@@ -253,12 +274,18 @@ async def test_other_nodes_use_the_published_record(tmp_path: Path) -> None:
 
 
 async def test_a_rendezvous_that_never_comes_fails_with_the_reason(tmp_path: Path) -> None:
+    clock = FakeClock()
     a = assignment(gpus=1, nodes=2, node_rank=1)
-    lx, env, _ = make(a, tmp_path, FakeTransport(), rendezvous_timeout=0.3)
-    started = time.monotonic()
-    with pytest.raises(GPUlayerError, match=r"rendezvous did not complete within 0.3s") as err:
-        await lx.wrap(["python", "x.py"], env)
-    assert time.monotonic() - started < 3.0
+    t = FakeTransport(clock=clock)
+    lx, env, _ = make(a, tmp_path, t, clock=clock, rendezvous_timeout=30.0)
+    wrapping = asyncio.create_task(lx.wrap(["python", "x.py"], env))
+    await until(lambda: t.waits, what="the first long-poll")
+    await clock.advance(29.0)
+    assert not wrapping.done()  # still within the rendezvous timeout
+    await clock.advance(1.0)
+    with pytest.raises(GPUlayerError, match=r"rendezvous did not complete within 30s") as err:
+        await wrapping
+    assert clock.monotonic() == 30.0 and t.waits[0] == 30.0
     assert "--advertise-addr" in err.value.hint
 
 
@@ -362,6 +389,15 @@ def test_a_signal_and_a_silent_rank_are_described(tmp_path: Path) -> None:
         .replace("exitcode  : 1 (pid: 7509)", "exitcode  : -9 (pid: 7509)"),
     )
     assert lx.failure_reason(137) == "rank 0 on worker0 was killed by SIGKILL (it printed nothing)"
+
+
+def test_exit_wording_is_one_rule_for_jobs_and_ranks() -> None:
+    assert describe_exit(3) == "exited with code 3"
+    assert describe_exit(-9) == "killed by SIGKILL"
+    assert describe_exit(-9, subject="rank 2") == "rank 2 was killed by SIGKILL"
+    assert describe_exit(1, subject="rank 2") == "rank 2 exited with code 1"
+    assert describe_exit(-99) == "killed by signal 99"
+    assert describe_exit(None) == "the process did not report an exit status"
 
 
 def test_torchrun_failing_before_the_ranks_is_explained(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import pytest
 from gpulayer_kernel.contracts import JobState, WorkerRegistration
 from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.store import LocalArtifactStore, SqliteStore
-from gpulayer_kernel.testing import ServeProcess, WorkerProcess
+from gpulayer_kernel.testing import FakeClock, ServeProcess, WorkerProcess, until, wait_until
 
 from ..conftest import WorkerFactory, sim_caps
 from .conftest import (
@@ -31,7 +30,6 @@ from .conftest import (
     pid_alive,
     rank_pids,
     run_to_end,
-    wait_until,
 )
 
 pytestmark = [
@@ -97,16 +95,19 @@ async def test_a_failing_rank_on_one_node_stops_the_other_node(
     pids = rank_pids(await lines(gl_cp, job.id))
     assert set(pids) == {0, 1}
     # The other node's rank (asleep, on another worker) is stopped within seconds.
-    assert wait_until(lambda: not any(pid_alive(p) for p in pids.values()), 10.0)
+    await until(lambda: not any(pid_alive(p) for p in pids.values()), 10.0, what=f"{pids} gone")
 
 
 async def test_a_rendezvous_that_never_completes_fails_the_job(tmp_path: Path) -> None:
     """Rank 0's worker never publishes (it never even takes the job): fail with the reason."""
     store = SqliteStore(tmp_path / "cp.db")
     await store.open()
+    # On a fake clock the mute workers, which never heartbeat, stay live until time is moved.
+    clock = FakeClock()
     cp = ControlPlane(
         store,
         LocalArtifactStore(tmp_path / "blobs"),
+        clock=clock,
         heartbeat_timeout=2.0,
         rendezvous_timeout=1.0,
     )
@@ -115,27 +116,29 @@ async def test_a_rendezvous_that_never_completes_fails_the_job(tmp_path: Path) -
         (await cp.register(WorkerRegistration(name=n, capabilities=sim_caps(1)))).id
         for n in ("mute1", "mute2")
     ]
-
-    async def keep_alive() -> None:
-        while True:
-            for wid in ids:
-                await cp.heartbeat(wid)
-            await asyncio.sleep(0.2)
-
-    beat = asyncio.create_task(keep_alive())
     try:
         job = await cp.submit(command_spec(["true"], gpus=1, nodes=2))
-        started = time.monotonic()
-        job = await cp.wait(job.id, timeout=10)
+
+        async def placed() -> bool:
+            return (await cp.get(job.id)).state == JobState.PLACED
+
+        async def ended() -> bool:
+            return (await cp.get(job.id)).state.terminal
+
+        await until(placed, what="the job's placement")
+        started = clock.monotonic()
+        await clock.advance(1.5)  # past the rendezvous timeout, within the heartbeat timeout
+        # Real seconds from here: the failure is committed by the store's writer thread.
+        await until(ended, what="the job to end")
+        job = await cp.get(job.id)
         assert job.state == JobState.FAILED
         assert job.reason == (
             "rendezvous did not complete within 1s: the rank-0 worker never published its address"
         )
-        assert time.monotonic() - started < 5
+        assert clock.monotonic() - started < 5  # it failed on the reaper's first rounds
         for wid in ids:  # every node is told to stop
             assert job.id in (await cp.next_work(wid)).cancel
     finally:
-        beat.cancel()
         await cp.close()
         await store.close()
 
@@ -168,7 +171,7 @@ async def test_a_worker_killed_mid_gang_stops_the_others_and_is_not_retried(
             def both_running() -> bool:
                 return set(rank_pids(_records(c, job.id))) == {0, 1}
 
-            assert await asyncio.to_thread(wait_until, both_running, 60.0)
+            await asyncio.to_thread(wait_until, both_running, 60.0, what="both ranks running")
             pids = rank_pids(_records(c, job.id))
             placed = c.get(job.id).placement
             assert placed is not None
@@ -179,9 +182,7 @@ async def test_a_worker_killed_mid_gang_stops_the_others_and_is_not_retried(
         assert done.state == JobState.LOST and done.attempts == 0, done
         assert done.reason is not None and done.reason.startswith(f"worker {victim} was lost")
         # Its own rank died with it (pdeathsig) and the survivor's was stopped by its worker.
-        assert await asyncio.to_thread(
-            wait_until, lambda: not any(pid_alive(p) for p in pids.values()), 10.0
-        ), pids
+        await until(lambda: not any(pid_alive(p) for p in pids.values()), 10.0, what=f"{pids} gone")
     finally:
         for w in workers.values():
             await asyncio.to_thread(w.stop)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulayer_kernel import testing
 from gpulayer_kernel.testing import ServeProcess, WorkerProcess
+from gpulayer_kernel.testing import processes as spawning
 
 from .conftest import PY, ROOT, needs_torch
 
@@ -99,11 +99,12 @@ def two_namespaces() -> Iterator[tuple[str, str, str]]:
 def inside(monkeypatch: pytest.MonkeyPatch, ns: str) -> Iterator[None]:
     """Start the next ServeProcess/WorkerProcess inside netns ``ns`` (``ip netns exec``)."""
     base = [PY, "-m", "gpulayer_kernel.cli"]
-    monkeypatch.setattr(testing, "GL", ["ip", "netns", "exec", ns, *base])
+    # Patched where ServeProcess/WorkerProcess read it (the package only re-exports it).
+    monkeypatch.setattr(spawning, "GL", ["ip", "netns", "exec", ns, *base])
     try:
         yield
     finally:
-        monkeypatch.setattr(testing, "GL", base)
+        monkeypatch.setattr(spawning, "GL", base)
 
 
 def _tx_bytes(ns: str, dev: str) -> int:

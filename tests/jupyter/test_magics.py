@@ -18,10 +18,12 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from gpulayer_kernel.contracts import JobState
+from gpulayer_kernel import render
+from gpulayer_kernel.contracts import Job, JobState
 from gpulayer_kernel.jupyter import bridge as bridge_mod
 from gpulayer_kernel.jupyter import magics
 from gpulayer_kernel.jupyter.handle import CellError, JobCancelled, JobFailed, JobHandle, NoResult
+from gpulayer_kernel.testing import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -222,9 +224,7 @@ def test_unchanged_cell_reuses_its_bundle(
 def test_no_wait_handle_pending_reason_and_cancel(ip: InteractiveShell) -> None:
     handle = cell(ip, "--gpus 1 --no-wait --handle waiting", "print('never runs here')")
     assert isinstance(handle, JobHandle) and ip.user_ns["waiting"] is handle
-    deadline = time.monotonic() + 10
-    while handle.job.pending is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: handle.job.pending is not None, 10, what="the scheduler's reason")
     job = handle.job
     assert job.state == JobState.QUEUED and job.pending is not None
     assert "no GPUs" in job.pending.sentence and not job.pending.waiting_helps
@@ -243,19 +243,26 @@ def repr_text(ip: InteractiveShell, obj: object) -> str:
 
 
 def test_blocking_gpu_cell_says_why_it_waits_until_cancelled(
-    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bridge = bridge_mod.get_bridge()
+    said: list[str] = []  # the id of the job once the cell has printed why it waits
+    real_update = render.TextView.update
+
+    def update(view: render.TextView, job: Job) -> None:
+        real_update(view, job)
+        if job.state == JobState.QUEUED and job.pending is not None:
+            said.append(job.id)
+
+    monkeypatch.setattr(render.TextView, "update", update)
 
     def cancel_when_waiting() -> None:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        try:
+            wait_until(lambda: said, 20, what="the cell to say why it waits")
+        finally:  # cancel even on a timeout, so the blocked cell ends and the test fails cleanly
             for j in bridge.jobs([JobState.QUEUED]):
-                if j.pending is not None and j.spec.name == "wants-a-gpu":
-                    time.sleep(0.2)  # let the cell print the reason first
+                if j.spec.name == "wants-a-gpu":
                     bridge.cancel(j.id)
-                    return
-            time.sleep(0.05)
 
     t = threading.Thread(target=cancel_when_waiting)
     t.start()
@@ -329,9 +336,7 @@ def test_line_commands(ip: InteractiveShell, capsys: pytest.CaptureFixture[str])
 
 def test_cancel_command(ip: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
     handle = cell(ip, "--no-wait", "import time\nprint('sleeping', flush=True)\ntime.sleep(60)")
-    deadline = time.monotonic() + 20
-    while handle.state != JobState.RUNNING and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: handle.state == JobState.RUNNING, 20, what="the job to run")
     ip.run_line_magic("gpulayer", f"cancel {handle.id}")
     assert f"job {handle.id} (cell) cancelled" in capsys.readouterr().out
     assert handle.state == JobState.CANCELLED

@@ -13,11 +13,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from gpulayer_kernel.testing import wait_until
 
 from .conftest import kernel_env
 
@@ -94,15 +95,16 @@ def lab(tmp_path: Path) -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+    def listening() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+        except OSError:
+            return False
+        return True
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "jupyter lab did not start"
-                time.sleep(0.2)
+        wait_until(listening, 60, what="jupyter lab to start")
         yield f"http://127.0.0.1:{port}/lab/tree/t.ipynb?token=t0k"
     finally:
         server.terminate()  # the server shuts its kernel down, which stops its jobs

@@ -17,13 +17,14 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
 import httpx
 import psutil  # type: ignore[import-untyped]
+
+from gpulayer_kernel.testing import wait_until
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -142,28 +143,36 @@ class JupyterProcess:
         return self
 
     def wait_http(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def answering() -> bool:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.app} exited early:\n{self.log()}")
             with contextlib.suppress(httpx.HTTPError):
                 r = httpx.get(f"{self.url}api/status", headers=self.headers, timeout=2)
-                if r.status_code == 200:
-                    return
-            time.sleep(0.1)
-        raise TimeoutError(f"{self.app} did not answer within {timeout}s:\n{self.log()}")
+                return r.status_code == 200
+            return False
+
+        try:
+            wait_until(answering, timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"{self.app} did not answer within {timeout}s:\n{self.log()}"
+            ) from None
 
     def wait_gpulayer(self, timeout: float) -> httpx.Response:
         """Until the extension has started (or failed to): no more 503 ``starting``."""
-        deadline = time.monotonic() + timeout
-        while True:
+        last: list[httpx.Response] = []
+
+        def started() -> bool:
             r = httpx.get(f"{self.api}/status", headers=self.headers, timeout=5)
-            if r.status_code != 503 or r.json().get("code") != "starting":
-                return r
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"GPUlayer did not start within {timeout}s:\n{self.log()}")
-            time.sleep(0.05)
+            last[:] = [r]
+            return r.status_code != 503 or r.json().get("code") != "starting"
+
+        try:
+            wait_until(started, timeout)
+        except TimeoutError:
+            raise TimeoutError(f"GPUlayer did not start within {timeout}s:\n{self.log()}") from None
+        return last[0]
 
     def owner(self) -> dict[str, Any]:
         """What the extension published in the state directory's lock file."""

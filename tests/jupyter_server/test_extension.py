@@ -19,9 +19,9 @@ import httpx
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from gpulayer_kernel.api._base import op_of
-from gpulayer_kernel.api.handlers import USER_ROUTES, WORKER_ROUTES
+from gpulayer_kernel.api import USER_ROUTES, WORKER_ROUTES, op_of
 from gpulayer_kernel.home import Layout, StateLock
+from gpulayer_kernel.testing import wait_until
 
 from .jupyter import JupyterProcess, isolated_env, run_jupyter
 
@@ -233,14 +233,18 @@ def test_kernels_get_a_loopback_url_and_a_client_token(
 
 
 def kernel_environ(server: JupyterProcess, kernel_id: str) -> dict[str, str]:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    found: dict[str, str] = {}
+
+    def started() -> bool:
         for proc in server.children():
             with contextlib.suppress(psutil.Error):
                 if any(kernel_id in part for part in proc.cmdline()):
-                    return dict(proc.environ())
-        time.sleep(0.1)
-    raise AssertionError(f"no kernel process for {kernel_id}")
+                    found.update(proc.environ())
+                    return True
+        return False
+
+    wait_until(started, 30, what=f"a kernel process for {kernel_id}")
+    return found
 
 
 def test_a_locked_home_gives_503_with_the_reason_and_jupyter_keeps_running(
@@ -294,10 +298,7 @@ def test_shutdown_stops_jobs_and_releases_the_home(tmp_path: Path) -> None:
             timeout=40,
         )
         assert logs.status_code == 200
-        deadline = time.monotonic() + 30
-        while not job_processes(marker) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert job_processes(marker)
+        wait_until(lambda: job_processes(marker), 30, what="the job's process")
     finally:
         jp.stop()
     assert "stopped" in jp.log()

@@ -10,9 +10,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpulayer_kernel.contracts import WorkerState
-from gpulayer_kernel.scheduler import JobRequest, Plan, RunningJob, Snapshot, WorkerView, schedule
+from gpulayer_kernel.scheduler import (
+    JobRequest,
+    Plan,
+    RunningJob,
+    SchedulerCache,
+    Snapshot,
+    WorkerView,
+    schedule,
+)
 from gpulayer_kernel.scheduler.explain import render
-from gpulayer_kernel.scheduler.feasible import make_shape, profile_of
+from gpulayer_kernel.scheduler.feasible import derive_profile, make_shape
 from gpulayer_kernel.scheduler.testing import (
     GpuVendor,
     cpu_worker,
@@ -93,7 +101,7 @@ def jobs(draw: st.DrawFn) -> list[JobRequest]:
 
 
 def usable(w: WorkerView) -> set[int]:
-    mask = profile_of(w.capabilities).usable_mask
+    mask = derive_profile(w.capabilities).usable_mask
     return {d for d in range(64) if mask >> d & 1}
 
 
@@ -196,6 +204,33 @@ def test_same_snapshot_same_plan_whatever_the_input_order(
     again = replace(snap, workers=tuple(shuffled_w), pending=tuple(shuffled_j))
     assert schedule(snap) == schedule(again)
     assert schedule(snap) == schedule(snap)
+
+
+@SETTINGS
+@given(workers(), jobs(), workers(), jobs())
+def test_same_snapshot_same_plan_with_or_without_a_warm_cache(
+    ws: list[WorkerView],
+    js: list[JobRequest],
+    other_ws: list[WorkerView],
+    other_js: list[JobRequest],
+) -> None:
+    snap = snapshot(ws, js, now=1000.0)
+    cold = schedule(snap)
+    cache = SchedulerCache()
+    schedule(snapshot(other_ws, other_js, now=1000.0), cache)  # warmed by another cluster
+    assert schedule(snap, cache) == cold
+    assert schedule(snap, cache) == cold  # every lookup a hit now
+    # Objects equal to cached ones but not the same (a worker that joined again, a job sent
+    # again), mixed with the cached ones: one class and one shape per value all the same.
+    copies = snapshot(
+        [
+            replace(w, capabilities=w.capabilities.model_copy()) if i % 2 else w
+            for i, w in enumerate(ws)
+        ],
+        [replace(j, resources=j.resources.model_copy()) if i % 2 else j for i, j in enumerate(js)],
+        now=1000.0,
+    )
+    assert schedule(copies, cache) == cold
 
 
 @SETTINGS

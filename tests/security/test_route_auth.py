@@ -6,7 +6,6 @@ and openapi.json), so a new route is tested here without anyone adding it.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,10 +15,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from gpulayer_kernel.api import operations
-from gpulayer_kernel.api._base import Op
+from gpulayer_kernel.api import Op, operations
 from gpulayer_kernel.contracts import CommandWorkload, JobSpec, JobState, Resources
-from gpulayer_kernel.security import TokenKind
+from gpulayer_kernel.security import TokenKind, token_state
+from gpulayer_kernel.store import TokenRecord
+from gpulayer_kernel.testing import until
 
 from ..api.conftest import Api, sha, start_api, stop_api
 
@@ -57,11 +57,11 @@ async def make_world(tmp_path: Path) -> AsyncIterator[World]:
         job = await api.cp.submit(
             JobSpec(workload=CommandWorkload(argv=["true"]), resources=Resources(worker="wa"))
         )
-        for _ in range(100):
-            if (await api.cp.get(job.id)).state == JobState.PLACED:
-                break
-            await asyncio.sleep(0.01)
-        assert (await api.cp.get(job.id)).state == JobState.PLACED
+
+        async def placed() -> bool:
+            return (await api.cp.get(job.id)).state == JobState.PLACED
+
+        await until(placed, what="the job to be placed on worker A")
         digest = await api.cp.put_blob(b"some artifact")
         await api.cp.set_secret("API_KEY", "value-of-the-key")
         t: dict[str, str] = {
@@ -71,12 +71,14 @@ async def make_world(tmp_path: Path) -> AsyncIterator[World]:
             TokenKind.INSTANCE.value: await api.new_token("instance"),
             "other-worker": session_b,
         }
+        expiring: list[TokenRecord] = []
         for kind in ALL_KINDS:
             if kind == TokenKind.WORKER:
                 rec, text = await api.tokens.create(kind, ttl=0.05, worker_id=wa)
             else:
                 rec, text = await api.tokens.create(kind, ttl=0.05)
             t[f"expired-{kind.value}"] = text
+            expiring.append(rec)
             if kind == TokenKind.WORKER:
                 rec, text = await api.tokens.create(kind, worker_id=wa)
             else:
@@ -87,7 +89,10 @@ async def make_world(tmp_path: Path) -> AsyncIterator[World]:
         r = await api.call("POST", "/workers/join", used, json={"name": "wi"})
         assert r.status_code == 200
         t["replayed-instance"] = used
-        await asyncio.sleep(0.1)  # the ttl=0.05 tokens expire
+        await until(
+            lambda: all(token_state(r, api.tokens.clock()) == "expired" for r in expiring),
+            what="the ttl=0.05 tokens to expire",
+        )
         yield World(api, job.id, wa, wb, digest, t)
     finally:
         await stop_api(api)
@@ -251,11 +256,12 @@ async def test_rejoin_rotates_the_session_token(world: World) -> None:
     new = r.json()["session_token"]
     assert (await api.call("POST", "/worker/heartbeat", old)).status_code == 401
     assert (await api.call("POST", "/worker/heartbeat", new)).status_code == 200
-    # A join token may keep a known id only under the same name.
+    # A join token never takes a known id, not even under the same name (issue 12, item 8):
+    # tests/security/test_join_identity.py.
     r = await api.call(
         "POST", "/workers/join", "join", json={"name": "wa"}, params={"worker_id": world.worker_a}
     )
-    assert r.json()["worker"]["id"] == world.worker_a
+    assert r.json()["worker"]["id"] != world.worker_a
     r = await api.call(
         "POST",
         "/workers/join",

@@ -115,7 +115,18 @@ async def test_an_instance_token_works_once_and_a_replay_is_logged(
     kinds = (TokenKind.JOIN, TokenKind.INSTANCE)
     with pytest.raises(Forbidden):  # the wrong route does not spend it
         await svc.authenticate(text, (TokenKind.CLIENT,))
-    await svc.authenticate(text, kinds)
+    # Checking does not spend it either, nor does a use that fails: only a successful one.
+    principal = await svc.authenticate(text, kinds)
+    with pytest.raises(RuntimeError):
+        async with svc.spending(principal):
+            raise RuntimeError("the enrolment failed")
+    assert not svc.get(rec.id).used
+    async with svc.spending(await svc.authenticate(text, kinds)):
+        pass
+    with pytest.raises(Unauthorized) as spent_twice:  # a second request spends it no more
+        async with svc.spending(principal):
+            pass
+    assert spent_twice.value.code == "token_replayed"
     with caplog.at_level(logging.WARNING, logger="gpulayer.security"):
         with pytest.raises(Unauthorized) as replay:
             await svc.authenticate(text, kinds)

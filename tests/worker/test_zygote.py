@@ -18,21 +18,19 @@ import pytest
 from gpulayer_kernel import bundles
 from gpulayer_kernel.contracts import Job, JobSpec, JobState, PythonWorkload
 from gpulayer_kernel.controlplane import ControlPlane
-from gpulayer_kernel.worker import zygote
+from gpulayer_kernel.testing import until
+from gpulayer_kernel.worker import zygote_client
 from gpulayer_kernel.worker.agent import WorkerAgent
-from gpulayer_kernel.worker.executor import reap_leftovers
+from gpulayer_kernel.worker.processes import reap_leftovers
 
 from ..conftest import WorkerFactory, pid_alive
 
 Run = Callable[..., Awaitable[tuple[Job, list[str], list[str]]]]
 
 
-async def _gone(pid: int, seconds: float = 5.0) -> bool:
-    for _ in range(int(seconds / 0.02)):
-        if not pid_alive(pid):
-            return True
-        await asyncio.sleep(0.02)
-    return not pid_alive(pid)
+async def _gone(pid: int, seconds: float = 5.0) -> None:
+    """Return once ``pid`` has exited; fail the test if it still runs after ``seconds``."""
+    await until(lambda: not pid_alive(pid), seconds, what=f"process {pid} to exit")
 
 
 @pytest.fixture
@@ -47,9 +45,10 @@ async def gl_zworker(gl_worker: WorkerFactory) -> AsyncIterator[WorkerFactory]:
 
     yield start
     for agent in agents:
-        pid = zygote.running_pid(agent.config)
-        zygote.shutdown(agent.config)
-        assert pid is None or await _gone(pid)
+        pid = agent.warm_runner.pid
+        agent.warm_runner.close()
+        if pid is not None:
+            await _gone(pid)
 
 
 @pytest.fixture
@@ -73,7 +72,10 @@ def run(gl_cp: ControlPlane) -> Run:
 
 
 # Facts about the process a job runs in, which must not depend on how it was started.
-FACTS = """\
+PARENT_OF = (
+    "(lambda pid: int(open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1]))"
+)
+FACTS = f"PARENT_OF = {PARENT_OF}\n" + """\
 import os, signal, sys
 env, jid = dict(os.environ), os.environ["GPULAYER_JOB_ID"]
 for k in ("GPULAYER_JOB_ID", "GPULAYER_OUTPUT", "GPULAYER_RESULT", "GPULAYER_CONTROL",
@@ -88,11 +90,12 @@ facts = {
                 for s in (sys.stdin, sys.stdout, sys.stderr)],
     "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
     "sigchld": signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL,
-    "own_session": os.getsid(0) == os.getpid() == os.getpgid(0),
+    # Its supervisor (its parent) leads the job's own session and process group.
+    "own_session": os.getsid(0) == os.getpgid(0) == os.getppid(),
     "name": __name__,
     "x": x,
 }
-print("ppid", os.getppid(), flush=True)
+print("ppid", PARENT_OF(os.getppid()), flush=True)  # the parent of the job's supervisor
 proc_env = open("/proc/self/environ", "rb").read().split(b"\\0")
 print("proc", f"GPULAYER_JOB_ID={os.environ['GPULAYER_JOB_ID']}".encode() in proc_env,
       any(v.startswith(b"GPULAYER_TOKEN=") for v in proc_env))
@@ -111,7 +114,7 @@ async def test_a_cell_runs_in_the_zygote_exactly_as_in_a_fresh_interpreter(
             {"cell.py": FACTS}, "cell:cell.py", args={"x": [1, 2]}, env={"MINE": "1"}
         )
         if warm:
-            zygote_pid = zygote.running_pid(agent.config)
+            zygote_pid = agent.warm_runner.pid
         await agent.stop()
     (w, w_out, w_err), (c, c_out, c_err) = seen["True"], seen["False"]
     assert w.state == c.state == JobState.SUCCEEDED, (w_err, c_err)
@@ -140,7 +143,7 @@ async def test_logs_results_and_tracebacks_match_the_cold_path(
     assert "gpulayer_kernel" not in text
     done, out, err = await run(files, "script.py")
     assert (done.state, out, err) == (JobState.SUCCEEDED, ["out"], ["err"])
-    assert zygote.running_pid(agent.config) is not None
+    assert agent.warm_runner.pid is not None
 
 
 @pytest.mark.parametrize(
@@ -157,8 +160,11 @@ async def test_exit_codes_come_back(
     agent = await gl_zworker()
     done, _, _ = await run({"job.py": source}, "job.py")
     assert (done.state, done.exit_code, done.reason) == (JobState.FAILED, code, reason)
-    assert zygote.running_pid(agent.config) is not None  # it ran warm
+    assert agent.warm_runner.pid is not None  # it ran warm
 
+
+# The job's grandparent: its supervisor's parent (the zygote, or the worker for a cold spawn).
+GRANDPARENT = f"import os\n{PARENT_OF}(os.getppid())"
 
 SPAWNER = """\
 import os, subprocess, sys, time
@@ -193,12 +199,14 @@ async def test_cancel_kills_the_process_group_with_a_grandchild(
     agent = await gl_zworker(kill_grace=1.0)
     job = await _submit(gl_cp, {"spawn.py": SPAWNER}, "spawn.py")
     main, child = await _pids(gl_cp, job.id)
-    assert os.getsid(main) == main and os.getpgid(child) == main
-    assert zygote.running_pid(agent.config) is not None
+    group = os.getpgid(main)
+    assert os.getsid(main) == group and os.getpgid(child) == group != os.getpgid(0)
+    assert agent.warm_runner.pid is not None
     await gl_cp.cancel(job.id)
     done = await gl_cp.wait(job.id, timeout=15)
     assert (done.state, done.reason) == (JobState.CANCELLED, "cancelled by user")
-    assert await _gone(main) and await _gone(child)
+    await _gone(main)
+    await _gone(child)
 
 
 async def test_timeout_kills_a_warm_job(gl_cp: ControlPlane, gl_zworker: WorkerFactory) -> None:
@@ -208,7 +216,8 @@ async def test_timeout_kills_a_warm_job(gl_cp: ControlPlane, gl_zworker: WorkerF
     done = await gl_cp.wait(job.id, timeout=15)
     assert done.state == JobState.FAILED
     assert done.reason is not None and "timed out after 1s" in done.reason
-    assert await _gone(main) and await _gone(child)
+    await _gone(main)
+    await _gone(child)
 
 
 async def test_a_dead_zygote_is_replaced_and_its_running_job_fails_cleanly(
@@ -217,14 +226,15 @@ async def test_a_dead_zygote_is_replaced_and_its_running_job_fails_cleanly(
     agent = await gl_zworker(kill_grace=0.5)
     job = await _submit(gl_cp, {"spawn.py": SPAWNER}, "spawn.py")
     main, child = await _pids(gl_cp, job.id)
-    first = zygote.running_pid(agent.config)
+    first = agent.warm_runner.pid
     assert first is not None
     os.kill(first, signal.SIGKILL)
     done = await gl_cp.wait(job.id, timeout=15)
     assert (done.state, done.reason) == (JobState.FAILED, "killed by SIGKILL")
-    assert await _gone(main) and await _gone(child)
-    done, out, _ = await run({"cell.py": "import os\nos.getppid()"}, "cell:cell.py")
-    second = zygote.running_pid(agent.config)
+    await _gone(main)
+    await _gone(child)
+    done, out, _ = await run({"cell.py": GRANDPARENT}, "cell:cell.py")
+    second = agent.warm_runner.pid
     assert done.state == JobState.SUCCEEDED and second not in (None, first)
     assert done.result == second
 
@@ -232,26 +242,27 @@ async def test_a_dead_zygote_is_replaced_and_its_running_job_fails_cleanly(
 async def test_a_zygote_that_cannot_start_falls_back_to_a_fresh_interpreter(
     gl_zworker: WorkerFactory, run: Run, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def broken(self: zygote.ZygoteClient) -> None:
-        raise zygote.ZygoteUnavailable("broken on purpose")
+    async def broken(self: zygote_client.ZygoteClient) -> None:
+        raise zygote_client.ZygoteUnavailable("broken on purpose")
 
-    monkeypatch.setattr(zygote.ZygoteClient, "start", broken)
+    monkeypatch.setattr(zygote_client.ZygoteClient, "start", broken)
     agent = await gl_zworker()
-    done, _, _ = await run({"cell.py": "import os\nos.getppid()"}, "cell:cell.py")
+    done, _, _ = await run({"cell.py": GRANDPARENT}, "cell:cell.py")
     assert done.state == JobState.SUCCEEDED and done.result == os.getpid()  # setpriv execs
-    assert zygote.running_pid(agent.config) is None
+    assert agent.warm_runner.pid is None
 
 
 async def test_startup_variables_take_the_cold_path(gl_zworker: WorkerFactory, run: Run) -> None:
-    await gl_zworker()
-    cell = "import os, sys\n(os.getppid(), sys.flags.optimize)"
+    agent = await gl_zworker()
+    cell = f"import os, sys\n({PARENT_OF}(os.getppid()), sys.flags.optimize)"
     done, _, _ = await run({"cell.py": cell}, "cell:cell.py", env={"PYTHONOPTIMIZE": "1"})
-    assert done.state == JobState.SUCCEEDED and done.result == [os.getpid(), 1]
+    # A fresh interpreter (it honours the variable), exec'd under a supervisor the zygote forked.
+    assert done.state == JobState.SUCCEEDED and done.result == [agent.warm_runner.pid, 1]
 
 
 async def test_reap_leftovers_recognises_warm_job_processes(tmp_path: Path) -> None:
     """A crashed worker's successor finds zygote-forked jobs by /proc/PID/environ, as cold ones."""
-    client = zygote.ZygoteClient(sys.executable, (), {"PATH": os.environ["PATH"]})
+    client = zygote_client.ZygoteClient(sys.executable, (), {"PATH": os.environ["PATH"]})
     await client.start()
     try:
         job_dir = tmp_path / "jobs" / "abc123def456-1"
@@ -262,21 +273,23 @@ async def test_reap_leftovers_recognises_warm_job_processes(tmp_path: Path) -> N
         assert child.stdout is not None
         assert await asyncio.wait_for(child.stdout.readline(), 10) == b"up\n"  # set up
         (job_dir / "pgid").write_text(str(child.pid))
-        assert await asyncio.to_thread(reap_leftovers, tmp_path) == [child.pid]
+        killed = await asyncio.to_thread(reap_leftovers, tmp_path)
+        assert child.pid in killed  # the job's supervisor (the job dies with it, or is killed)
         assert await child.wait() == -signal.SIGKILL
         child.close()
     finally:
         client.close()
-    assert client.zygote_pid is not None and await _gone(client.zygote_pid)
+    assert client.zygote_pid is not None
+    await _gone(client.zygote_pid)
 
 
 WORKER = """\
 import asyncio, os, sys, time
 from pathlib import Path
-from gpulayer_kernel.worker import zygote
+from gpulayer_kernel.worker import zygote_client
 
 async def main():
-    client = zygote.ZygoteClient(sys.executable, (), {"PATH": os.environ["PATH"]})
+    client = zygote_client.ZygoteClient(sys.executable, (), {"PATH": os.environ["PATH"]})
     await client.start()
     d = Path(sys.argv[1])
     (d / "cell.py").write_text("import time\\ntime.sleep(60)\\n")
@@ -298,7 +311,8 @@ async def test_a_worker_killed_hard_leaves_no_zygote_and_no_job(tmp_path: Path) 
         zygote_pid, job_pid = map(int, line.split())
         assert pid_alive(zygote_pid) and pid_alive(job_pid)
         worker.kill()  # SIGKILL: no clean-up code runs in the worker
-        assert await _gone(zygote_pid) and await _gone(job_pid)
+        await _gone(zygote_pid)
+        await _gone(job_pid)
     finally:
         worker.kill()
         worker.wait()

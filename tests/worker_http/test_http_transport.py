@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import psutil  # type: ignore[import-untyped]
 import pytest
 
 from gpulayer_kernel import bundles
@@ -25,6 +25,7 @@ from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.errors import Conflict, Forbidden, NotFound, Unauthorized, Unavailable
 from gpulayer_kernel.security import TokenService
 from gpulayer_kernel.store import LocalArtifactStore, SqliteStore
+from gpulayer_kernel.testing import until
 from gpulayer_kernel.worker.agent import WorkerAgent
 from gpulayer_kernel.worker.executor import ExecutorConfig
 from gpulayer_kernel.worker.http import HttpTransport
@@ -201,18 +202,20 @@ async def test_a_lost_worker_rejoins_with_its_id(tmp_path: Path) -> None:
     try:
         first = await t.register(WorkerRegistration(name="wz"))
         old_session = t.session_token
-        for _ in range(100):
-            if any(w.state == "lost" for w in await api.cp.workers()):
-                break
-            await asyncio.sleep(0.05)
+
+        async def lost() -> bool:
+            return any(w.state == "lost" for w in await api.cp.workers())
+
+        await until(lost, 5, what="the worker to be marked lost")
         with pytest.raises(NotFound):
             await t.heartbeat()
         again = await t.register(WorkerRegistration(name="wz"))  # what the agent does
         assert again.id == first.id and t.session_token != old_session
-        # Its session was revoked (say, by an operator): the join token brings it back as itself.
+        # Its session was revoked (say, by an operator): the join token, shared by every
+        # machine, cannot speak for that id (issue 12, item 8), so it comes back as a new worker.
         await api.tokens.revoke_where(lambda r: r.worker_id == first.id)
         third = await t.register(WorkerRegistration(name="wz"))
-        assert third.id == first.id
+        assert third.id != first.id and t.worker_id == third.id
     finally:
         await t.close()
         await stop_api(api)
@@ -249,7 +252,13 @@ async def test_a_server_restart_mid_job_records_the_result_once(tmp_path: Path) 
     await api.cp.close()
     await api.store.close()
     marker.write_text("go")  # the job finishes while the control plane is down
-    await asyncio.sleep(0.5)
+
+    def job_exited() -> bool:
+        script = str(marker)
+        alive = (p.info["cmdline"] or [] for p in psutil.process_iter(["cmdline"]))
+        return not any(script in " ".join(argv) for argv in alive)
+
+    await until(job_exited, what="the job's process to exit")
     store = SqliteStore(tmp_path / "cp.db")
     await store.open()
     cp = ControlPlane(store, LocalArtifactStore(tmp_path / "blobs"), heartbeat_timeout=10.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpulayer_kernel.contracts import CommandWorkload, JobSpec, Resources
-from gpulayer_kernel.testing import GL, ServeProcess, WorkerProcess
+from gpulayer_kernel.testing import GL, ServeProcess, WorkerProcess, wait_until
 
 pytestmark = pytest.mark.slow
 PY = sys.executable
@@ -36,14 +37,11 @@ def client_env(tmp_path: Path) -> Iterator[dict[str, str]]:
 
 
 def wait_state(server: ServeProcess, job_id: str, states: set[str], timeout: float = 30) -> str:
-    """Poll until the job is in one of ``states`` (test code: a short poll is fine here)."""
+    """The job's state once it is in one of ``states`` (or as it is at ``timeout``)."""
     with server.client() as c:
-        deadline = time.monotonic() + timeout
-        while True:
-            state = c.get(job_id).state.value
-            if state in states or time.monotonic() > deadline:
-                return str(state)
-            time.sleep(0.05)
+        with contextlib.suppress(TimeoutError):
+            wait_until(lambda: c.get(job_id).state.value in states, timeout)
+        return str(c.get(job_id).state.value)
 
 
 def test_two_workers_cli_and_a_server_restart(tmp_path: Path, client_env: dict[str, str]) -> None:

@@ -1,0 +1,50 @@
+"""What every handler of one mounted API shares: the ControlPlane, tokens, limits, the route table.
+
+One ``ApiContext`` per mount (``gpulayer serve``, or inside a Jupyter server); ``drain()`` ends
+its long-polls when the host stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+from dataclasses import dataclass, field
+
+from ..controlplane import ControlPlane
+from ..security import TokenService
+from .ops import Operation
+from .params import ApiLimits
+
+
+def package_version() -> str:
+    """The installed gpulayer version (what ``/status`` and ``openapi.json`` report)."""
+    try:
+        return importlib.metadata.version("gpulayer")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source checkout
+        return "0+unknown"
+
+
+@dataclass
+class ApiContext:
+    """What every handler needs; one per mounted API (standalone or inside Jupyter)."""
+
+    cp: ControlPlane
+    tokens: TokenService
+    limits: ApiLimits = field(default_factory=ApiLimits)
+    version: str = ""
+    heartbeat_interval: float | None = None
+    # The mounted route table, which openapi.json describes (set by ``routes.make_context``).
+    operations: tuple[Operation, ...] = ()
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    polls: int = 0
+    polls_done: asyncio.Event = field(default_factory=asyncio.Event)
+    uploads: int = 0  # raw bodies streaming to disk now (``ApiLimits.max_uploads`` at most)
+
+    async def drain(self, timeout: float = 1.0) -> None:
+        """Stop: every long-poll answers now (503 shutting_down); wait briefly for them."""
+        self.stopping.set()
+        if self.polls:
+            self.polls_done.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.polls_done.wait(), timeout)

@@ -1,0 +1,199 @@
+"""``GLMixin``: what every GPUlayer handler does around its ``@op`` method.
+
+It refuses tokens in URLs, holds bodies to their limit as they stream in (a raw upload goes
+to disk as it arrives: ``uploads.Upload``), parses the query and body the ``Op`` declares,
+sends the answer contract, and turns any error into one JSON shape. Long-polls come from
+``LongPollMixin``.
+
+It is written to compose with any tornado ``RequestHandler`` base, including jupyter_server's
+``APIHandler``: it calls ``super().prepare()``, answers through ``self.finish``, and leaves XSRF
+and user authentication to the base class.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import tornado.web
+from pydantic import BaseModel
+
+from ..contracts import parse
+from ..controlplane import ControlPlane
+from ..errors import GPUlayerError, InvalidInput, TooLarge, Unavailable
+from ..security import Principal
+from .context import ApiContext
+from .errors import error_answer, loggable_path
+from .longpoll import ClientGone, LongPollMixin
+from .ops import Handler, Op, op_of
+from .uploads import Upload
+
+log = logging.getLogger("gpulayer.api")
+
+
+@tornado.web.stream_request_body
+class GLMixin(LongPollMixin):
+    """Shared behaviour of every GPUlayer handler; put it first in the bases."""
+
+    route: str = ""  # e.g. "/jobs/{job_id}"; the factories turn it into a tornado pattern
+    principal: Principal | None = None
+
+    def initialize(self, ctx: ApiContext) -> None:
+        super().initialize(ctx)
+        self._gl_chunks: list[bytes] = []
+        self._gl_size = 0
+        self._gl_limit = ctx.limits.max_json
+        self._gl_raw = False  # a raw upload (``body="bytes"``), not JSON
+        self._gl_upload: Upload | None = None
+        # Decided while the body arrives (too large, no upload slot), answered once it is
+        # read and dropped: a client still sending cannot read an answer sent before.
+        self._gl_refused: GPUlayerError | None = None
+
+    @property
+    def cp(self) -> ControlPlane:
+        return self.ctx.cp
+
+    # -- request ---------------------------------------------------------------------------------
+
+    def gl_op(self) -> Op | None:
+        method = (self.request.method or "").lower()
+        return op_of(getattr(self, method, None))
+
+    async def prepare(self) -> None:
+        for values in self.request.query_arguments.values():
+            if any(v.startswith(b"glt_") for v in values):
+                raise InvalidInput(
+                    "tokens are never accepted in URLs (they would end up in logs)",
+                    hint="send the token as the header 'Authorization: Bearer <token>', and "
+                    "revoke this one: it may have been logged by a proxy",
+                    code="token_in_url",
+                )
+        result = super().prepare()
+        if result is not None:
+            await result
+        if self._finished or self.request.method == "OPTIONS":
+            return
+        spec = self.gl_op()
+        if spec is None:
+            raise tornado.web.HTTPError(405)
+        limits = self.ctx.limits
+        self._gl_raw = spec.body == "bytes"
+        self._gl_limit = getattr(limits, spec.upload_limit) if self._gl_raw else limits.max_json
+        length = self.request.headers.get("Content-Length")
+        declared = int(length) if length and length.isdigit() else None
+        if declared is not None and declared > self._gl_limit:
+            self._gl_refused = self._gl_too_large_error()
+        elif self._gl_raw:
+            try:
+                self._gl_upload = Upload.open(self.ctx, self.cp.artifacts)
+            except Unavailable as busy:
+                self._gl_refused = busy
+        if self._gl_refused is not None and declared is not None and declared > limits.drain_max:
+            raise self._gl_refused  # answered now; the connection then closes unread
+        connection = self.request.connection
+        if connection is not None and hasattr(connection, "set_max_body_size"):
+            # Without a Content-Length (chunked), read up to ``drain_max`` past the limit, so
+            # an oversize body is counted, dropped and answered with 413 rather than cut off.
+            most = self._gl_limit + limits.drain_max if declared is None else declared
+            connection.set_max_body_size(max(self._gl_limit, most))
+
+    async def data_received(self, chunk: bytes) -> None:
+        """Keep (JSON) or stream to disk (uploads) a piece of the body; tornado awaits this
+        before it reads the next piece."""
+        if self._gl_refused is not None:
+            return  # drained: read and dropped
+        self._gl_size += len(chunk)
+        if self._gl_size > self._gl_limit:
+            # Refused the moment the body passes its limit: nothing more is kept or written.
+            self._gl_refused = self._gl_too_large_error()
+            self._gl_chunks.clear()
+            self._gl_close_upload()
+        elif self._gl_upload is not None:
+            await self._gl_upload.write(chunk)
+        else:
+            self._gl_chunks.append(chunk)
+
+    def _gl_too_large_error(self) -> TooLarge:
+        upload = self._gl_raw
+        what = "upload" if upload else "request body"
+        return TooLarge(
+            f"the {what} is over the {self._gl_limit}-byte limit",
+            hint="ship large data on the worker's disk or as a job's output, not in a bundle"
+            if upload
+            else "large files travel as bundles or artifacts; large logs in several batches",
+            details={"limit": self._gl_limit},
+            code="body_too_large",
+        )
+
+    def _gl_close_upload(self) -> None:
+        if self._gl_upload is not None:
+            self._gl_upload.close()
+
+    def on_finish(self) -> None:
+        self._gl_close_upload()
+        super().on_finish()
+
+    def on_connection_close(self) -> None:
+        self._gl_close_upload()  # the client left mid-body: the slot and the temp file go
+        super().on_connection_close()
+
+    async def gl_run(self, spec: Op, fn: Handler, path: dict[str, str]) -> None:
+        """Run one ``@op`` method: parse what ``spec`` declares, call it, send its answer."""
+        kwargs: dict[str, Any] = {p.name: p.parse(self, self.ctx.limits) for p in spec.query}
+        if self._gl_refused is not None:
+            raise self._gl_refused
+        if spec.body == "bytes":
+            kwargs["upload"] = self._gl_upload
+        elif spec.body is not None:
+            kwargs["body"] = parse(spec.body, b"".join(self._gl_chunks))
+        try:
+            result = await fn(self, **path, **kwargs)
+        except ClientGone:
+            if not self._finished:
+                self.finish()  # the connection is closed: this only ends the request
+            return
+        if not self._finished:
+            self.gl_send(result, spec.status)
+
+    # -- answers ---------------------------------------------------------------------------------
+
+    def gl_send(self, result: Any, status: int = 200) -> None:
+        self.set_header("Cache-Control", "no-store")
+        if result is None:
+            self.set_status(204)
+            self.finish()
+        elif isinstance(result, bytes):
+            self.set_status(status)
+            self.set_header("Content-Type", "application/octet-stream")
+            # Straight to tornado: a JSON-only base (APIHandler) would relabel the bytes.
+            tornado.web.RequestHandler.finish(self, result)
+        else:
+            assert isinstance(result, BaseModel)
+            self.set_status(status)
+            self.set_header("Content-Type", "application/json")
+            self.finish(result.model_dump_json())
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """Every error as ``{"code", "message", "hint", "details"}``; never a traceback."""
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        status, body = error_answer(exc, status_code)
+        if status == 401:
+            self.set_header("WWW-Authenticate", 'Bearer realm="gpulayer"')
+        retry_after = body.get("details", {}).get("retry_after")
+        if status == 503 and isinstance(retry_after, int):
+            self.set_header("Retry-After", str(retry_after))
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(body))
+
+    def log_exception(self, typ: Any, value: BaseException | None, tb: Any) -> None:
+        where = f"{self.request.method} {loggable_path(self.request.path)}"
+        if isinstance(value, GPUlayerError) and value.status != 500:
+            # Expected answers (4xx, 503 shutting down): one line, no traceback.
+            log.info("%s: %d %s", where, value.status, value.code)
+        elif isinstance(value, tornado.web.HTTPError):
+            log.info("%s: %d", where, value.status_code)
+        else:
+            log.error("unexpected error in %s", where, exc_info=value)

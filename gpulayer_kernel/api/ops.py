@@ -1,0 +1,117 @@
+"""One declaration per operation: ``@op(...)`` on a handler method.
+
+Each handler method is declared once with ``@op(...)``: its body contract, answer contract, query
+parameters and (for worker routes) the token kinds it accepts. The same declaration parses the
+request (``GLMixin.gl_run``), documents the route in ``openapi.json``, and feeds the route-table
+tests, so a new route cannot skip authentication or the schema.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple, Protocol, cast
+
+import tornado.web
+from pydantic import BaseModel
+
+from ..contracts import Contract
+from ..security import TokenKind
+from .params import Param
+
+
+@dataclass(frozen=True)
+class Op:
+    """What one handler method takes and answers (for parsing, openapi.json and tests)."""
+
+    summary: str
+    answer: type[BaseModel] | Literal["bytes"] | None = None
+    body: type[Contract] | Literal["bytes"] | None = None
+    status: int = 200
+    query: tuple[Param, ...] = ()
+    kinds: frozenset[TokenKind] | None = None  # None: a user route (client token / Jupyter)
+    errors: tuple[int, ...] = ()
+    # For a raw body (``body="bytes"``): which ``ApiLimits`` field bounds it.
+    upload_limit: Literal["max_blob", "max_bundle"] = "max_blob"
+
+
+class Operation(NamedTuple):
+    """One row of the route table: (route template, method, handler class, its ``Op``)."""
+
+    template: str
+    method: str
+    handler: type[tornado.web.RequestHandler]
+    op: Op
+
+
+Handler = Callable[..., Awaitable[Any]]
+
+
+class Runner(Protocol):
+    """What the decorated method's class offers: ``GLMixin.gl_run``."""
+
+    async def gl_run(self, spec: Op, fn: Handler, path: dict[str, str]) -> None: ...
+
+
+def op(
+    summary: str,
+    *,
+    answer: type[BaseModel] | Literal["bytes"] | None = None,
+    body: type[Contract] | Literal["bytes"] | None = None,
+    status: int = 200,
+    query: Sequence[Param] = (),
+    kinds: Sequence[TokenKind] | None = None,
+    errors: Sequence[int] = (),
+    upload_limit: Literal["max_blob", "max_bundle"] = "max_blob",
+) -> Callable[[Handler], Handler]:
+    """Declare a handler method; the wrapper parses query and body and sends the answer.
+
+    A raw body (``body="bytes"``) reaches the method as ``upload``: an ``uploads.Upload``
+    already on disk, which the method commits under its digest.
+    """
+    spec = Op(
+        summary=summary,
+        answer=answer,
+        body=body,
+        status=status,
+        query=tuple(query),
+        kinds=None if kinds is None else frozenset(kinds),
+        errors=tuple(errors),
+        upload_limit=upload_limit,
+    )
+
+    def deco(fn: Handler) -> Handler:
+        @functools.wraps(fn)
+        async def wrapper(self: Runner, **path: str) -> None:
+            await self.gl_run(spec, fn, path)
+
+        # User routes: tornado's own decorator, so a Jupyter host's auth (and XSRF) applies as
+        # for any APIHandler; the standalone base sets current_user from a client token.
+        final: Handler = wrapper
+        if spec.kinds is None:
+            final = cast(Handler, tornado.web.authenticated(wrapper))
+        final.__gl_op__ = spec  # type: ignore[attr-defined]
+        return final
+
+    return deco
+
+
+def op_of(method: object) -> Op | None:
+    """The ``Op`` a method was declared with, or None for a method that is no operation."""
+    return getattr(method, "__gl_op__", None)
+
+
+METHODS = ("get", "head", "post", "put", "delete")
+
+
+def operations_of(handlers: Sequence[type[tornado.web.RequestHandler]]) -> list[Operation]:
+    """Every operation the given handler classes declare, in table order."""
+    out = []
+    for handler in handlers:
+        route: str = getattr(handler, "route", "")
+        for method in METHODS:
+            spec = op_of(handler.__dict__.get(method))
+            if spec is not None:
+                out.append(Operation(route, method, handler, spec))
+    return out

@@ -1,0 +1,163 @@
+"""The route table of ``/api/v1`` and how a host mounts it.
+
+As jupyter_server ends its handlers modules, ``default_handlers`` lists (route template, handler)
+for every route; ``operations()`` lists every (template, method, handler, op), the table that
+builds the server, ``openapi.json`` and the route tests (tests/security/test_route_auth.py checks
+every operation against every kind of token).
+
+A host mounts the user routes on its own base class (``user_handlers(ClientTokenAuth, ...)`` for
+``gpulayer serve``, jupyter_server's ``APIHandler`` inside Jupyter) and the worker routes as they
+are (``worker_handlers(...)``), with one ``ApiContext`` from ``make_context``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tornado.web
+
+from ..controlplane import ControlPlane
+from ..security import TokenService
+from .context import ApiContext, package_version
+from .handlers import (
+    ArtifactHandler,
+    BundleHandler,
+    EventCursorHandler,
+    EventsHandler,
+    JobArtifactHandler,
+    JobCancelHandler,
+    JobExplainHandler,
+    JobHandler,
+    JobLogsHandler,
+    JobsHandler,
+    JobWaitHandler,
+    SecretHandler,
+    SecretsHandler,
+    StatusHandler,
+    TokenRevokeHandler,
+    TokensHandler,
+    WorkersHandler,
+    WorkerStateHandler,
+)
+from .mixin import GLMixin
+from .openapi import OpenApiHandler
+from .ops import Operation, operations_of
+from .params import ApiLimits, route_pattern
+from .worker_routes import (
+    FinishedHandler,
+    HeartbeatHandler,
+    JoinHandler,
+    LeaveHandler,
+    LogsHandler,
+    ProgressHandler,
+    RendezvousHandler,
+    StartedHandler,
+    WorkerBlobHandler,
+    WorkerRoute,
+    WorkHandler,
+)
+
+USER_ROUTES: tuple[type[GLMixin], ...] = (
+    StatusHandler,
+    JobsHandler,
+    JobHandler,
+    JobCancelHandler,
+    JobLogsHandler,
+    JobWaitHandler,
+    JobExplainHandler,
+    JobArtifactHandler,
+    BundleHandler,
+    ArtifactHandler,
+    WorkersHandler,
+    WorkerStateHandler,
+    EventsHandler,
+    EventCursorHandler,
+    TokensHandler,
+    TokenRevokeHandler,
+    SecretsHandler,
+    SecretHandler,
+    OpenApiHandler,
+)
+
+WORKER_ROUTES: tuple[type[WorkerRoute], ...] = (
+    JoinHandler,
+    HeartbeatHandler,
+    WorkHandler,
+    StartedHandler,
+    LogsHandler,
+    ProgressHandler,
+    FinishedHandler,
+    RendezvousHandler,
+    WorkerBlobHandler,
+    LeaveHandler,
+)
+
+# The route table, as jupyter_server ends its handlers modules: (route template, handler).
+default_handlers: list[tuple[str, type[GLMixin]]] = [
+    (h.route, h) for h in (*USER_ROUTES, *WORKER_ROUTES)
+]
+
+
+def operations() -> list[Operation]:
+    """(route template, method, handler, op) for every operation: the route table."""
+    return operations_of([h for _, h in default_handlers])
+
+
+# -- mounting ----------------------------------------------------------------------------------
+
+HandlerSpec = tuple[str, type[tornado.web.RequestHandler], dict[str, Any]]
+_COMPOSED: dict[tuple[type[GLMixin], type[tornado.web.RequestHandler]], type[GLMixin]] = {}
+
+
+def compose(mixin: type[GLMixin], base: type[tornado.web.RequestHandler]) -> type[GLMixin]:
+    """``class X(mixin, base)``, made once per pair (the mixin comes first in the MRO)."""
+    key = (mixin, base)
+    if key not in _COMPOSED:
+        _COMPOSED[key] = type(mixin.__name__, (mixin, base), {"__module__": mixin.__module__})
+    return _COMPOSED[key]
+
+
+def make_context(
+    cp: ControlPlane,
+    tokens: TokenService,
+    *,
+    limits: ApiLimits | None = None,
+    version: str | None = None,
+) -> ApiContext:
+    """The context of one mount, with the whole route table (which openapi.json describes)."""
+    if version is None:
+        version = package_version()
+    return ApiContext(
+        cp=cp,
+        tokens=tokens,
+        limits=limits or ApiLimits(),
+        version=version,
+        operations=tuple(operations()),
+    )
+
+
+def user_handlers(
+    base_class: type[tornado.web.RequestHandler],
+    prefix: str,
+    cp: ControlPlane,
+    tokens: TokenService,
+    *,
+    context: ApiContext | None = None,
+) -> list[HandlerSpec]:
+    """User routes on ``base_class`` (``ClientTokenAuth``, or jupyter_server's ``APIHandler``).
+
+    Pass the same ``context`` to ``worker_handlers`` so one ``context.drain()`` ends every
+    long-poll of the mount when its host stops.
+    """
+    ctx = context or make_context(cp, tokens)
+    return [
+        (route_pattern(prefix, h.route), compose(h, base_class), {"ctx": ctx}) for h in USER_ROUTES
+    ]
+
+
+def worker_handlers(
+    prefix: str, cp: ControlPlane, tokens: TokenService, *, context: ApiContext | None = None
+) -> list[HandlerSpec]:
+    """Worker routes: GPUlayer worker tokens only, whichever host mounts them."""
+    ctx = context or make_context(cp, tokens)
+    return [(route_pattern(prefix, h.route), h, {"ctx": ctx}) for h in WORKER_ROUTES]

@@ -1,0 +1,235 @@
+"""Every client call written once, as a generator that yields requests and receives responses.
+
+``AsyncClient`` and ``Client`` (``client.py``) only differ in how they send them. Long waits
+(``wait``, ``logs``, ``events``) are split here into server-sized long-polls.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import json
+import time
+from collections.abc import Generator, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel
+
+from .contracts import EventCursor, EventPage, Job, JobList, JobSpec, JobState, LogPage, WorkerInfo
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+# The longest single long-poll a client asks for; the server's own limit is higher (60 s).
+POLL_CHUNK = 25.0
+# How much longer than a long-poll the client waits for its answer before giving up on it.
+POLL_SLACK = 15.0
+
+
+@dataclass
+class Req:
+    """One request of a call; ``ok`` lists error statuses handed back instead of raised."""
+
+    method: str
+    path: str
+    params: list[tuple[str, str]] = field(default_factory=list)
+    json: Any = None
+    content: bytes | None = None
+    timeout: float | None = None
+    ok: tuple[int, ...] = ()
+
+    def send_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"params": self.params}
+        if self.json is not None:
+            kw["content"] = (
+                self.json.encode() if isinstance(self.json, str) else json.dumps(self.json).encode()
+            )
+            kw["headers"] = {"Content-Type": "application/json"}
+        elif self.content is not None:
+            kw["content"] = self.content
+            kw["headers"] = {"Content-Type": "application/octet-stream"}
+        if self.timeout is not None:
+            kw["timeout"] = httpx.Timeout(self.timeout, connect=10.0)
+        return kw
+
+
+Call = Generator[Req, httpx.Response, T]
+
+
+def _model(cls: type[M], resp: httpx.Response) -> M:
+    return cls.model_validate_json(resp.content)
+
+
+def _body(model: BaseModel) -> str:
+    return model.model_dump_json()
+
+
+def _pid(value: str) -> str:
+    return quote(value, safe="")
+
+
+class Calls:
+    """Every call as a generator of requests: written once for both clients."""
+
+    def submit(self, spec: JobSpec) -> Call[Job]:
+        return _model(Job, (yield Req("POST", "/jobs", json=_body(spec))))
+
+    def get(self, job_id: str) -> Call[Job]:
+        return _model(Job, (yield Req("GET", f"/jobs/{_pid(job_id)}")))
+
+    def list(
+        self,
+        states: Iterable[JobState] = (),
+        *,
+        name: str | None = None,
+        label: tuple[str, str] | None = None,
+        limit: int = 100,
+    ) -> Call[builtins.list[Job]]:
+        params = [("state", JobState(s).value) for s in states]
+        if name is not None:
+            params.append(("name", name))
+        if label is not None:
+            params.append(("label", f"{label[0]}={label[1]}"))
+        params.append(("limit", str(limit)))
+        return _model(JobList, (yield Req("GET", "/jobs", params=params))).jobs
+
+    def cancel(self, job_id: str, reason: str = "cancelled by user") -> Call[Job]:
+        # The reason is the server's ("cancelled by user"); kept for parity with the ControlPlane.
+        return _model(Job, (yield Req("POST", f"/jobs/{_pid(job_id)}/cancel")))
+
+    def wait(self, job_id: str, timeout: float | None = None) -> Call[Job]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = POLL_CHUNK if deadline is None else max(0.0, deadline - time.monotonic())
+            chunk = min(left, POLL_CHUNK)
+            job = _model(
+                Job,
+                (
+                    yield Req(
+                        "GET",
+                        f"/jobs/{_pid(job_id)}/wait",
+                        params=[("timeout", f"{chunk:.3f}")],
+                        timeout=chunk + POLL_SLACK,
+                    )
+                ),
+            )
+            if job.state.terminal or (deadline is not None and time.monotonic() >= deadline):
+                return job
+            job_id = job.id
+
+    def logs(
+        self, job_id: str, since: int = 0, wait: float = 0.0, limit: int = 1000
+    ) -> Call[LogPage]:
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            chunk = min(max(0.0, deadline - time.monotonic()), POLL_CHUNK)
+            page = _model(
+                LogPage,
+                (
+                    yield Req(
+                        "GET",
+                        f"/jobs/{_pid(job_id)}/logs",
+                        params=[
+                            ("since", str(since)),
+                            ("wait", f"{chunk:.3f}"),
+                            ("limit", str(limit)),
+                        ],
+                        timeout=chunk + POLL_SLACK,
+                    )
+                ),
+            )
+            if page.records or page.state.terminal or time.monotonic() >= deadline:
+                return page
+
+    def explain(self, job_id: str) -> Call[str]:
+        resp = yield Req("GET", f"/jobs/{_pid(job_id)}/explain")
+        return str(resp.json()["sentence"])
+
+    def workers(self) -> Call[builtins.list[WorkerInfo]]:
+        resp = yield Req("GET", "/workers")
+        return [WorkerInfo.model_validate(w) for w in resp.json()["workers"]]
+
+    def set_worker_state(self, worker_id: str, state: str) -> Call[WorkerInfo]:
+        return _model(
+            WorkerInfo,
+            (yield Req("POST", f"/workers/{_pid(worker_id)}/state", json={"state": str(state)})),
+        )
+
+    def events(
+        self, since: int = 0, wait: float = 0.0, cursor: str | None = None
+    ) -> Call[EventPage]:
+        # A cursor (`<epoch>:<seq>`) wins over `since`, and says when the server restarted.
+        after = [("cursor", cursor)] if cursor is not None else [("since", str(since))]
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            chunk = min(max(0.0, deadline - time.monotonic()), POLL_CHUNK)
+            page = _model(
+                EventPage,
+                (
+                    yield Req(
+                        "GET",
+                        "/events",
+                        params=[*after, ("wait", f"{chunk:.3f}")],
+                        timeout=chunk + POLL_SLACK,
+                    )
+                ),
+            )
+            if page.events or page.reset or time.monotonic() >= deadline:
+                return page
+
+    def event_cursor(self) -> Call[str]:
+        return _model(EventCursor, (yield Req("GET", "/events/cursor"))).cursor
+
+    def put_bundle(self, data: bytes, digest: str | None = None) -> Call[str]:
+        digest = digest or hashlib.sha256(data).hexdigest()
+        resp = yield Req("PUT", f"/bundles/{_pid(digest)}", content=data, timeout=600.0)
+        return str(resp.json()["digest"])
+
+    def has_bundle(self, digest: str) -> Call[bool]:
+        resp = yield Req("HEAD", f"/bundles/{_pid(digest)}", ok=(404,))
+        return resp.status_code == 200
+
+    def get_bundle(self, digest: str) -> Call[bytes]:
+        return (yield Req("GET", f"/bundles/{_pid(digest)}", timeout=600.0)).content
+
+    def get_blob(self, digest: str) -> Call[bytes]:
+        return (yield Req("GET", f"/artifacts/{_pid(digest)}", timeout=600.0)).content
+
+    def artifact(self, job_id: str, name: str) -> Call[bytes]:
+        path = f"/jobs/{_pid(job_id)}/artifacts/{quote(name, safe='/')}"
+        return (yield Req("GET", path, timeout=600.0)).content
+
+    def status(self) -> Call[dict[str, Any]]:
+        data = (yield Req("GET", "/status")).json()
+        assert isinstance(data, dict)
+        return data
+
+    # -- administration --------------------------------------------------------------------------
+
+    def create_token(
+        self, kind: str, *, ttl: float | None = None, name: str = ""
+    ) -> Call[tuple[dict[str, Any], str]]:
+        resp = yield Req("POST", "/tokens", json={"kind": kind, "ttl": ttl, "name": name})
+        data = resp.json()
+        return data["token"], str(data["secret"])
+
+    def list_tokens(self, *, include_inactive: bool = False) -> Call[builtins.list[dict[str, Any]]]:
+        resp = yield Req("GET", "/tokens", params=[("all", "1" if include_inactive else "0")])
+        return list(resp.json()["tokens"])
+
+    def revoke_token(self, token_id: str) -> Call[dict[str, Any]]:
+        data = (yield Req("POST", f"/tokens/{_pid(token_id)}/revoke")).json()
+        assert isinstance(data, dict)
+        return data
+
+    def set_secret(self, name: str, value: str) -> Call[None]:
+        yield Req("PUT", f"/secrets/{_pid(name)}", json={"value": value})
+
+    def secret_names(self) -> Call[builtins.list[str]]:
+        return [str(n) for n in (yield Req("GET", "/secrets")).json()["names"]]
+
+    def delete_secret(self, name: str) -> Call[bool]:
+        resp = yield Req("DELETE", f"/secrets/{_pid(name)}", ok=(404,))
+        return resp.status_code == 204

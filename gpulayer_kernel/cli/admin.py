@@ -1,0 +1,84 @@
+"""The token and secret calls, against the live control plane or the state directory itself.
+
+``admin_session()`` talks to the live control plane when there is one (``GPULAYER_URL``, or the
+lock file of ``$GPULAYER_HOME``), else it opens the state directory directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from ..errors import InvalidInput
+
+
+class Admin(Protocol):
+    """The admin calls shared by the HTTP client and :class:`LocalAdmin`."""
+
+    async def create_token(
+        self, kind: str, *, ttl: float | None = None, name: str = ""
+    ) -> tuple[dict[str, Any], str]: ...
+    async def list_tokens(self, *, include_inactive: bool = False) -> list[dict[str, Any]]: ...
+    async def revoke_token(self, token_id: str) -> dict[str, Any]: ...
+    async def set_secret(self, name: str, value: str) -> None: ...
+    async def secret_names(self) -> list[str]: ...
+    async def delete_secret(self, name: str) -> bool: ...
+
+
+class LocalAdmin:
+    """The admin calls against a state directory opened here (no server is running)."""
+
+    def __init__(self, cp: Any, tokens: Any) -> None:
+        self.cp = cp
+        self.tokens = tokens
+
+    def _info(self, rec: Any) -> dict[str, Any]:
+        from ..api.handlers import token_info
+
+        return token_info(rec, time.time()).model_dump(mode="json")
+
+    async def create_token(
+        self, kind: str, *, ttl: float | None = None, name: str = ""
+    ) -> tuple[dict[str, Any], str]:
+        if kind not in ("client", "join", "instance"):
+            raise InvalidInput(
+                f"cannot create a {kind} token", hint="worker session tokens are issued by joining"
+            )
+        rec, secret = await self.tokens.create(kind, ttl=ttl, name=name)
+        return self._info(rec), secret
+
+    async def list_tokens(self, *, include_inactive: bool = False) -> list[dict[str, Any]]:
+        return [self._info(r) for r in self.tokens.list(include_inactive=include_inactive)]
+
+    async def revoke_token(self, token_id: str) -> dict[str, Any]:
+        return self._info(await self.tokens.revoke(token_id))
+
+    async def set_secret(self, name: str, value: str) -> None:
+        await self.cp.set_secret(name, value)
+
+    async def secret_names(self) -> list[str]:
+        return list(await self.cp.secret_names())
+
+    async def delete_secret(self, name: str) -> bool:
+        return bool(await self.cp.delete_secret(name))
+
+
+@contextlib.asynccontextmanager
+async def admin_session() -> AsyncIterator[Admin]:
+    """Yield the admin calls of the live control plane, or of the state directory opened here."""
+    from ..session import find_remote
+
+    remote = find_remote()
+    if remote is not None:
+        from ..client import AsyncClient
+
+        async with AsyncClient(remote[0], remote[1]) as client:
+            yield client
+        return
+    from ..embedded import Embedded
+    from ..security import TokenService
+
+    async with Embedded(local_worker=False) as emb:
+        yield LocalAdmin(emb.cp, await TokenService(emb.store).load())

@@ -1,0 +1,144 @@
+"""``gpulayer jobs``, ``logs``, ``show``, ``explain``, ``cancel`` and ``workers``.
+
+Also the log printing that ``gpulayer run`` shares: :func:`follow` and :func:`exit_code_of`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .. import render
+from ..contracts import Job, JobState
+from ..session import Session, open_session
+from .common import Handler
+
+
+def add_parsers(sub: Any) -> None:
+    """Add jobs, logs, show, explain, cancel and workers to the ``gpulayer`` sub-parsers."""
+    jobs = sub.add_parser("jobs", help="list jobs")
+    jobs.add_argument("--state", action="append", default=[], choices=[s.value for s in JobState])
+    jobs.add_argument("--limit", type=int, default=20)
+    jobs.add_argument("--json", action="store_true")
+
+    logs = sub.add_parser("logs", help="show a job's logs")
+    logs.add_argument("job")
+    logs.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
+
+    show = sub.add_parser("show", help="show one job in full (JSON)")
+    show.add_argument("job")
+
+    explain = sub.add_parser("explain", help="say why a job waits, or why it went where it went")
+    explain.add_argument("job")
+
+    cancel = sub.add_parser("cancel", help="cancel a job (stops its processes)")
+    cancel.add_argument("job")
+
+    workers = sub.add_parser("workers", help="list workers and their devices")
+    workers.add_argument("--json", action="store_true")
+
+
+def print_record(stream: str, text: str, rank: int | None) -> None:
+    """Print one log line where the job wrote it: stdout to stdout, the rest to stderr."""
+    prefix = f"[rank {rank}] " if rank is not None else ""
+    if stream == "stdout":
+        sys.stdout.write(f"{prefix}{text}\n")
+        sys.stdout.flush()
+    else:
+        tag = "gpulayer: " if stream == "system" else ""
+        sys.stderr.write(f"{tag}{prefix}{text}\n")
+        sys.stderr.flush()
+
+
+async def follow(s: Session, job_id: str, since: int = 0) -> Job:
+    """Print log records as they arrive until the job ends and every line is printed."""
+    while True:
+        page = await s.logs(job_id, since=since, wait=25.0)
+        for r in page.records:
+            print_record(r.stream, r.text, r.rank)
+        since = page.next_since
+        if page.state.terminal and not page.records:
+            return await s.get(job_id)
+
+
+def exit_code_of(job: Job) -> int:
+    """The process exit status that tells a shell how the job ended (130: cancelled)."""
+    if job.state == JobState.SUCCEEDED:
+        return 0
+    if job.state == JobState.CANCELLED:
+        return 130
+    if job.exit_code not in (None, 0):
+        assert job.exit_code is not None
+        return job.exit_code
+    return 1
+
+
+async def cmd_jobs(args: argparse.Namespace) -> int:
+    async with open_session() as s:
+        jobs = await s.list(states=[JobState(x) for x in args.state], limit=args.limit)
+    if args.json:
+        print(json.dumps([j.model_dump(mode="json") for j in jobs], indent=2))
+        return 0
+    print(render.jobs_table(jobs))
+    return 0
+
+
+async def cmd_logs(args: argparse.Namespace) -> int:
+    async with open_session() as s:
+        job = await s.get(args.job)
+        if args.follow:
+            job = await follow(s, job.id)
+            return exit_code_of(job) if job.state.terminal else 0
+        since = 0
+        while True:
+            page = await s.logs(job.id, since=since, limit=5000)
+            for r in page.records:
+                print_record(r.stream, r.text, r.rank)
+            if not page.records:
+                return 0
+            since = page.next_since
+
+
+async def cmd_show(args: argparse.Namespace) -> int:
+    async with open_session() as s:
+        job = await s.get(args.job)
+    data: dict[str, Any] = job.model_dump(mode="json")
+    print(json.dumps(data, indent=2))
+    return 0
+
+
+async def cmd_explain(args: argparse.Namespace) -> int:
+    async with open_session() as s:
+        print(await s.explain(args.job))
+    return 0
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    async with open_session() as s:
+        job = await s.cancel(args.job)
+        if not job.state.terminal:
+            job = await s.wait(job.id, timeout=30.0)
+    print(f"job {job.id}: {job.state.value}")
+    return 0
+
+
+async def cmd_workers(args: argparse.Namespace) -> int:
+    async with open_session() as s:
+        workers = await s.workers()
+    if args.json:
+        print(json.dumps([w.model_dump(mode="json") for w in workers], indent=2))
+        return 0
+    print(render.workers_table(workers))
+    return 0
+
+
+COMMANDS: dict[str, Handler] = {
+    "jobs": cmd_jobs,
+    "logs": cmd_logs,
+    "show": cmd_show,
+    "explain": cmd_explain,
+    "cancel": cmd_cancel,
+    "workers": cmd_workers,
+}

@@ -1,0 +1,135 @@
+"""``gpulayer run``: run a command as a job, stream its logs, say why it waits; Ctrl-C cancels."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from typing import Any
+
+from ..contracts import JobSpec, JobState, parse, parse_pairs
+from ..errors import GPUlayerError
+from ..session import Session, open_session
+from .common import Handler
+from .jobs import exit_code_of, follow
+
+
+def add_parsers(sub: Any) -> None:
+    """Add run to the ``gpulayer`` sub-parsers."""
+    run = sub.add_parser("run", help="run a command as a job and stream its logs")
+    run.add_argument("--gpus", type=int, default=0, help="GPUs per node (default 0)")
+    run.add_argument("--nodes", type=int, default=1, help="nodes for a multi-node gang")
+    run.add_argument("--gpu-kind", default="", help="acceptable kinds in order, e.g. h100,a100")
+    run.add_argument(
+        "--fallback",
+        choices=["cpu"],
+        action="append",
+        default=[],
+        help="let a GPU job run on CPU when no GPU can take it",
+    )
+    run.add_argument("--timeout", type=float, default=None, help="seconds before it is killed")
+    run.add_argument("--retries", type=int, default=0, help="re-runs after failure (opt-in)")
+    run.add_argument("--env", action="append", default=[], metavar="K=V")
+    run.add_argument("--secret", action="append", default=[], metavar="NAME")
+    run.add_argument("--label", action="append", default=[], metavar="K=V")
+    run.add_argument(
+        "--selector", action="append", default=[], metavar="K=V", help="worker labels the job needs"
+    )
+    run.add_argument("--worker", default=None, help="run only on the worker with this name")
+    run.add_argument("--name", default=None)
+    run.add_argument("--priority", type=int, default=0)
+    run.add_argument(
+        "--workdir", default=None, help="directory on the worker (default: the current directory)"
+    )
+    run.add_argument("--detach", action="store_true", help="print the job id and return")
+    run.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+
+
+def _spec_from_args(args: argparse.Namespace) -> JobSpec:
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise GPUlayerError(
+            "no command given", hint="write the command after --, e.g. gpulayer run -- python x.py"
+        )
+    return parse(
+        JobSpec,
+        {
+            "name": args.name or os.path.basename(argv[0]),
+            "workload": {"kind": "command", "argv": argv},
+            "resources": {
+                "gpus": args.gpus,
+                "nodes": args.nodes,
+                "gpu_kind": [k for k in args.gpu_kind.split(",") if k],
+                "fallback": args.fallback,
+                "selector": parse_pairs(args.selector, "--selector"),
+                "worker": args.worker,
+            },
+            "env": parse_pairs(args.env, "--env"),
+            "secrets": args.secret,
+            "labels": parse_pairs(args.label, "--label"),
+            "timeout": args.timeout,
+            "retries": args.retries,
+            "priority": args.priority,
+            "workdir": args.workdir or os.getcwd(),
+        },
+    )
+
+
+async def _say_why_it_waits(s: Session, job_id: str, first: float = 0.5) -> None:
+    """While the job waits to be placed, print the scheduler's sentence (again when it changes)."""
+    said = ""
+    delay = first
+    while True:
+        job = await s.wait(job_id, timeout=delay)
+        if job.state != JobState.QUEUED:
+            return
+        sentence = await s.explain(job_id)
+        if sentence != said:
+            print(f"gpulayer: waiting: {sentence} (Ctrl-C cancels)", file=sys.stderr)
+            said = sentence
+        delay = 10.0
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    spec = _spec_from_args(args)
+    async with open_session(local_worker=True) as s:
+        job = await s.submit(spec)
+        if args.detach:
+            print(job.id)
+            return 0
+        print(f"gpulayer: job {job.id} submitted ({spec.name})", file=sys.stderr)
+        loop = asyncio.get_running_loop()
+        following = asyncio.create_task(follow(s, job.id))
+        watch = asyncio.create_task(_say_why_it_waits(s, job.id))
+        interrupted = asyncio.Event()
+        loop.add_signal_handler(signal.SIGINT, interrupted.set)
+        loop.add_signal_handler(signal.SIGTERM, interrupted.set)
+        try:
+            stop = asyncio.create_task(interrupted.wait())
+            done, _ = await asyncio.wait({following, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if following in done:
+                stop.cancel()
+                final = following.result()
+            else:
+                print("\ngpulayer: interrupted; cancelling the job", file=sys.stderr)
+                await s.cancel(job.id)
+                # Keep printing what the job writes while it is being stopped.
+                try:
+                    final = await asyncio.wait_for(following, 60.0)
+                except TimeoutError:
+                    final = await s.get(job.id)
+        finally:
+            watch.cancel()
+            loop.remove_signal_handler(signal.SIGINT)
+            loop.remove_signal_handler(signal.SIGTERM)
+        if final.state != JobState.SUCCEEDED:
+            why = f": {final.reason}" if final.reason else ""
+            print(f"gpulayer: job {final.id} {final.state.value}{why}", file=sys.stderr)
+        return exit_code_of(final)
+
+
+COMMANDS: dict[str, Handler] = {"run": cmd_run}

@@ -1,0 +1,142 @@
+"""``gpulayer worker``: a worker agent that joins a served control plane over HTTP.
+
+Heavy imports (the agent, its HTTP transport, the GPU probe) happen inside the handler so
+``gpulayer jobs`` stays quick to start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from ..contracts import parse_pairs
+from ..errors import Forbidden, InvalidInput, Unauthorized, Unavailable
+from .common import Handler, setup_logging, until_signalled
+
+JOIN_TOKEN_ENV = "GPULAYER_JOIN_TOKEN"
+JOINED = "gpulayer worker: joined"
+
+log = logging.getLogger("gpulayer.cli")
+
+
+def add_parsers(sub: Any) -> None:
+    """Add worker to the ``gpulayer`` sub-parsers."""
+    worker = sub.add_parser("worker", help="run a worker that joins a served control plane")
+    worker.add_argument(
+        "--server",
+        default=os.environ.get("GPULAYER_URL"),
+        metavar="URL",
+        help="the control plane, e.g. https://gpu-head:8470 ($GPULAYER_URL)",
+    )
+    worker.add_argument(
+        "--join-token",
+        default=None,
+        metavar="TOKEN",
+        help=f"join or instance token (better: ${JOIN_TOKEN_ENV}, which ps does not show)",
+    )
+    worker.add_argument("--name", default=None, help="worker name (default: the host name)")
+    worker.add_argument("--labels", default="", metavar="K=V,...", help="labels for selectors")
+    worker.add_argument("--simulate-gpus", type=int, default=None, metavar="N")
+    worker.add_argument(
+        "--simulate-kind", default=None, metavar="KIND", help="e.g. a100-80gb (default)"
+    )
+    worker.add_argument(
+        "--advertise-addr",
+        default=None,
+        metavar="IP",
+        help="address other workers reach this one at (multi-node gangs)",
+    )
+    worker.add_argument("--work-dir", default=None, help="where jobs run (default under home)")
+    worker.add_argument(
+        "--ca-cert",
+        default=None,
+        help="CA that signed the server's certificate ($GPULAYER_CA_CERT)",
+    )
+
+
+def _labels(text: str) -> dict[str, str]:
+    """``--labels zone=a,team=vision`` -> ``{"zone": "a", "team": "vision"}``."""
+    return parse_pairs(filter(None, (p.strip() for p in text.split(","))), "--labels")
+
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    from ..contracts import WorkerRegistration, parse
+    from ..embedded import local_capabilities
+    from ..home import home_dir
+    from ..security import check_url
+    from ..worker.agent import WorkerAgent
+    from ..worker.backoff import backoff
+    from ..worker.config import ExecutorConfig
+    from ..worker.http import HttpTransport
+
+    setup_logging()
+    if not args.server:
+        raise InvalidInput("no server given", hint="pass --server URL or set GPULAYER_URL")
+    check_url(args.server)
+    token = args.join_token or os.environ.get(JOIN_TOKEN_ENV, "")
+    if not token:
+        raise InvalidInput(
+            "no join token given",
+            hint=f"set {JOIN_TOKEN_ENV} (or pass --join-token); create one on the server with "
+            "`gpulayer token create --kind join`",
+        )
+    name = args.name or socket.gethostname().split(".")[0] or "worker"
+    caps = await local_capabilities(
+        args.simulate_gpus, args.simulate_kind, cache=home_dir() / "probe.json"
+    )
+    reg = parse(
+        WorkerRegistration,
+        {
+            "name": name,
+            "labels": _labels(args.labels),
+            "capabilities": caps.model_dump(),
+            "address": args.advertise_addr,
+            "transport": "http",
+        },
+    )
+    work = Path(args.work_dir) if args.work_dir else home_dir() / f"worker-{name}"
+    work.mkdir(parents=True, exist_ok=True)
+    transport = HttpTransport(args.server, token, ca_cert=args.ca_cert)
+    agent = WorkerAgent(
+        transport,
+        reg,
+        ExecutorConfig(work_root=work, advertise_addr=args.advertise_addr or "127.0.0.1"),
+    )
+    attempt = 0
+    while True:
+        try:
+            info = await agent.start()
+            break
+        except (Unauthorized, Forbidden):
+            await transport.close()
+            raise
+        except Unavailable as exc:
+            delay = backoff(attempt)
+            attempt += 1
+            log.warning("cannot join yet (%s); retrying in %.1fs", exc.message, delay)
+            await asyncio.sleep(delay)
+    # The server says how often it wants to hear from us and how long it holds a poll.
+    agent.heartbeat_interval = transport.heartbeat_interval or agent.heartbeat_interval
+    agent.poll_wait = min(agent.poll_wait, transport.max_wait)
+    sim = " (simulated GPUs)" if caps.simulated else ""
+    print(
+        f"{JOINED} {args.server} as {info.name} (id {info.id}, {len(caps.devices)} GPU(s){sim})",
+        flush=True,
+    )
+    try:
+        waiter = asyncio.ensure_future(until_signalled())
+        loops = asyncio.ensure_future(agent.wait())
+        await asyncio.wait({waiter, loops}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+    finally:
+        await agent.stop()
+    print("gpulayer worker: left the control plane", flush=True)
+    return 0
+
+
+COMMANDS: dict[str, Handler] = {"worker": cmd_worker}

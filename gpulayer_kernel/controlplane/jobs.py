@@ -1,0 +1,265 @@
+"""The job table: every job the control plane knows, and the one path by which a job changes.
+
+Active jobs (queued, placed, running) live in memory and are written through to the store; the
+most recently finished ones stay in a small cache, since a job's end is when every waiter reads
+it. Every change, whatever asks for it (a placement, a cancel, a finish report, a gang node's
+result, a pending report, progress, a retry), is checked against ``states`` and committed here:
+
+- ``stage``: check the change against the transition table and apply it in memory (no await, so
+  nothing else runs between the check and the change);
+- ``flush``: write staged jobs to the store in one group commit, emit one event each, wake each
+  job's waiters, then tell ``on_change`` (the control plane's wiring) what changed.
+
+``commit`` is the two together. A scheduling pass stages many placements, then flushes them at
+once. Pending reports and progress are flushed without a store write (they are recomputed or
+resent), and a pending report whose reasons did not change is not announced.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
+
+from ..clock import SYSTEM_CLOCK, Clock
+from ..contracts import Artifact, Job, JobSpec, JobState
+from ..errors import Conflict, InvalidInput, NotFound
+from ..store import JobQuery, MetadataStore
+from .events import EventLog
+from .signals import Signals
+from .states import check_transition, check_update
+
+ACTIVE_STATES = (JobState.QUEUED, JobState.PLACED, JobState.RUNNING)
+FINISHED_CACHE = 1_024
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+class Change(NamedTuple):
+    """One staged change: the job as it was and as it is now."""
+
+    before: Job
+    after: Job
+
+
+class JobTable:
+    """Owns active jobs, the finished-job cache and job numbering; the only writer of jobs."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        events: EventLog,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        on_change: Callable[[Change], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.events = events
+        self.clock = clock
+        self.on_change = on_change
+        self.seq = 0
+        self._active: dict[str, Job] = {}
+        self._finished: OrderedDict[str, Job] = OrderedDict()
+        self._signals = Signals(clock)
+        self._nodes_done: dict[str, set[str]] = {}  # gang job id -> workers whose node succeeded
+
+    async def load(self) -> None:
+        """Read numbering and the active jobs back from the store (at start)."""
+        self.seq = await self.store.max_job_seq()
+        for job in await self.store.list_jobs(JobQuery(states=ACTIVE_STATES, limit=1_000_000)):
+            self._active[job.id] = job
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def active(self) -> list[Job]:
+        """Active jobs, oldest first (a copy: safe to await while walking it)."""
+        return list(self._active.values())
+
+    def active_job(self, job_id: str) -> Job | None:
+        return self._active.get(job_id)
+
+    def cached(self, job_id: str) -> Job | None:
+        """An active or recently finished job, without a store read."""
+        return self._active.get(job_id) or self._finished.get(job_id)
+
+    async def resolve(self, job_id: str) -> str:
+        """Accept a unique id prefix (at least 4 characters), as git does."""
+        if job_id in self._active or job_id in self._finished:
+            return job_id
+        if len(job_id) < 4:
+            raise InvalidInput(
+                f"job id {job_id!r} is too short", hint="give at least 4 characters of the id"
+            )
+        ids = [i for i in self._active if i.startswith(job_id)]
+        ids = ids or await self.store.find_job_ids(job_id)
+        if not ids:
+            raise NotFound(
+                f"no job {job_id!r}",
+                hint="list jobs with `gpulayer jobs`",
+                details={"job": job_id},
+                code="job_not_found",
+            )
+        if len(ids) > 1:
+            raise InvalidInput(
+                f"job id prefix {job_id!r} is ambiguous", hint="give more characters of the id"
+            )
+        return ids[0]
+
+    def held_by(self, job_id: str, worker_id: str) -> Job:
+        """The active job of which ``worker_id`` holds a part; Conflict (not_assigned) if none."""
+        job = self._active.get(job_id)
+        if job is None or job.placement is None or worker_id not in job.placement.worker_ids:
+            raise Conflict(
+                f"job {job_id} is not running on worker {worker_id}",
+                hint="the job may have been cancelled, lost or reassigned",
+                code="not_assigned",
+            )
+        return job
+
+    async def get(self, job_id: str) -> Job:
+        job_id = await self.resolve(job_id)
+        job = self.cached(job_id) or await self.store.get_job(job_id)
+        if job is None:  # pragma: no cover - resolve() found it
+            raise NotFound(f"no job {job_id!r}", code="job_not_found")
+        return job
+
+    async def query(
+        self,
+        states: Iterable[JobState] = (),
+        *,
+        name: str | None = None,
+        label: tuple[str, str] | None = None,
+        limit: int = 100,
+    ) -> list[Job]:
+        """Jobs from the store, newest first; active ones as they are now (with pending reports)."""
+        if not 1 <= limit <= 10_000:
+            raise InvalidInput("limit must be between 1 and 10000", details={"limit": limit})
+        query = JobQuery(states=tuple(states), name=name, label=label, limit=limit)
+        return [self._active.get(j.id) or j for j in await self.store.list_jobs(query)]
+
+    # -- waiting ---------------------------------------------------------------------------------
+
+    async def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        """Return when the job reaches a final state (or at ``timeout`` with its current state)."""
+        job_id = await self.resolve(job_id)
+        deadline = None if timeout is None else self.clock.monotonic() + timeout
+        while True:
+            job = await self.get(job_id)
+            left = None if deadline is None else deadline - self.clock.monotonic()
+            if job.state.terminal or (left is not None and left <= 0):
+                return job
+            await self._signals.wait(job_id, left)
+
+    def wake(self, job_id: str) -> None:
+        """Wake the job's waiters (new log lines, a rendezvous) without changing the job."""
+        self._signals.fire(job_id)
+
+    async def changed(self, job_id: str, timeout: float | None) -> bool:
+        """Wait for the job's next change or wake-up; False when ``timeout`` passed first."""
+        return await self._signals.wait(job_id, timeout)
+
+    def close(self) -> None:
+        self._signals.fire_all()
+
+    # -- changing: the one commit path -----------------------------------------------------------
+
+    def add(self, spec: JobSpec) -> Change:
+        """Stage a new queued job, numbered after every job before it; ``flush`` writes it."""
+        self.seq += 1
+        job = Job(id=new_id(), seq=self.seq, spec=spec, submitted_at=self.clock.now())
+        self._active[job.id] = job
+        return Change(job, job)
+
+    def stage(self, job_id: str, target: JobState | None = None, **fields: Any) -> Change:
+        """Check one change against the tables and apply it in memory; ``flush`` makes it stick.
+
+        With ``target`` the job moves (any field may change with it; a final move stamps
+        ``finished_at``); without, only the fields ``states.UPDATES`` allows for its state.
+        """
+        before = self._active.get(job_id)
+        if before is None:
+            # A final job changes no more (the tables say why); an unknown one was never active.
+            final = self._finished.get(job_id)
+            if final is not None and target is not None:
+                check_transition(job_id, final.state, target)
+            raise Conflict(
+                f"job {job_id} is not active" + (f" (it is {final.state.value})" if final else ""),
+                hint="a job changes only while it is queued, placed or running",
+                details={"job": job_id},
+                code="illegal_update",
+            )
+        if target is None:
+            check_update(job_id, before.state, fields)
+        else:
+            check_transition(job_id, before.state, target)
+            fields["state"] = target
+            if target.terminal:
+                fields.setdefault("finished_at", self.clock.now())
+        after = before.model_copy(update=fields)
+        if after.state.terminal or after.state == JobState.QUEUED:
+            self._nodes_done.pop(job_id, None)
+        if after.state.terminal:
+            del self._active[job_id]
+            self._finished[job_id] = after
+            while len(self._finished) > FINISHED_CACHE:
+                self._finished.popitem(last=False)
+        else:
+            self._active[job_id] = after
+        return Change(before, after)
+
+    async def flush(
+        self, changes: Sequence[Change], *, persist: bool = True, announce: bool = True
+    ) -> None:
+        """Write staged changes (one group commit), announce them, wake waiters, tell wiring.
+
+        Each job is written as it is now, so a change staged by someone else while the write
+        was pending is not overwritten by an older copy; events show each change as staged.
+        """
+        if persist and changes:
+            now = [self.cached(c.after.id) or c.after for c in changes]
+            await self.store.save_jobs(now)
+        for change in changes:
+            after = change.after
+            if after.state.terminal:
+                self.events.job(after)
+                # Late waiters find the final state in the finished cache or the store.
+                self._signals.drop(after.id)
+            elif announce:
+                self.events.job(after)
+                self._signals.fire(after.id)
+            if self.on_change is not None:
+                self.on_change(change)
+
+    async def commit(self, job_id: str, target: JobState | None = None, **fields: Any) -> Job:
+        """Stage and flush one change; returns the job as changed."""
+        change = self.stage(job_id, target, **fields)
+        await self.flush([change])
+        return change.after
+
+    async def note(self, job_id: str, *, announce: bool = True, **fields: Any) -> Job:
+        """A change kept in memory only (pending reports, progress): checked, and announced
+        (an event, a wake-up) unless ``announce`` is false."""
+        change = self.stage(job_id, None, **fields)
+        await self.flush([change], persist=False, announce=announce)
+        return change.after
+
+    def node_done(self, job_id: str, worker_id: str) -> int:
+        """Record that one node of a gang succeeded; returns how many have."""
+        done = self._nodes_done.setdefault(job_id, set())
+        done.add(worker_id)
+        return len(done)
+
+
+def artifact_named(job: Job, name: str) -> Artifact:
+    """The job's artifact called ``name``, or NotFound naming how to list them."""
+    for a in job.artifacts:
+        if a.name == name:
+            return a
+    raise NotFound(
+        f"job {job.id} has no artifact {name!r}",
+        hint="list them with `gpulayer show JOB`",
+        code="artifact_not_found",
+    )

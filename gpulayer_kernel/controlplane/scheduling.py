@@ -1,0 +1,257 @@
+"""The scheduling loop: when to run the pure scheduler, what to feed it, and applying its plan.
+
+A pass runs soon after anything that could change a placement (``kick``); several changes in one
+loop turn share one pass. It builds a ``Snapshot`` from the job table and worker registry, calls
+``schedule(snapshot, cache)`` with the one ``SchedulerCache`` this loop keeps, and applies the
+plan: placements through the job table's commit path, assignments through the dispatcher,
+pending reports onto waiting jobs. Reservations carry from one pass to the next. The scheduler
+has no clock, so when the next waiting gang job becomes old enough to reserve devices, a timer on
+the control plane's clock runs a pass for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from ..clock import SYSTEM_CLOCK, Clock, Timer
+from ..contracts import Job, JobState, Placement, PlacementReport
+from ..scheduler import (
+    JobRequest,
+    Reservation,
+    RunningJob,
+    SchedulerCache,
+    Snapshot,
+    WorkerView,
+    gc_paused,
+    schedule,
+)
+from ..store import MetadataStore
+from .dispatch import Dispatcher
+from .jobs import Change, JobTable
+from .logs import LogTails
+from .workers import WorkerRegistry
+
+log = logging.getLogger("gpulayer.controlplane")
+
+
+class SchedulingLoop:
+    """Runs coalesced scheduling passes and the reservation timer; owns reservations."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        jobs: JobTable,
+        workers: WorkerRegistry,
+        logs: LogTails,
+        dispatch: Dispatcher,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        reserve_after: float = 60.0,
+    ) -> None:
+        self.store = store
+        self.jobs = jobs
+        self.workers = workers
+        self.dispatch = dispatch
+        self.logs = logs
+        self.clock = clock
+        self.reserve_after = reserve_after
+        self.cache = SchedulerCache()
+        # Pausing the cyclic collector for a pass pays on big queues (see scheduler.gc_paused),
+        # but it is process-wide: only a process that is the control plane's own (``serve``,
+        # the Jupyter server extension) may turn this on, never a kernel running user code.
+        self.pause_gc = False
+        self.reservations: dict[str, Reservation] = {}
+        self._pending = False
+        self._timer: Timer | None = None
+        self.running = False
+
+    def start(self) -> None:
+        self.running = True
+        self.kick()
+
+    def close(self) -> None:
+        self.running = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def kick(self) -> None:
+        """Run a pass soon; several changes in one loop turn share one pass."""
+        if self._pending or not self.running:
+            return
+        self._pending = True
+        asyncio.get_running_loop().call_soon(self._start_pass)
+
+    def _start_pass(self) -> None:
+        task = asyncio.create_task(self.run_pass())
+        task.add_done_callback(_log_task_error)
+
+    def snapshot(self) -> Snapshot:
+        """The cluster as the scheduler sees it now."""
+        now = self.clock.now()
+        running: dict[str, list[RunningJob]] = {}
+        pending: list[JobRequest] = []
+        for job in self.jobs.active():
+            if job.state == JobState.QUEUED:
+                pending.append(
+                    JobRequest(
+                        id=job.id,
+                        seq=job.seq,
+                        priority=job.spec.priority,
+                        resources=job.spec.resources,
+                        submitted_at=job.submitted_at,
+                        timeout=job.spec.timeout,
+                    )
+                )
+            elif job.placement is not None:
+                start = job.started_at or job.placed_at or now
+                ends_by = start + job.spec.timeout if job.spec.timeout else None
+                for node in job.placement.nodes:
+                    running.setdefault(node.worker_id, []).append(
+                        RunningJob(
+                            id=job.id,
+                            devices=tuple(node.devices),
+                            cpus=job.spec.resources.cpus or 0.0,
+                            ends_by=ends_by,
+                        )
+                    )
+        workers = tuple(
+            WorkerView(
+                id=w.id,
+                name=w.name,
+                state=w.state,
+                labels=w.labels,
+                capabilities=w.capabilities,
+                running=tuple(running.get(w.id, ())),
+            )
+            for w in self.workers.live()
+        )
+        return Snapshot(
+            now=now,
+            pending=tuple(pending),
+            workers=workers,
+            reservations=dict(self.reservations),
+            reserve_after=self.reserve_after,
+        )
+
+    def explain(self, job: Job) -> str:
+        """Why the job waits, where it was placed, or how it ended, in one sentence."""
+        if job.pending is not None and job.state == JobState.QUEUED:
+            return job.pending.sentence
+        if job.placement is not None:
+            return job.placement.explanation
+        if job.state == JobState.QUEUED:
+            # Asked before this control plane's first pass (e.g. a fresh CLI process): the
+            # scheduler is a pure function, so ask it now rather than say "not yet known".
+            report = schedule(self.snapshot(), self.cache).pending.get(job.id)
+            if report is not None:
+                return report.sentence
+            return f"job {job.id} is queued and about to be placed"
+        return f"job {job.id} is {job.state.value}" + (f": {job.reason}" if job.reason else "")
+
+    async def run_pass(self) -> None:
+        self._pending = False
+        if not self.running:
+            return
+        with gc_paused() if self.pause_gc else contextlib.nullcontext():
+            plan = schedule(self.snapshot(), self.cache)
+        self.reservations = dict(plan.reservations)
+        now = self.clock.now()
+        placed: list[Change] = []
+        for a in plan.assignments:
+            job = self.jobs.active_job(a.job_id)
+            if job is None or job.state != JobState.QUEUED:
+                continue
+            # In memory now, so nothing placed twice; written below in one group commit.
+            placed.append(
+                self.jobs.stage(
+                    job.id, JobState.PLACED, placement=a.placement, pending=None, placed_at=now
+                )
+            )
+        for job_id, report in plan.pending.items():
+            job = self.jobs.active_job(job_id)
+            if job is None or job.state != JobState.QUEUED or job.pending == report:
+                continue
+            # A change of queue position alone is not announced: every finish would otherwise
+            # emit one event per waiting job. Readers of the job see the current position.
+            changed = job.pending is None or _reasons(job.pending) != _reasons(report)
+            await self.jobs.note(job_id, announce=changed, pending=report)
+        self._arm_reservation_timer(now)
+        if placed:
+            await self._hand_out(placed)
+
+    async def _hand_out(self, placed: list[Change]) -> None:
+        """Fail placements missing a secret; write the rest and give them to their workers."""
+        names = sorted({n for c in placed for n in c.after.spec.secrets})
+        known = await self.store.get_secrets(names) if names else {}
+        ready: list[Change] = []
+        for change in placed:
+            job = change.after
+            missing = [n for n in job.spec.secrets if n not in known]
+            if not missing:
+                ready.append(change)
+                continue
+            await self.logs.system(job.id, f"secret(s) not set: {', '.join(missing)}")
+            await self.jobs.commit(
+                job.id,
+                JobState.FAILED,
+                reason=f"secret(s) not set on the control plane: {', '.join(missing)}; "
+                "set them with `gpulayer secret set NAME`",
+            )
+        # One group commit carries every placement and its log line.
+        await asyncio.gather(
+            self.jobs.flush(ready),
+            *(self.logs.system(c.after.id, _describe(c.after.placement)) for c in ready),
+        )
+        touched: set[str] = set()
+        for change in ready:
+            current = self.jobs.active_job(change.after.id)
+            if current is None or current.state != JobState.PLACED:
+                continue  # cancelled or lost while the write was pending
+            job = current
+            secrets = {n: known[n] for n in job.spec.secrets}
+            touched.update(self.dispatch.assign(job, secrets))
+        for wid in touched:
+            self.workers.refresh(wid)
+
+    def _arm_reservation_timer(self, now: float) -> None:
+        """Run a pass when the next waiting gang job becomes old enough to reserve devices.
+
+        Nothing else may happen in the cluster at that moment, and the scheduler has no clock.
+        """
+        due = [
+            j.submitted_at + self.reserve_after
+            for j in self.jobs.active()
+            if j.state == JobState.QUEUED and j.spec.is_gang and j.id not in self.reservations
+        ]
+        due = [t for t in due if t > now]
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if due and self.running:
+            self._timer = self.clock.call_later(min(due) - now + 0.01, self.kick)
+
+
+def _describe(p: Placement | None) -> str:
+    assert p is not None
+    parts = []
+    for n in p.nodes:
+        where = f"{n.worker_name}"
+        if n.devices:
+            where += f" devices {n.devices}" + (" (simulated)" if n.simulated else "")
+        elif n.cpu_fallback:
+            where += " on CPU (fallback)"
+        parts.append(where)
+    return "placed on " + ", ".join(parts)
+
+
+def _reasons(report: PlacementReport) -> tuple[object, ...]:
+    """What a waiting job's report says, without its queue position."""
+    return (report.filtered, report.exhausted, report.reserved_by, report.reservation)
+
+
+def _log_task_error(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("scheduling pass failed", exc_info=task.exception())

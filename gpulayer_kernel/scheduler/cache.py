@@ -1,0 +1,215 @@
+"""The scheduler's memory between passes: what it derived from inputs it will see again.
+
+``schedule(snapshot, cache)`` reads and fills a ``SchedulerCache``; the ControlPlane keeps one for
+its life, tests and one-off callers pass none (a fresh one per call). The plan never depends on
+what the cache holds: it is memoization only, and a property test checks that a warm cache and a
+cold one give the same plan.
+
+What it keeps, and why it pays: the **profile** of each ``WorkerCapabilities`` object (the support
+matrix costs more than the rest of a small pass; the ControlPlane hands the same object every
+pass), the **shape key** of each ``Resources`` object (a queued job keeps its object between
+passes), the GPU verdict per (GPU request, profile), device picks per (free mask, count) and report
+reason counts.
+
+Bounded: every map is **generational**. A pass starts by turning the current entries into old
+ones; each entry the pass uses moves back; the pass ends by dropping the old ones that nothing
+used. Between passes the cache holds exactly what the last pass used, however long it lives.
+
+Identity: entries keyed by ``id(obj)`` hold ``obj`` inside the entry and check ``is`` on a hit, so
+an id cannot be reused by another object while its entry lives. The small ints that stand for
+profile and shape keys come from one counter per cache and are never reused, so an entry keyed by
+them can go stale only by never being asked for again (and is then dropped).
+
+One pass at a time: a pass that finds the cache in use by another (a thread still running an
+abandoned pass) runs with a fresh cache instead, which gives the same plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any, Generic, TypeVar
+
+from ..contracts import Reason, ReasonCount, Resources, WorkerCapabilities
+from .feasible import Fit, Profile, Shape, derive_profile, gpu_fit, gpu_value, shape_value
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Memo(Generic[K, V]):
+    """A map that forgets what the last pass did not use (see the module docstring).
+
+    Values are never ``None``. Hot paths read ``new`` directly and call ``get`` only on a miss.
+    """
+
+    __slots__ = ("new", "old")
+
+    def __init__(self) -> None:
+        self.new: dict[K, V] = {}
+        self.old: dict[K, V] = {}
+
+    def get(self, key: K) -> V | None:
+        hit = self.new.get(key)
+        if hit is None and self.old:
+            hit = self.old.pop(key, None)
+            if hit is not None:
+                self.new[key] = hit
+        return hit
+
+    def put(self, key: K, value: V) -> V:
+        self.new[key] = value
+        return value
+
+    def begin(self) -> None:
+        """A pass starts: every entry is old until the pass uses it."""
+        if self.old:  # the last pass did not end (it raised): keep both generations' entries
+            self.old.update(self.new)
+        else:
+            self.old = self.new
+        self.new = {}
+
+    def end(self) -> int:
+        """A pass ended: drop what it did not use; returns how many entries went."""
+        dropped = len(self.old)
+        self.old = {}
+        return dropped
+
+    def __len__(self) -> int:
+        return len(self.new) + len(self.old)
+
+
+class SchedulerCache:
+    """What ``schedule`` remembers between passes; hand the same one to every pass."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._uids = itertools.count(1)  # never reused: see the module docstring
+        self._profiles: Memo[int, tuple[WorkerCapabilities, Profile]] = Memo()
+        self._profile_uids: dict[tuple[object, ...], int] = {}  # key -> uid of a live profile
+        self._shapes: Memo[int, tuple[Resources, tuple[object, ...], int]] = Memo()
+        self._shape_uids: dict[tuple[object, ...], int] = {}  # key -> uid of a live shape entry
+        self._added = False  # a pass added profiles or shapes: rebuild the uid maps at its end
+        self._gpu_uids: Memo[tuple[object, ...], int] = Memo()
+        self._gpu_fits: Memo[tuple[int, int], Fit] = Memo()
+        self.picks: Memo[tuple[int, int], int] = Memo()  # (free mask, n) -> devices (rank.py)
+        self.counts: Memo[tuple[Reason, int, str], ReasonCount] = Memo()  # explain.make_report
+        self._memos: tuple[Memo[Any, Any], ...] = (
+            self._profiles,
+            self._shapes,
+            self._gpu_uids,
+            self._gpu_fits,
+            self.picks,
+            self.counts,
+        )
+
+    def size(self) -> int:
+        """Entries held, every map together (tests check the bound with it)."""
+        uids = len(self._profile_uids) + len(self._shape_uids)
+        return uids + sum(len(m) for m in self._memos)
+
+    @contextmanager
+    def open_pass(self) -> Iterator[SchedulerCache]:
+        """Bracket one pass: yields this cache, or a fresh one while another pass holds this."""
+        if not self._lock.acquire(blocking=False):
+            yield SchedulerCache()
+            return
+        try:
+            for memo in self._memos:
+                memo.begin()
+            self._added = False
+            yield self
+        finally:
+            dropped_profiles = self._profiles.end()
+            dropped_shapes = self._shapes.end()
+            for memo in self._memos[2:]:
+                memo.end()
+            # Keep each key -> uid map to the keys of live entries, so it is bounded too and a
+            # new object equal to a live one gets the live one's uid (one class, one shape).
+            # Only when something changed: a steady queue pays nothing here.
+            if dropped_profiles or self._added:
+                self._profile_uids = {p.key: p.uid for _, p in self._profiles.new.values()}
+            if dropped_shapes or self._added:
+                self._shape_uids = {key: uid for _, key, uid in self._shapes.new.values()}
+            self._lock.release()
+
+    # -- lookups (call inside ``open_pass``) ----------------------------------------------------
+
+    def profile(self, caps: WorkerCapabilities) -> Profile:
+        """The scheduler's view of ``caps``, derived once per object while it stays in use."""
+        return self.profiles([caps])[0]
+
+    def profiles(self, caps: Sequence[WorkerCapabilities]) -> list[Profile]:
+        """``profile`` of each, in one call (a pass asks for every worker's at once)."""
+        memo = self._profiles
+        new, old = memo.new, memo.old
+        out: list[Profile] = []
+        for c in caps:
+            i = id(c)
+            hit = new.get(i)
+            if hit is None and old:
+                hit = old.pop(i, None)
+                if hit is not None:
+                    new[i] = hit
+            if hit is not None and hit[0] is c:
+                out.append(hit[1])
+                continue
+            profile = derive_profile(c)
+            uid = self._profile_uids.get(profile.key)
+            if uid is None:
+                uid = self._profile_uids[profile.key] = next(self._uids)
+            profile = replace(profile, uid=uid)
+            new[i] = (c, profile)
+            self._added = True
+            out.append(profile)
+        return out
+
+    def shape_key(self, r: Resources) -> tuple[tuple[object, ...], int]:
+        """``shape_value(r)`` and a small int standing for it (equal values, equal ints)."""
+        return self.shape_keys([r])[0]
+
+    def shape_keys(self, rs: Sequence[Resources]) -> list[tuple[tuple[object, ...], int]]:
+        """``shape_key`` of each, in one call (a pass asks for every queued job's at once)."""
+        memo = self._shapes
+        new, old = memo.new, memo.old
+        out: list[tuple[tuple[object, ...], int]] = []
+        for r in rs:
+            i = id(r)
+            hit = new.get(i)
+            if hit is None and old:
+                hit = old.pop(i, None)
+                if hit is not None:
+                    new[i] = hit
+            if hit is not None and hit[0] is r:
+                out.append((hit[1], hit[2]))
+                continue
+            key = shape_value(r)
+            uid = self._shape_uids.get(key)
+            if uid is None:
+                uid = self._shape_uids[key] = next(self._uids)
+            new[i] = (r, key, uid)
+            self._added = True
+            out.append((key, uid))
+        return out
+
+    def gpu_uid(self, r: Resources) -> int:
+        """A small int per distinct ``gpu_value(r)``: requests with equal ints get the same GPU
+        verdict on a profile."""
+        key = gpu_value(r)
+        uid = self._gpu_uids.get(key)
+        if uid is None:
+            uid = self._gpu_uids.put(key, next(self._uids))
+        return uid
+
+    def gpu_fit(self, shape: Shape, profile: Profile) -> Fit:
+        """``feasible.gpu_fit``, remembered per (GPU request, profile)."""
+        key = (shape.gpu_uid, profile.uid)
+        hit = self._gpu_fits.new.get(key)
+        if hit is None:
+            hit = self._gpu_fits.get(key)
+        if hit is None:
+            hit = self._gpu_fits.put(key, gpu_fit(shape, profile))
+        return hit

@@ -1,0 +1,495 @@
+/**
+ * GENERATED FILE: do not edit. The GPUlayer contracts as TypeScript types, generated from
+ * gpulayer_kernel/contracts/schema.json by labextension/scripts/gen-contracts.mjs
+ * (json-schema-to-typescript).
+ *
+ * Regenerate after changing a contract:
+ *   python -m gpulayer_kernel.contracts.schema && jlpm build:contracts
+ *
+ * Every property is required: these are the shapes the server sends, with every field.
+ */
+
+/**
+ * Any top-level contract (gpulayer/v1).
+ */
+export type AnyContract =
+  | IArtifact
+  | IEvent
+  | IEventCursor
+  | IEventPage
+  | IFinishReport
+  | IJob
+  | IJobAssignment
+  | IJobList
+  | IJobSpec
+  | ILogBatch
+  | ILogLine
+  | ILogPage
+  | ILogRecord
+  | IPlacementReport
+  | IProgressReport
+  | IRendezvous
+  | IWork
+  | IWorkerCapabilities
+  | IWorkerInfo
+  | IWorkerRegistration;
+/**
+ * Stable reason codes. ``filtered`` ones never clear by waiting; ``exhausted`` ones may.
+ */
+export type Reason =
+  | 'worker_not_ready'
+  | 'cordoned'
+  | 'selector_mismatch'
+  | 'name_mismatch'
+  | 'no_gpus'
+  | 'gpu_kind'
+  | 'gpu_memory'
+  | 'too_few_gpus_total'
+  | 'mps_distributed'
+  | 'unsupported_vendor'
+  | 'cpus_total'
+  | 'draining'
+  | 'too_few_nodes'
+  | 'gpus_busy'
+  | 'reserved'
+  | 'cpus_busy'
+  | 'not_enough_nodes';
+export type JsonValue =
+  null | boolean | number | string | JsonValue[] | { [key: string]: JsonValue };
+export type JobState =
+  | 'queued'
+  | 'placed'
+  | 'running'
+  | 'succeeded'
+  | 'failed'
+  | 'cancelled'
+  | 'lost';
+export type WorkerState =
+  'ready' | 'busy' | 'draining' | 'cordoned' | 'lost' | 'offline';
+
+export interface IArtifact {
+  api_version: 'gpulayer/v1';
+  digest: string;
+  name: string;
+  rank: number | null;
+  size: number;
+}
+/**
+ * A change a UI should show: a job or a worker, as it is now.
+ */
+export interface IEvent {
+  api_version: 'gpulayer/v1';
+  job: IJob | null;
+  kind: 'job' | 'worker';
+  seq: number;
+  time: number;
+  worker: IWorkerInfo | null;
+}
+/**
+ * The control plane's record of one job.
+ */
+export interface IJob {
+  api_version: 'gpulayer/v1';
+  artifacts: IArtifact[];
+  attempts: number;
+  cancel_requested: boolean;
+  exit_code: number | null;
+  finished_at: number | null;
+  id: string;
+  pending: IPlacementReport | null;
+  placed_at: number | null;
+  placement: IPlacement | null;
+  progress: {
+    [k: string]: JsonValue;
+  } | null;
+  /**
+   * why it failed, was cancelled or lost
+   */
+  reason: string | null;
+  result: JsonValue;
+  seq: number;
+  spec: IJobSpec;
+  started_at: number | null;
+  state: JobState;
+  submitted_at: number;
+}
+/**
+ * One report per placement attempt (nomad's AllocMetric, Kubernetes' FitError).
+ */
+export interface IPlacementReport {
+  api_version: 'gpulayer/v1';
+  /**
+   * up to 3 workers (names) that could run it once capacity frees, best first
+   */
+  candidates: string[];
+  exhausted: IReasonCount[];
+  filtered: IReasonCount[];
+  job_id: string;
+  /**
+   * workers the job needs at once (multi-node gang)
+   */
+  nodes: number;
+  /**
+   * place in the queue, 1 = next
+   */
+  position: number | null;
+  /**
+   * worker ids this waiting gang job has reserved
+   */
+  reservation: string[];
+  /**
+   * the job whose reservation holds devices this one could otherwise use
+   */
+  reserved_by: string | null;
+  sentence: string;
+  workers_feasible: number;
+  workers_total: number;
+}
+export interface IReasonCount {
+  api_version: 'gpulayer/v1';
+  code: Reason;
+  detail: string;
+  waiting_helps: boolean;
+  workers: number;
+}
+export interface IPlacement {
+  api_version: 'gpulayer/v1';
+  explanation: string;
+  /**
+   * @minItems 1
+   */
+  nodes: [INodePlacement, ...INodePlacement[]];
+}
+/**
+ * One worker's share of a placed job.
+ */
+export interface INodePlacement {
+  api_version: 'gpulayer/v1';
+  cpu_fallback: boolean;
+  devices: number[];
+  node_rank: number;
+  simulated: boolean;
+  worker_id: string;
+  worker_name: string;
+}
+/**
+ * What a user asks for. Validated strictly: an unknown field is an error naming it.
+ */
+export interface IJobSpec {
+  api_version: 'gpulayer/v1';
+  env: {
+    [k: string]: string;
+  };
+  labels: {
+    [k: string]: string;
+  };
+  name: string;
+  priority: number;
+  resources: IResources;
+  /**
+   * opt-in re-runs after a failure; never applied to gang (multi-GPU) jobs
+   */
+  retries: number;
+  /**
+   * names resolved on the worker
+   */
+  secrets: string[];
+  /**
+   * seconds; the job is killed past it
+   */
+  timeout: number | null;
+  /**
+   * directory on the worker to run a command in (it must exist there); default: the job's own scratch directory
+   */
+  workdir: string | null;
+  workload: ICommandWorkload | IPythonWorkload;
+}
+/**
+ * What a job needs. ``gpus`` is per node; ``nodes`` > 1 makes a multi-node gang.
+ */
+export interface IResources {
+  api_version: 'gpulayer/v1';
+  cpus: number | null;
+  /**
+   * ["cpu"] lets a GPU job run on a CPU-only worker
+   */
+  fallback: 'cpu'[];
+  /**
+   * acceptable GPU kinds, tried in the order given
+   */
+  gpu_kind: string[];
+  /**
+   * bytes per GPU
+   */
+  gpu_memory_min: number | null;
+  gpus: number;
+  nodes: number;
+  /**
+   * worker labels that must all match
+   */
+  selector: {
+    [k: string]: string;
+  };
+  /**
+   * run only on the worker with this name
+   */
+  worker: string | null;
+}
+/**
+ * Run an argv as it is (no shell).
+ */
+export interface ICommandWorkload {
+  api_version: 'gpulayer/v1';
+  /**
+   * @minItems 1
+   */
+  argv: [string, ...string[]];
+  kind: 'command';
+}
+/**
+ * Run Python from a content-addressed bundle.
+ *
+ * ``entrypoint`` is ``"pkg.mod:func"`` (called with ``**args``; its return value is the result),
+ * a script path inside the bundle (``"train.py"``, run as ``__main__`` with ``args`` available
+ * through ``gpulayer_kernel.job.args()``), or ``"cell:<file>"`` (a notebook cell: the value of
+ * its last expression is the result).
+ */
+export interface IPythonWorkload {
+  api_version: 'gpulayer/v1';
+  args: {
+    [k: string]: JsonValue;
+  };
+  bundle: string;
+  entrypoint: string;
+  kind: 'python';
+}
+export interface IWorkerInfo {
+  /**
+   * advertised address for rendezvous
+   */
+  address: string | null;
+  api_version: 'gpulayer/v1';
+  capabilities: IWorkerCapabilities;
+  /**
+   * device index -> id of the job using it
+   */
+  device_jobs: {
+    [k: string]: string;
+  };
+  id: string;
+  labels: {
+    [k: string]: string;
+  };
+  last_heartbeat: number;
+  /**
+   * computed by the server from `state` (not lost, not offline); clients read it rather than repeat the rule
+   */
+  live: boolean;
+  name: string;
+  registered_at: number;
+  /**
+   * ids of jobs it runs
+   */
+  running: string[];
+  state: WorkerState;
+  transport: 'inprocess' | 'http';
+}
+/**
+ * What a worker's probe found: host facts, devices, drivers and frameworks.
+ */
+export interface IWorkerCapabilities {
+  api_version: 'gpulayer/v1';
+  cuda_driver: string | null;
+  /**
+   * @maxItems 256
+   */
+  devices: IDevice[];
+  /**
+   * torch.distributed backend a gang uses here; None: no gangs
+   */
+  dist_backend: ('nccl' | 'gloo') | null;
+  frameworks: IFrameworks;
+  host: IHostFacts;
+  /**
+   * why a probe step found nothing (never a crash)
+   *
+   * @maxItems 64
+   */
+  probe_errors: string[];
+  /**
+   * where the device facts came from: "torch", "nvml", "nvidia-smi", "simulated"
+   *
+   * @maxItems 64
+   */
+  probe_sources: string[];
+  /**
+   * what GPU jobs run on here, from the support matrix (capabilities/support.py)
+   */
+  runtime: 'cuda' | 'rocm' | 'mps' | 'sim' | 'cpu';
+  simulated: boolean;
+  workloads: ('command' | 'python')[];
+}
+/**
+ * One accelerator. ``vendor == "sim"`` is a simulated GPU whose maths runs on the CPU.
+ */
+export interface IDevice {
+  api_version: 'gpulayer/v1';
+  compute_capability: string | null;
+  index: number;
+  /**
+   * normalized kind, e.g. "h100", "a100", "l4", "m2", "sim"
+   */
+  kind: string;
+  memory_bytes: number;
+  name: string;
+  /**
+   * Apple silicon: memory shared with the CPU
+   */
+  unified_memory: boolean;
+  uuid: string | null;
+  vendor: 'nvidia' | 'amd' | 'apple' | 'sim' | 'cpu';
+}
+export interface IFrameworks {
+  api_version: 'gpulayer/v1';
+  cuda_available: boolean;
+  device_count: number;
+  /**
+   * torch.distributed backends found, e.g. ["gloo", "nccl"]
+   *
+   * @maxItems 64
+   */
+  distributed_backends: string[];
+  mps_available: boolean;
+  /**
+   * CUDA version torch was built with
+   */
+  torch_cuda: string | null;
+  /**
+   * ROCm (HIP) version torch was built with
+   */
+  torch_hip: string | null;
+  torch_version: string | null;
+}
+export interface IHostFacts {
+  api_version: 'gpulayer/v1';
+  arch: string;
+  cpus: number;
+  hostname: string;
+  memory_bytes: number;
+  os: string;
+  python: string;
+}
+/**
+ * The event log's current position: follow from here to see only what happens next.
+ */
+export interface IEventCursor {
+  api_version: 'gpulayer/v1';
+  cursor: string;
+}
+export interface IEventPage {
+  api_version: 'gpulayer/v1';
+  /**
+   * where to follow on from: `<epoch>:<seq>`; the epoch changes with every control-plane start, so a cursor from before a restart is seen as such
+   */
+  cursor: string;
+  events: IEvent[];
+  next_since: number;
+  /**
+   * events before the cursor were dropped, or the cursor is from before a restart: refetch the lists, then follow from `cursor`
+   */
+  reset: boolean;
+}
+export interface IFinishReport {
+  api_version: 'gpulayer/v1';
+  artifacts: IArtifact[];
+  exit_code: number | null;
+  reason: string | null;
+  result: JsonValue;
+  state: 'succeeded' | 'failed' | 'cancelled';
+}
+/**
+ * One job handed to one worker: the job, this worker's share, and resolved secrets.
+ */
+export interface IJobAssignment {
+  api_version: 'gpulayer/v1';
+  job: IJob;
+  nnodes: number;
+  node: INodePlacement;
+  /**
+   * resolved secret values; sent only to the worker
+   */
+  secrets: {
+    [k: string]: string;
+  };
+}
+export interface IJobList {
+  api_version: 'gpulayer/v1';
+  jobs: IJob[];
+}
+export interface ILogBatch {
+  api_version: 'gpulayer/v1';
+  /**
+   * @maxItems 10000
+   */
+  lines: ILogLine[];
+}
+/**
+ * A log line as a worker sends it, before the control plane numbers it.
+ */
+export interface ILogLine {
+  api_version: 'gpulayer/v1';
+  rank: number | null;
+  stream: 'stdout' | 'stderr' | 'system';
+  text: string;
+  time: number;
+}
+export interface ILogPage {
+  api_version: 'gpulayer/v1';
+  job_id: string;
+  next_since: number;
+  records: ILogRecord[];
+  state: JobState;
+}
+export interface ILogRecord {
+  api_version: 'gpulayer/v1';
+  rank: number | null;
+  seq: number;
+  stream: 'stdout' | 'stderr' | 'system';
+  text: string;
+  time: number;
+}
+export interface IProgressReport {
+  api_version: 'gpulayer/v1';
+  fields: {
+    [k: string]: JsonValue;
+  };
+}
+/**
+ * Where the ranks of a multi-node gang meet: published by the rank-0 worker.
+ */
+export interface IRendezvous {
+  api_version: 'gpulayer/v1';
+  master_addr: string;
+  master_port: number;
+}
+/**
+ * The answer to a worker's long-poll: new jobs to start and jobs to stop.
+ */
+export interface IWork {
+  api_version: 'gpulayer/v1';
+  assignments: IJobAssignment[];
+  cancel: string[];
+}
+/**
+ * What a worker sends when it joins.
+ */
+export interface IWorkerRegistration {
+  address: string | null;
+  api_version: 'gpulayer/v1';
+  capabilities: IWorkerCapabilities;
+  labels: {
+    [k: string]: string;
+  };
+  name: string;
+  transport: 'inprocess' | 'http';
+}

@@ -1,0 +1,105 @@
+"""Log tails on their own: numbering, server-side redaction, tails vs the store, the long-poll."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gpulayer_kernel.contracts import Job, JobSpec, JobState, LogLine
+from gpulayer_kernel.contracts.jobs import CommandWorkload
+from gpulayer_kernel.controlplane.logs import TAIL_CACHE, LogTails
+from gpulayer_kernel.controlplane.signals import Signals
+from gpulayer_kernel.redact import Redactor
+from gpulayer_kernel.store import SqliteStore
+from gpulayer_kernel.testing import FakeClock
+
+JOB = Job(id="j" * 12, seq=1, spec=JobSpec(workload=CommandWorkload(argv=["true"])), submitted_at=0)
+
+
+class Tails:
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+        self.clock = FakeClock()
+        self.signals = Signals(self.clock)
+        self.woken: list[str] = []
+        self.redactor = Redactor()
+        self.tails = LogTails(
+            store, self.redactor, wake=self.wake, changed=self.signals.wait, clock=self.clock
+        )
+        self.job = JOB
+
+    def wake(self, job_id: str) -> None:
+        self.woken.append(job_id)
+        self.signals.fire(job_id)
+
+    async def current(self) -> Job:
+        return self.job
+
+    async def say(self, *texts: str) -> int:
+        lines = [LogLine(time=0.0, stream="stdout", text=t) for t in texts]
+        return await self.tails.append(JOB.id, lines)
+
+
+@pytest.fixture
+async def t(tmp_path: Path) -> AsyncIterator[Tails]:
+    store = SqliteStore(tmp_path / "logs.db")
+    await store.open()
+    yield Tails(store)
+    await store.close()
+
+
+async def test_lines_are_numbered_redacted_stored_and_wake_the_job(t: Tails) -> None:
+    t.tails.open(JOB.id)
+    t.redactor.add("HF_TOKEN", "hf_secret_value")
+    assert await t.say("one", "token hf_secret_value") == 2
+    assert await t.tails.system(JOB.id, "placed") == 3
+    page = await t.tails.page(JOB.id, t.current)
+    assert [(r.seq, r.stream, r.text) for r in page.records] == [
+        (1, "stdout", "one"),
+        (2, "stdout", "token ***"),
+        (3, "system", "placed"),
+    ]
+    assert [r.text for r in await t.store.read_logs(JOB.id, 0, 10)][1] == "token ***"
+    assert t.woken == [JOB.id, JOB.id]
+    assert await t.tails.append(JOB.id, []) == 3
+
+
+async def test_a_forgotten_tail_counts_on_from_the_store(t: Tails) -> None:
+    t.tails.open(JOB.id)
+    await t.say("a", "b")
+    t.tails.forget(JOB.id)
+    assert await t.say("c") == 3
+    assert [r.text for r in await t.tails.read(JOB.id, 1, 10)] == ["b", "c"]
+
+
+async def test_a_long_tail_keeps_its_newest_lines_and_reads_older_ones_from_the_store(
+    t: Tails,
+) -> None:
+    t.tails.open(JOB.id)
+    await t.say(*(str(i) for i in range(TAIL_CACHE + 10)))
+    assert [r.seq for r in await t.tails.read(JOB.id, 0, 3)] == [1, 2, 3]
+    last = await t.tails.read(JOB.id, TAIL_CACHE + 8, 5)
+    assert [r.seq for r in last] == [TAIL_CACHE + 9, TAIL_CACHE + 10]
+
+
+async def test_the_long_poll_waits_for_a_line_or_the_clock(t: Tails) -> None:
+    t.tails.open(JOB.id)
+    poll = asyncio.ensure_future(t.tails.page(JOB.id, t.current, since=0, wait=20))
+    await t.clock.advance(19)
+    assert not poll.done()
+    await t.clock.advance(1)
+    assert (await poll).records == []
+    poll = asyncio.ensure_future(t.tails.page(JOB.id, t.current, since=0, wait=20))
+    await t.clock.advance(5)
+    await t.say("late")
+    page = await poll
+    assert [r.text for r in page.records] == ["late"] and page.next_since == 1
+
+
+async def test_the_long_poll_of_a_finished_job_answers_at_once(t: Tails) -> None:
+    t.job = JOB.model_copy(update={"state": JobState.SUCCEEDED})
+    page = await t.tails.page(JOB.id, t.current, since=0, wait=20)
+    assert page.records == [] and page.state == JobState.SUCCEEDED

@@ -1,0 +1,29 @@
+"""The soak benchmark at a tiny size: it runs end to end and finds no lost, stuck or doubled job."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SOAK = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
+
+
+def test_soak_survives_server_kills() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
+    argv = [sys.executable, str(SOAK), "--seconds", "5", "--rate", "10", "--workers", "10"]
+    argv += ["--kills", "2", "--grace", "20"]
+    out = subprocess.run(
+        argv, cwd=SOAK.parent, env=env, capture_output=True, text=True, timeout=100
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert re.search(r"acknowledged [1-9]\d*,", out.stdout), out.stdout
+    assert re.fullmatch(r"lost\+stuck\+double = \d+", lines[-1]), out.stdout
+    assert lines[-1] == "lost+stuck+double = 0", out.stdout
