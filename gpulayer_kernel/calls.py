@@ -157,6 +157,10 @@ class Calls:
             (yield Req("POST", f"/workers/{_pid(worker_id)}/state", json={"state": str(state)})),
         )
 
+    def remove_worker(self, ref: str, *, force: bool = False) -> Call[WorkerInfo]:
+        params = [("force", "1")] if force else []
+        return _model(WorkerInfo, (yield Req("DELETE", f"/workers/{_pid(ref)}", params=params)))
+
     def events(
         self, since: int = 0, wait: float = 0.0, cursor: str | None = None
     ) -> Call[EventPage]:

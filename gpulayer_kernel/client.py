@@ -18,10 +18,10 @@ under 1 ms). Long waits (``wait``, ``logs``, ``events``) are split into server-s
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 
@@ -223,6 +223,26 @@ class AsyncClient(_Base):
     async def get_bundle(self, digest: str) -> bytes:
         return await self._run(self._calls.get_bundle(digest))
 
+    async def download_blob(self, digest: str, write: Callable[[bytes], object]) -> int:
+        """Stream one blob (an artifact, a bundle) to ``write`` chunk by chunk; bytes written.
+
+        For files too large to hold in memory (``get_blob`` returns them whole); the caller
+        checks the content against ``digest`` as it writes.
+        """
+        path = f"/artifacts/{quote(digest, safe='')}"
+        written = 0
+        try:
+            async with self._http.stream("GET", path, timeout=httpx.Timeout(600.0)) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    raise error_from(resp)
+                async for chunk in resp.aiter_bytes(1 << 20):
+                    write(chunk)
+                    written += len(chunk)
+        except httpx.TransportError as exc:
+            raise unreachable(self.url, exc) from None
+        return written
+
     async def artifact(self, job_id: str, name: str) -> bytes:
         return await self._run(self._calls.artifact(job_id, name))
 
@@ -231,6 +251,9 @@ class AsyncClient(_Base):
 
     async def set_worker_state(self, worker_id: str, state: str) -> WorkerInfo:
         return await self._run(self._calls.set_worker_state(worker_id, state))
+
+    async def remove_worker(self, ref: str, *, force: bool = False) -> WorkerInfo:
+        return await self._run(self._calls.remove_worker(ref, force=force))
 
     async def create_token(
         self, kind: str, *, ttl: float | None = None, name: str = ""
@@ -352,6 +375,9 @@ class Client(_Base):
 
     def set_worker_state(self, worker_id: str, state: str) -> WorkerInfo:
         return self._run(self._calls.set_worker_state(worker_id, state))
+
+    def remove_worker(self, ref: str, *, force: bool = False) -> WorkerInfo:
+        return self._run(self._calls.remove_worker(ref, force=force))
 
     def create_token(
         self, kind: str, *, ttl: float | None = None, name: str = ""

@@ -123,6 +123,7 @@ class Embedded:
         heartbeat_timeout: float = 30.0,
         worker_name: str | None = None,
         serve: ServeOptions | bool = False,
+        pause_gc: bool = False,
     ) -> None:
         self.layout = Layout(home_dir(home))
         self.lock = StateLock(self.layout)
@@ -132,6 +133,10 @@ class Embedded:
             LocalArtifactStore(self.layout.artifacts),
             heartbeat_timeout=heartbeat_timeout,
         )
+        # Pausing the collector during a scheduling pass pays (~1.4x on a 10k-job pass) but is
+        # only for processes that are the control plane's own (serve, the Jupyter server), never
+        # a kernel that embeds it.
+        self.cp.scheduling.pause_gc = pause_gc
         self._want_worker = local_worker
         self._simulate = (simulate_gpus, simulate_kind)
         self._worker_name = worker_name or f"local-{socket.gethostname()}"
@@ -161,6 +166,7 @@ class Embedded:
                     InProcessTransport(self.cp),
                     WorkerRegistration(name=self._worker_name, capabilities=caps),
                     ExecutorConfig(work_root=self.layout.work),
+                    clock=self.cp.clock,
                     heartbeat_interval=max(0.5, self.cp.heartbeat_timeout / 3),
                 )
                 await self.worker.start()

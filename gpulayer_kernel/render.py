@@ -14,7 +14,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, TextIO
 
-from .contracts import Job, JobState, LogRecord, WorkerInfo
+from .contracts import Artifact, Job, JobState, LogRecord, WorkerInfo
+from .errors import NotFound
 
 PROGRESS_EVERY = 2.0  # seconds between two printed progress lines: a log, not a progress bar
 
@@ -81,24 +82,61 @@ def placement(job: Job) -> str:
     return "; ".join(parts)
 
 
-def progress(fields: Mapping[str, Any] | None) -> str:
-    """``step 30/100 (30%) · loss 0.412 · lr 0.001``; empty without progress."""
+def number(value: float | int) -> str:
+    """A number for people: ``41,230``, ``0.4123``, ``3.00e-04``, ``1.2e+09``."""
+    if isinstance(value, int):
+        return f"{value:,}"
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return f"{value:,.0f}" if magnitude < 1e12 else f"{value:.3g}"
+    if magnitude != 0 and magnitude < 1e-3:
+        return f"{value:.2e}"
+    return f"{value:.4g}"
+
+
+def _field(key: str, value: Any) -> str | None:
+    """One progress field as words; None for what carries nothing (a missing value)."""
+    if value is None:
+        return None  # e.g. mfu on a CPU: unknown is not worth a column
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{key} {value}"
+    if key == "samples_per_s":
+        return f"{value:,.0f} samples/s"
+    if key.endswith("_per_s"):
+        return f"{value:,.0f} {key.removesuffix('_per_s')}/s"
+    if key == "mfu":
+        return f"mfu {value:.1%}"
+    if key == "lr":
+        return f"lr {value:.2e}"
+    return f"{key} {number(value)}"
+
+
+def progress(fields: Mapping[str, Any] | None, previous: Mapping[str, Any] | None = None) -> str:
+    """``step 30/100 (30%) · loss 0.412 · 41,230 samples/s``; empty without progress.
+
+    With ``previous`` (the fields shown last time) validation figures (``val_*``) that did not
+    change are left out: a Trainer validates now and then, and repeats its last ``val_loss`` in
+    every report until the next validation, which reads as news each time when it is not.
+    """
     if not fields:
         return ""
     out = []
     step, total = fields.get("step"), fields.get("total")
     if isinstance(step, (int, float)) and not isinstance(step, bool):
         if isinstance(total, (int, float)) and not isinstance(total, bool) and total > 0:
-            out.append(f"step {step:g}/{total:g} ({100 * step / total:.0f}%)")
+            out.append(f"step {number(step)}/{number(total)} ({100 * step / total:.0f}%)")
         else:
-            out.append(f"step {step:g}")
+            out.append(f"step {number(step)}")
     for key, value in fields.items():
         if key in ("step", "total"):
             continue
-        if isinstance(value, float):
-            out.append(f"{key} {value:.4g}")
-        else:
-            out.append(f"{key} {value}")
+        if previous is not None and key.startswith("val_") and previous.get(key) == value:
+            continue
+        text = _field(key, value)
+        if text is not None:
+            out.append(text)
     return " · ".join(out)
 
 
@@ -133,12 +171,28 @@ def summary(job: Job, now: float | None = None) -> str:
     return "\n".join(lines)
 
 
+def visible(text: str) -> str:
+    """What a terminal shows of a line written with carriage returns: its last redraw.
+
+    Progress bars (tqdm, pip, curl) redraw one line with ``\\r``; the worker ships the line
+    when its newline comes, with every redraw in it (``\\r 1/20\\r 2/20…``). Shown raw that
+    reads ``1/202/20…``; the last non-empty redraw is what the user saw in a terminal.
+    """
+    if "\r" not in text:
+        return text
+    for part in reversed(text.split("\r")):
+        if part:
+            return part
+    return ""
+
+
 def log_text(record: LogRecord) -> str:
     """A log line as shown in a cell: ``[rank 1] text`` for a rank, ``gpulayer: ...`` for ours."""
     prefix = f"[rank {record.rank}] " if record.rank is not None else ""
+    text = visible(record.text)
     if record.stream == "system":
-        return f"gpulayer: {prefix}{record.text}"
-    return f"{prefix}{record.text}"
+        return f"gpulayer: {prefix}{text}"
+    return f"{prefix}{text}"
 
 
 def logs(records: Iterable[LogRecord]) -> str:
@@ -169,6 +223,51 @@ def jobs_table(jobs: Sequence[Job], now: float | None = None) -> str:
     return "\n".join(rows)
 
 
+def size(n: int) -> str:
+    """``512 B``, ``1.5 KiB``, ``12.3 MiB``, ``2.0 GiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def artifacts_table(job: Job) -> str:
+    """A job's artifacts, one per line: name, size and digest prefix (``gpulayer artifacts``)."""
+    if not job.artifacts:
+        return (
+            f"job {job.id} has no artifacts (a job's artifacts are the files it writes to "
+            "$GPULAYER_OUTPUT)"
+        )
+    width = max(4, *(len(a.name) for a in job.artifacts)) + 2
+    rows = [f"{'NAME':<{width}}{'SIZE':>10}  DIGEST"]
+    for a in job.artifacts:
+        rows.append(f"{a.name:<{width}}{size(a.size):>10}  {a.digest[:12]}")
+    return "\n".join(rows)
+
+
+def find_artifact(job: Job, name: str) -> Artifact:
+    """The artifact called ``name`` (or, when unique, the one whose path ends in ``/name``).
+
+    A gang's files are named ``rank<R>/...``: ``step-00000300.pt`` finds ``rank0/step-…``
+    when only one rank wrote it. Missing or ambiguous: ``NotFound`` naming the artifact.
+    """
+    exact = [a for a in job.artifacts if a.name == name]
+    found = exact or [a for a in job.artifacts if a.name.endswith("/" + name)]
+    if len(found) == 1:
+        return found[0]
+    names = ", ".join(a.name for a in (found or job.artifacts)) or "none"
+    what = "several artifacts match" if found else "it has"
+    raise NotFound(
+        f"job {job.id} has no artifact {name!r} ({what}: {names})",
+        hint=f"list them with: gpulayer artifacts {job.id}; a job's artifacts are the files "
+        "it writes to $GPULAYER_OUTPUT",
+        details={"job": job.id, "artifact": name},
+        code="artifact_not_found",
+    )
+
+
 def workers_table(workers: Sequence[WorkerInfo], now: float | None = None) -> str:
     if not workers:
         return "no workers; start one with: gpulayer worker --server URL --join-token TOKEN"
@@ -180,6 +279,9 @@ def workers_table(workers: Sequence[WorkerInfo], now: float | None = None) -> st
         lines.append(
             f"{w.name}  {w.state.value}  {what}{sim}  heartbeat {age(w.last_heartbeat, now)}"
         )
+        for mark, why in (("unschedulable", w.unschedulable), ("suspect", w.suspect)):
+            if why:  # no new work goes to it; say why (issue 12, items 1 and 9)
+                lines.append(f"  {mark}: {why}")
         for d in w.capabilities.devices:
             user = w.device_jobs.get(d.index)
             mem = f"{d.memory_bytes / 2**30:.0f} GiB" if d.memory_bytes else "?"
@@ -208,6 +310,7 @@ class TextView:
         self._sentence = ""
         self._progress_at = 0.0
         self._progress = ""
+        self._shown: Mapping[str, Any] | None = None  # the progress fields printed last
 
     @property
     def out(self) -> TextIO:
@@ -237,10 +340,15 @@ class TextView:
                 f"waiting: {sentence} ({hint}; cancel with `%gpulayer cancel {job.id}` "
                 "or interrupt the kernel)"
             )
-        text = progress(job.progress)
         now = time.monotonic()
-        if text and text != self._progress and now - self._progress_at >= PROGRESS_EVERY:
-            self._progress, self._progress_at = text, now
+        if job.progress and now - self._progress_at >= PROGRESS_EVERY:
+            self._show_progress(job.progress)
+
+    def _show_progress(self, fields: Mapping[str, Any]) -> None:
+        text = progress(fields, self._shown)
+        if text and text != self._progress:
+            self._progress, self._progress_at = text, time.monotonic()
+            self._shown = fields
             self._say(f"progress: {text}")
 
     def add_logs(self, records: Sequence[LogRecord]) -> None:
@@ -268,7 +376,6 @@ class TextView:
         self._say(text)
 
     def finish(self, job: Job) -> None:
-        text = progress(job.progress)
-        if text and text != self._progress:
-            self._say(f"progress: {text}")
+        if job.progress:
+            self._show_progress(job.progress)
         self._say(state_line(job))

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from gpulayer_kernel import render
 from gpulayer_kernel.contracts import (
+    Artifact,
     Job,
     JobSpec,
     JobState,
@@ -16,6 +19,7 @@ from gpulayer_kernel.contracts import (
     Reason,
     ReasonCount,
 )
+from gpulayer_kernel.errors import NotFound
 
 BUNDLE = "0" * 64
 
@@ -124,3 +128,73 @@ def test_text_view_says_why_a_job_waits_once() -> None:
     text = out.getvalue()
     assert text.count("waiting: 0/1 workers can run job 3f2a1b (waiting won't help") == 1
     assert "%gpulayer cancel 3f2a1b2c3d4e" in text
+
+
+def test_progress_numbers_read_like_a_person_wrote_them() -> None:
+    fields = {
+        "step": 120,
+        "total": 1000,
+        "epoch": 1,
+        "loss": 0.41234,
+        "samples_per_s": 41230.4,
+        "mfu": None,
+        "lr": 3e-4,
+    }
+    assert render.progress(fields) == (
+        "step 120/1,000 (12%) · epoch 1 · loss 0.4123 · 41,230 samples/s · lr 3.00e-04"
+    )
+    assert render.progress({"mfu": 0.412, "tokens": 1234567}) == "mfu 41.2% · tokens 1,234,567"
+
+
+def test_progress_leaves_out_validation_figures_that_did_not_change() -> None:
+    first = {"step": 500, "loss": 2.1, "val_loss": 2.303}
+    later = {"step": 550, "loss": 2.0, "val_loss": 2.303}
+    assert "val_loss 2.303" in render.progress(first)
+    assert render.progress(later, previous=first) == "step 550 · loss 2"
+    newer = {"step": 1000, "loss": 1.9, "val_loss": 2.1}
+    assert "val_loss 2.1" in render.progress(newer, previous=later)
+
+
+def test_text_view_does_not_repeat_a_stale_val_loss(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(render, "PROGRESS_EVERY", 0.0)
+    out = io.StringIO()
+    view = render.TextView(out, io.StringIO())
+    for step, loss in ((500, 2.1), (550, 2.0), (600, 1.9)):
+        view.update(
+            make_job(
+                state=JobState.RUNNING, progress={"step": step, "loss": loss, "val_loss": 2.303}
+            )
+        )
+    progress_lines = [line for line in out.getvalue().splitlines() if "progress:" in line]
+    assert len(progress_lines) == 3
+    assert sum("val_loss" in line for line in progress_lines) == 1
+
+
+def test_carriage_return_progress_shows_as_its_last_redraw() -> None:
+    assert render.visible("\r 1/20\r 2/20\r 3/20") == " 3/20"
+    assert render.visible("downloading\r") == "downloading"
+    assert render.visible("plain") == "plain"
+    record = LogRecord(seq=1, time=1.0, stream="stderr", rank=0, text="1/20\r2/20\r3/20")
+    assert render.log_text(record) == "[rank 0] 3/20"
+    out, err = io.StringIO(), io.StringIO()
+    render.TextView(out, err).add_logs([record])
+    assert err.getvalue() == "[rank 0] 3/20\n"
+
+
+def test_artifacts_table_and_finding_one_by_name() -> None:
+    arts = [
+        Artifact(digest="a" * 64, size=1536, name="rank0/step-00000300.pt", rank=0),
+        Artifact(digest="b" * 64, size=12, name="report.txt"),
+    ]
+    job = make_job(state=JobState.SUCCEEDED, artifacts=arts)
+    table = render.artifacts_table(job).splitlines()
+    assert table[0].split() == ["NAME", "SIZE", "DIGEST"]
+    assert table[1].split() == ["rank0/step-00000300.pt", "1.5", "KiB", "a" * 12]
+    assert table[2].split() == ["report.txt", "12", "B", "b" * 12]
+    assert render.find_artifact(job, "report.txt").digest == "b" * 64
+    assert render.find_artifact(job, "step-00000300.pt").name == "rank0/step-00000300.pt"
+    with pytest.raises(NotFound) as err:
+        render.find_artifact(job, "missing.pt")
+    assert "no artifact 'missing.pt'" in err.value.message
+    assert "report.txt" in err.value.message and err.value.code == "artifact_not_found"
+    assert "has no artifacts" in render.artifacts_table(make_job())

@@ -22,7 +22,7 @@ from ..contracts import (
     check_secret_name,
 )
 from ..errors import NotFound
-from ..security import token_state
+from ..security import TokenKind, token_state
 from ..store import TokenRecord
 from ..store.artifacts import check_digest
 from .mixin import GLMixin
@@ -197,6 +197,35 @@ class WorkersHandler(GLMixin):
     @op("every worker with its devices and what runs there", answer=WorkerList)
     async def get(self) -> WorkerList:
         return WorkerList(workers=await self.cp.workers())
+
+
+class WorkerHandler(GLMixin):
+    route = "/workers/{worker_id}"
+
+    @op(
+        "remove a worker (by id or name) and its stored record; one still running jobs is "
+        "refused (409 `worker_busy`) unless `force=1`; its session ends",
+        answer=WorkerInfo,
+        query=(
+            Param(
+                "force",
+                "integer",
+                0,
+                0,
+                1,
+                "1: take its jobs off it first (requeued "
+                "if they never started, else retried or lost)",
+            ),
+        ),
+        errors=(404, 409),
+    )
+    async def delete(self, worker_id: str, force: float) -> WorkerInfo:
+        removed = await self.cp.remove_worker(worker_id, force=bool(force))
+        # It cannot come back under this id: a process still running joins as a new worker.
+        await self.ctx.tokens.revoke_where(
+            lambda r: r.kind == TokenKind.WORKER and r.worker_id == removed.id
+        )
+        return removed
 
 
 class WorkerStateHandler(GLMixin):

@@ -142,7 +142,13 @@ def route_pattern(prefix: str, template: str) -> str:
     """``/jobs/{job_id}/artifacts/{name:path}`` → a tornado regex with named groups."""
 
     def group(m: re.Match[str]) -> str:
-        return f"(?P<{m.group(1)}>.+)" if m.group(2) else f"(?P<{m.group(1)}>[^/]+)"
+        if m.group(2):
+            return f"(?P<{m.group(1)}>.+)"
+        if m.group(1) == "worker_id":
+            # ``/workers/{worker_id}`` must not shadow the worker route ``/workers/join``,
+            # mounted after the user routes (tornado takes the first match).
+            return "(?P<worker_id>(?!join/?$)[^/]+)"
+        return f"(?P<{m.group(1)}>[^/]+)"
 
     return prefix.rstrip("/") + _PATH_PARAM.sub(group, template) + "/?"
 

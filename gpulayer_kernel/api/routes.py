@@ -36,6 +36,7 @@ from .handlers import (
     StatusHandler,
     TokenRevokeHandler,
     TokensHandler,
+    WorkerHandler,
     WorkersHandler,
     WorkerStateHandler,
 )
@@ -69,6 +70,7 @@ USER_ROUTES: tuple[type[GLMixin], ...] = (
     BundleHandler,
     ArtifactHandler,
     WorkersHandler,
+    WorkerHandler,
     WorkerStateHandler,
     EventsHandler,
     EventCursorHandler,

@@ -26,11 +26,20 @@ from .longpoll import ClientGone
 from .mixin import GLMixin
 from .models import BlobStored, JoinAnswer, LogAck
 from .ops import op
-from .params import WAIT
+from .params import WAIT, Param
 from .uploads import Upload
 
 WORKER = (TokenKind.WORKER,)
 JOINING = (TokenKind.JOIN, TokenKind.INSTANCE, TokenKind.WORKER)
+ATTEMPT = Param(
+    "attempt",
+    "integer",
+    None,
+    0,
+    1_000_000,
+    "the attempt this report comes from (its assignment's `attempt`); a stale one is refused "
+    "with 409 `stale_attempt`; absent: the current attempt",
+)
 
 
 def check_artifact_name(name: str, field: str = "name") -> str:
@@ -63,11 +72,12 @@ class WorkerRoute(GLMixin, WorkerTokenAuth):
             await self.own_job(job_id)
 
     async def own_job(self, job_id: str) -> Job:
-        """The job, if it is assigned to this worker; another worker's job is 403."""
+        """The job, if it is (or an attempt of it was) assigned to this worker; another
+        worker's job is 403. A report on a stale attempt goes through, to be refused as such."""
         job = await self.cp.get(job_id)
         if job.id != job_id:
             raise NotFound(f"no job {job_id!r}", code="job_not_found")
-        if job.placement is None or self.worker_id not in job.placement.worker_ids:
+        if not self.cp.was_given(self.worker_id, job_id):
             raise Forbidden(
                 f"job {job_id} is not assigned to this worker",
                 hint="a worker session token reaches only its own worker's jobs",
@@ -122,11 +132,18 @@ class WorkHandler(WorkerRoute):
 
     @op("long-poll for new assignments and cancellations", answer=Work, query=(WAIT,), kinds=WORKER)
     async def get(self, wait: float) -> Work:
-        work = await self.long_poll(wait, self.cp.next_work(self.worker_id, wait))
-        if self.client_gone and (work.assignments or work.cancel):
+        try:
+            work = await self.long_poll(wait, self.cp.next_work(self.worker_id, wait))
+        except ClientGone:
+            # Closed unanswered: a killed worker's sockets close at once, long before its
+            # heartbeat is overdue (issue 12, item 9). Suspect it unless it calls again soon.
+            self.cp.worker_disconnected(self.worker_id)
+            raise
+        if self.client_gone and (work.assignments or work.cancel or work.stop):
             # The worker left between the answer and its delivery: keep the work for its next
             # poll instead of losing the assignment.
             self.cp.return_work(self.worker_id, work)
+            self.cp.worker_disconnected(self.worker_id)
             raise ClientGone()
         return work
 
@@ -134,9 +151,9 @@ class WorkHandler(WorkerRoute):
 class StartedHandler(WorkerRoute):
     route = "/worker/jobs/{job_id}/started"
 
-    @op("the job's process started", answer=Job, kinds=WORKER)
-    async def post(self, job_id: str) -> Job:
-        return await self.cp.report_started(self.worker_id, job_id)
+    @op("the job's process started", answer=Job, query=(ATTEMPT,), kinds=WORKER)
+    async def post(self, job_id: str, attempt: int | None) -> Job:
+        return await self.cp.report_started(self.worker_id, job_id, attempt)
 
 
 class LogsHandler(WorkerRoute):
@@ -144,7 +161,8 @@ class LogsHandler(WorkerRoute):
 
     @op("append log lines (redacted again here)", body=LogBatch, answer=LogAck, kinds=WORKER)
     async def post(self, job_id: str, body: LogBatch) -> LogAck:
-        return LogAck(seq=await self.cp.append_logs(self.worker_id, job_id, body.lines))
+        seq = await self.cp.append_logs(self.worker_id, job_id, body.lines, body.attempt)
+        return LogAck(seq=seq)
 
 
 class ProgressHandler(WorkerRoute):
@@ -158,7 +176,7 @@ class ProgressHandler(WorkerRoute):
         kinds=WORKER,
     )
     async def post(self, job_id: str, body: ProgressReport) -> None:
-        await self.cp.report_progress(self.worker_id, job_id, dict(body.fields))
+        await self.cp.report_progress(self.worker_id, job_id, dict(body.fields), body.attempt)
 
 
 class FinishedHandler(WorkerRoute):

@@ -6,6 +6,7 @@ Also the log printing that ``gpulayer run`` shares: :func:`follow` and :func:`ex
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Any
@@ -14,6 +15,7 @@ from .. import render
 from ..contracts import Job, JobState
 from ..session import Session, open_session
 from .common import Handler
+from .live import LiveLine
 
 
 def add_parsers(sub: Any) -> None:
@@ -38,11 +40,26 @@ def add_parsers(sub: Any) -> None:
 
     workers = sub.add_parser("workers", help="list workers and their devices")
     workers.add_argument("--json", action="store_true")
+    workers_sub = workers.add_subparsers(dest="workers_command", metavar="{remove}")
+    remove = workers_sub.add_parser(
+        "remove",
+        help="forget a worker and its stored record",
+        description="Forget a worker (by id or name) and its stored record. One still running "
+        "jobs is refused unless --force: its placed jobs go back to the queue, running ones "
+        "are retried if they may, else lost. A worker process still running joins again as a "
+        "new worker: stop it first.",
+    )
+    remove.add_argument("worker", metavar="ID|NAME")
+    remove.add_argument("--force", action="store_true", help="take its jobs off it first")
 
 
 def print_record(stream: str, text: str, rank: int | None) -> None:
-    """Print one log line where the job wrote it: stdout to stdout, the rest to stderr."""
+    """Print one log line where the job wrote it: stdout to stdout, the rest to stderr.
+
+    A progress bar's redraws (``\\r``) print as its last state (``render.visible``).
+    """
     prefix = f"[rank {rank}] " if rank is not None else ""
+    text = render.visible(text)
     if stream == "stdout":
         sys.stdout.write(f"{prefix}{text}\n")
         sys.stdout.flush()
@@ -52,12 +69,16 @@ def print_record(stream: str, text: str, rank: int | None) -> None:
         sys.stderr.flush()
 
 
-async def follow(s: Session, job_id: str, since: int = 0) -> Job:
-    """Print log records as they arrive until the job ends and every line is printed."""
+async def follow(s: Session, job_id: str, since: int = 0, live: LiveLine | None = None) -> Job:
+    """Print log records as they arrive until the job ends and every line is printed.
+
+    With ``live`` (``gpulayer run``), the lines print above its progress line.
+    """
     while True:
         page = await s.logs(job_id, since=since, wait=25.0)
-        for r in page.records:
-            print_record(r.stream, r.text, r.rank)
+        with live.above() if live is not None and page.records else contextlib.nullcontext():
+            for r in page.records:
+                print_record(r.stream, r.text, r.rank)
         since = page.next_since
         if page.state.terminal and not page.records:
             return await s.get(job_id)
@@ -125,6 +146,11 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 async def cmd_workers(args: argparse.Namespace) -> int:
+    if getattr(args, "workers_command", None) == "remove":
+        async with open_session() as s:
+            gone = await s.remove_worker(args.worker, force=args.force)
+        print(f"worker {gone.name} ({gone.id}) removed")
+        return 0
     async with open_session() as s:
         workers = await s.workers()
     if args.json:

@@ -1,4 +1,8 @@
-"""``gpulayer lab``: start JupyterLab (its server extension hosts the control plane)."""
+"""``gpulayer lab``: start JupyterLab (its server extension hosts the control plane).
+
+Every option but ``--help`` is JupyterLab's and passes through as written (``main`` parses this
+command with ``parse_known_args``): ``gpulayer lab --no-browser --port 8899``.
+"""
 
 from __future__ import annotations
 
@@ -11,29 +15,43 @@ from typing import Any
 from ..errors import GPUlayerError
 from .common import Handler
 
+COMMAND = "lab"
+QUICKSTART = Path("notebooks/01-quickstart.ipynb")
+
 
 def add_parsers(sub: Any) -> None:
     """Add lab to the ``gpulayer`` sub-parsers."""
-    lab = sub.add_parser(
-        "lab", help="start JupyterLab with GPUlayer on the embedded default, at the quickstart"
+    sub.add_parser(
+        COMMAND,
+        help="start JupyterLab with GPUlayer on the embedded default, at the quickstart",
+        usage="gpulayer lab [-h] [NOTEBOOK] [JUPYTERLAB OPTIONS...]",
+        description="Start JupyterLab; its GPUlayer server extension hosts the control plane.\n"
+        "Opens NOTEBOOK, or the quickstart notebook when run from a GPUlayer checkout.",
+        epilog="Every other option goes to JupyterLab as written, e.g.\n"
+        "  gpulayer lab --no-browser --port 8899\n"
+        "(see `jupyter lab --help`; after `--`, even --help is JupyterLab's).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # --he must reach JupyterLab, not expand to our --help
     )
-    lab.add_argument("notebook", nargs="?", default=None, help="notebook to open")
-    lab.add_argument("lab_args", nargs=argparse.REMAINDER, help="-- more `jupyter lab` options")
+
+
+def lab_argv(extra: list[str], *, root: bool, quickstart: Path = QUICKSTART) -> list[str]:
+    """The ``python -m jupyterlab`` command line for ``gpulayer lab`` followed by ``extra``."""
+    passed = extra[1:] if extra[:1] == ["--"] else list(extra)
+    argv = [sys.executable, "-m", "jupyterlab"]
+    opens_a_file = any(
+        not a.startswith("-") and (a.endswith(".ipynb") or Path(a).exists()) for a in passed
+    )
+    if not opens_a_file and quickstart.exists():
+        argv.append(str(quickstart))
+    if root and "--allow-root" not in passed:
+        argv.append("--allow-root")  # JupyterLab refuses root without it (containers, CI)
+    return argv + passed
 
 
 async def cmd_lab(args: argparse.Namespace) -> int:
     """Replace this process with ``jupyter lab`` (the server extension hosts the control plane)."""
-    notebook = args.notebook
-    if notebook is None:
-        quickstart = Path("notebooks/01-quickstart.ipynb")
-        notebook = str(quickstart) if quickstart.exists() else None
-    argv = [sys.executable, "-m", "jupyterlab"]
-    if notebook:
-        argv.append(notebook)
-    if os.geteuid() == 0:
-        argv.append("--allow-root")  # JupyterLab refuses root without it (containers, CI)
-    extra = list(args.lab_args)
-    argv.extend(extra[1:] if extra[:1] == ["--"] else extra)
+    argv = lab_argv(list(getattr(args, "lab_args", [])), root=os.geteuid() == 0)
     try:
         os.execv(sys.executable, argv)
     except OSError as exc:
@@ -43,4 +61,4 @@ async def cmd_lab(args: argparse.Namespace) -> int:
     return 0  # pragma: no cover - execv does not return
 
 
-COMMANDS: dict[str, Handler] = {"lab": cmd_lab}
+COMMANDS: dict[str, Handler] = {COMMAND: cmd_lab}

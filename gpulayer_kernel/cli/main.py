@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 
 from ..errors import GPUlayerError
-from . import jobs, lab, run, secret, serve, token, worker
+from . import artifacts, jobs, lab, run, secret, serve, token, worker
 from .common import Handler
 
 # In the order ``gpulayer --help`` lists their commands.
-_MODULES = (run, jobs, lab, serve, worker, token, secret)
+_MODULES = (run, jobs, artifacts, lab, serve, worker, token, secret)
 COMMANDS: dict[str, Handler] = {name: h for m in _MODULES for name, h in m.COMMANDS.items()}
 
 
@@ -30,7 +31,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``gpulayer`` command; errors print as message and hint, exit status 2."""
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if words[:1] == [lab.COMMAND]:
+        # JupyterLab's own options (--no-browser, --port 8899, a notebook) pass through as
+        # they are; only `gpulayer lab --help` is ours.
+        args, extra = parser.parse_known_args(words)
+        args.lab_args = extra
+    else:
+        args = parser.parse_args(words)
     try:
         return asyncio.run(COMMANDS[args.command](args))
     except GPUlayerError as exc:
@@ -40,3 +49,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_went_away()
+
+
+def _reader_went_away() -> int:
+    """``gpulayer jobs | head``: the reader closed the pipe; end quietly, as ``cat`` would.
+
+    Python would otherwise print a traceback, and again at exit when it flushes stdout into the
+    closed pipe: point stdout at /dev/null so that last flush has somewhere to go.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141  # 128 + SIGPIPE: what a shell reports for a command the pipe stopped

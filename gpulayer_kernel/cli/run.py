@@ -1,4 +1,11 @@
-"""``gpulayer run``: run a command as a job, stream its logs, say why it waits; Ctrl-C cancels."""
+"""``gpulayer run``: run a command as a job, stream its logs, say why it waits; Ctrl-C cancels.
+
+The job does not inherit this shell's environment (it may run on another machine): ``--env NAME``
+passes NAME's value from here, ``--env K=V`` a value. ``--files PATH...`` ships local files as a
+content-addressed bundle (uploaded only when the control plane lacks it) and the command runs
+inside the unpacked bundle on the worker, as a cell's ``--files`` do; without it the command runs
+in ``--workdir`` (default: this directory, which must exist on the worker).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +14,17 @@ import asyncio
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
+from .. import bundles
 from ..contracts import JobSpec, JobState, parse, parse_pairs
-from ..errors import GPUlayerError
+from ..errors import GPUlayerError, InvalidInput
+from ..jobenv import env_option
 from ..session import Session, open_session
 from .common import Handler
 from .jobs import exit_code_of, follow
+from .live import LiveLine, watch
 
 
 def add_parsers(sub: Any) -> None:
@@ -31,7 +42,20 @@ def add_parsers(sub: Any) -> None:
     )
     run.add_argument("--timeout", type=float, default=None, help="seconds before it is killed")
     run.add_argument("--retries", type=int, default=0, help="re-runs after failure (opt-in)")
-    run.add_argument("--env", action="append", default=[], metavar="K=V")
+    run.add_argument(
+        "--wait",
+        action="store_true",
+        help="keep the job queued when no worker here can ever run it (one may join); "
+        "without it such a job fails at once, saying what exists",
+    )
+    run.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="set a variable for the job; NAME alone passes its value from this shell (the "
+        "job inherits none of this shell's environment)",
+    )
     run.add_argument("--secret", action="append", default=[], metavar="NAME")
     run.add_argument("--label", action="append", default=[], metavar="K=V")
     run.add_argument(
@@ -43,11 +67,33 @@ def add_parsers(sub: Any) -> None:
     run.add_argument(
         "--workdir", default=None, help="directory on the worker (default: the current directory)"
     )
+    run.add_argument(
+        "--files",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="PATH",
+        help="local files or folders shipped with the job; the command runs among them on the "
+        "worker (end the list with --)",
+    )
     run.add_argument("--detach", action="store_true", help="print the job id and return")
     run.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
 
-def _spec_from_args(args: argparse.Namespace) -> JobSpec:
+def _bundle(args: argparse.Namespace) -> tuple[str, bytes] | None:
+    """``--files`` as a bundle (paths relative to this directory); None without ``--files``."""
+    if not args.files:
+        return None
+    if args.workdir:
+        raise InvalidInput(
+            "--files and --workdir: a job with files runs in the folder they are unpacked to",
+            hint="drop --workdir (paths in the command are relative to the shipped files)",
+            details={"field": "--workdir"},
+        )
+    return bundles.build_from_paths([Path(f) for f in args.files], Path.cwd())
+
+
+def _spec_from_args(args: argparse.Namespace, bundle: str | None = None) -> JobSpec:
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]
@@ -55,11 +101,14 @@ def _spec_from_args(args: argparse.Namespace) -> JobSpec:
         raise GPUlayerError(
             "no command given", hint="write the command after --, e.g. gpulayer run -- python x.py"
         )
+    workload: dict[str, Any] = {"kind": "command", "argv": argv}
+    if bundle is not None:
+        workload["bundle"] = bundle
     return parse(
         JobSpec,
         {
             "name": args.name or os.path.basename(argv[0]),
-            "workload": {"kind": "command", "argv": argv},
+            "workload": workload,
             "resources": {
                 "gpus": args.gpus,
                 "nodes": args.nodes,
@@ -68,13 +117,14 @@ def _spec_from_args(args: argparse.Namespace) -> JobSpec:
                 "selector": parse_pairs(args.selector, "--selector"),
                 "worker": args.worker,
             },
-            "env": parse_pairs(args.env, "--env"),
+            "env": env_option(args.env, "--env"),
             "secrets": args.secret,
             "labels": parse_pairs(args.label, "--label"),
             "timeout": args.timeout,
             "retries": args.retries,
+            "wait_for_capacity": args.wait,
             "priority": args.priority,
-            "workdir": args.workdir or os.getcwd(),
+            "workdir": None if bundle is not None else (args.workdir or os.getcwd()),
         },
     )
 
@@ -95,16 +145,23 @@ async def _say_why_it_waits(s: Session, job_id: str, first: float = 0.5) -> None
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
-    spec = _spec_from_args(args)
+    bundle = _bundle(args)
+    spec = _spec_from_args(args, bundle[0] if bundle is not None else None)
     async with open_session(local_worker=True) as s:
+        if bundle is not None and not await s.has_bundle(bundle[0]):
+            await s.put_bundle(bundle[1], bundle[0])
         job = await s.submit(spec)
         if args.detach:
             print(job.id)
             return 0
         print(f"gpulayer: job {job.id} submitted ({spec.name})", file=sys.stderr)
         loop = asyncio.get_running_loop()
-        following = asyncio.create_task(follow(s, job.id))
-        watch = asyncio.create_task(_say_why_it_waits(s, job.id))
+        live = LiveLine(sys.stderr)
+        following = asyncio.create_task(follow(s, job.id, live=live))
+        waiting = asyncio.create_task(_say_why_it_waits(s, job.id))
+        progress = asyncio.create_task(watch(s, job.id, live))
+        # Progress is a nicety: if its stream fails, the logs and the outcome still come.
+        progress.add_done_callback(lambda t: t.cancelled() or t.exception())
         interrupted = asyncio.Event()
         loop.add_signal_handler(signal.SIGINT, interrupted.set)
         loop.add_signal_handler(signal.SIGTERM, interrupted.set)
@@ -115,7 +172,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
                 stop.cancel()
                 final = following.result()
             else:
-                print("\ngpulayer: interrupted; cancelling the job", file=sys.stderr)
+                with live.above():
+                    print("\ngpulayer: interrupted; cancelling the job", file=sys.stderr)
                 await s.cancel(job.id)
                 # Keep printing what the job writes while it is being stopped.
                 try:
@@ -123,9 +181,11 @@ async def cmd_run(args: argparse.Namespace) -> int:
                 except TimeoutError:
                     final = await s.get(job.id)
         finally:
-            watch.cancel()
+            waiting.cancel()
+            progress.cancel()
             loop.remove_signal_handler(signal.SIGINT)
             loop.remove_signal_handler(signal.SIGTERM)
+        live.close(final)
         if final.state != JobState.SUCCEEDED:
             why = f": {final.reason}" if final.reason else ""
             print(f"gpulayer: job {final.id} {final.state.value}{why}", file=sys.stderr)

@@ -79,6 +79,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         simulate_kind=args.simulate_kind,
         heartbeat_timeout=args.heartbeat_timeout,
         serve=opts,
+        pause_gc=True,
     )
     await emb.start()
     try:

@@ -22,6 +22,7 @@ from .jobs import (
 )
 from .parsing import check_secret_name, parse_pairs
 from .protocol import (
+    AttemptRef,
     Event,
     EventCursor,
     EventPage,
@@ -47,6 +48,7 @@ __all__ = [
     "API_VERSION",
     "TERMINAL_STATES",
     "Artifact",
+    "AttemptRef",
     "CommandWorkload",
     "Contract",
     "Device",

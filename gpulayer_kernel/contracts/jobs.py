@@ -70,10 +70,16 @@ class Resources(Contract):
 
 
 class CommandWorkload(Contract):
-    """Run an argv as it is (no shell)."""
+    """Run an argv as it is (no shell); with ``bundle``, inside that bundle unpacked."""
 
     kind: Literal["command"] = "command"
     argv: list[str] = Field(min_length=1)
+    bundle: str | None = Field(
+        None,
+        pattern=SHA256_PATTERN,
+        description="a content-addressed bundle (`gpulayer run --files`), unpacked on the "
+        "worker as the command's working directory (instead of `workdir`)",
+    )
 
     @field_validator("argv")
     @classmethod
@@ -141,6 +147,11 @@ class JobSpec(Contract):
         None,
         description="directory on the worker to run a command in (it must exist there); "
         "default: the job's own scratch directory",
+    )
+    wait_for_capacity: bool = Field(
+        False,
+        description="keep waiting when no worker can ever run the job as asked (one may join); "
+        "otherwise such a job fails at once, saying what exists",
     )
 
     @field_validator("env")
@@ -233,6 +244,12 @@ class Job(Contract):
     spec: JobSpec
     state: JobState = JobState.QUEUED
     attempts: int = 0
+    requeues: int = Field(
+        0,
+        ge=0,
+        description="attempts put back in the queue before they started (their worker was lost "
+        "first): each got a new attempt number, but none counts against `retries`",
+    )
     placement: Placement | None = None
     pending: PlacementReport | None = None
     submitted_at: float

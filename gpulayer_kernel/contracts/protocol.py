@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, JsonValue
+from pydantic import Field, JsonValue, model_validator
 
 from ._base import Contract
 from .artifacts import Artifact
 from .jobs import Job, LogLine, NodePlacement
 from .workers import WorkerInfo
+
+# Every report a worker sends about a job names the attempt it comes from; the control plane
+# refuses one from an attempt that is no longer current (409 ``stale_attempt``) and tells that
+# worker to stop it. Absent (a worker from before attempts had identities): the current attempt.
+ATTEMPT_DESCRIPTION = (
+    "the attempt this report comes from (its assignment's `attempt`); a report from an attempt "
+    "that is no longer current is refused with 409 `stale_attempt`; absent: the current attempt"
+)
+
+
+def _attempt() -> Any:
+    return Field(None, ge=0, le=1_000_000, description=ATTEMPT_DESCRIPTION)
 
 
 class Rendezvous(Contract):
@@ -17,10 +29,11 @@ class Rendezvous(Contract):
 
     master_addr: str
     master_port: int = Field(ge=1, le=65535)
+    attempt: int | None = _attempt()
 
 
 class JobAssignment(Contract):
-    """One job handed to one worker: the job, this worker's share, and resolved secrets."""
+    """One attempt of one job handed to one worker: the job, this worker's share, and secrets."""
 
     job: Job
     node: NodePlacement
@@ -28,13 +41,43 @@ class JobAssignment(Contract):
     secrets: dict[str, str] = Field(
         default_factory=dict, description="resolved secret values; sent only to the worker"
     )
+    attempt: int = Field(
+        0,
+        ge=0,
+        description="which attempt of the job this is (the job's `attempts` count when it was "
+        "placed): the worker keys what it runs by (job id, attempt) and names it in every "
+        "report; absent (an older control plane): the job's `attempts`",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _attempt_of_the_job(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("attempt") is None:
+            job = data.get("job")
+            attempts = job.attempts if isinstance(job, Job) else (job or {}).get("attempts", 0)
+            data = {**data, "attempt": attempts}
+        return data
+
+
+class AttemptRef(Contract):
+    """One attempt of one job (a job's attempts share its id)."""
+
+    job_id: str
+    attempt: int = Field(ge=0)
 
 
 class Work(Contract):
     """The answer to a worker's long-poll: new jobs to start and jobs to stop."""
 
     assignments: list[JobAssignment] = Field(default_factory=list)
-    cancel: list[str] = Field(default_factory=list)
+    cancel: list[str] = Field(
+        default_factory=list, description="jobs to stop, whichever attempt of them runs here"
+    )
+    stop: list[AttemptRef] = Field(
+        default_factory=list,
+        description="stale attempts to stop and drop: the job moved on (it was retried, or "
+        "ended), so their reports are refused; a current attempt of the same job keeps running",
+    )
 
 
 class FinishReport(Contract):
@@ -43,14 +86,17 @@ class FinishReport(Contract):
     reason: str | None = None
     result: JsonValue = None
     artifacts: list[Artifact] = Field(default_factory=list)
+    attempt: int | None = _attempt()
 
 
 class LogBatch(Contract):
     lines: list[LogLine] = Field(max_length=10_000)
+    attempt: int | None = _attempt()
 
 
 class ProgressReport(Contract):
     fields: dict[str, JsonValue]
+    attempt: int | None = _attempt()
 
 
 class Event(Contract):

@@ -26,11 +26,13 @@ class Reason(StrEnum):
     CPUS_TOTAL = "cpus_total"
     DRAINING = "draining"
     TOO_FEW_NODES = "too_few_nodes"
+    UNSCHEDULABLE = "unschedulable"
     # exhausted: this worker could run the job, just not now
     GPUS_BUSY = "gpus_busy"
     RESERVED = "reserved"
     CPUS_BUSY = "cpus_busy"
     NOT_ENOUGH_NODES = "not_enough_nodes"
+    WORKER_SUSPECT = "worker_suspect"
 
     @property
     def waiting_helps(self) -> bool:
@@ -39,7 +41,14 @@ class Reason(StrEnum):
 
 
 _EXHAUSTED = frozenset(
-    {Reason.GPUS_BUSY, Reason.RESERVED, Reason.CPUS_BUSY, Reason.NOT_ENOUGH_NODES}
+    {
+        Reason.GPUS_BUSY,
+        Reason.RESERVED,
+        Reason.CPUS_BUSY,
+        Reason.NOT_ENOUGH_NODES,
+        # It answers again within moments, or is declared lost: either way the wait ends.
+        Reason.WORKER_SUSPECT,
+    }
 )
 
 
@@ -71,6 +80,32 @@ class PlacementReport(Contract):
         default_factory=list,
         description="up to 3 workers (names) that could run it once capacity frees, best first",
     )
+    largest_gpus: int | None = Field(
+        None,
+        description="GPU jobs: the most GPUs of an acceptable kind and memory on any one worker "
+        "(whatever its state): what exists, for a job that can never fit",
+    )
+    largest_cpus: int | None = Field(
+        None, description="jobs asking for CPUs: the most CPUs on any one worker"
+    )
+
+    @property
+    def never_fits(self) -> bool:
+        """Workers exist, and each can never run the job for what it *is* (its devices, CPUs,
+        labels or name), none only for its state (cordoned, draining, suspect, set aside), and
+        none is merely busy: waiting for capacity alone will not place it."""
+        state_codes = (
+            Reason.WORKER_NOT_READY,
+            Reason.CORDONED,
+            Reason.DRAINING,
+            Reason.UNSCHEDULABLE,
+        )
+        return (
+            self.workers_total > 0
+            and not self.exhausted
+            and self.workers_feasible == 0
+            and not any(rc.code in state_codes for rc in self.filtered)
+        )
 
     @property
     def waiting_helps(self) -> bool:

@@ -146,6 +146,21 @@ class WorkerInfo(Contract):
         description="computed by the server from `state` (not lost, not offline); clients read "
         "it rather than repeat the rule",
     )
+    unschedulable: str | None = Field(
+        None,
+        description="why the scheduler set this worker aside (its data made a scheduling pass "
+        "fail); no new work goes to it until it joins again or an admin removes it",
+    )
+    suspect: str | None = Field(
+        None,
+        description="why this worker is under suspicion (its connection closed and it has not "
+        "come back); no new work goes to it until it answers again or is declared lost",
+    )
+
+    @property
+    def schedulable(self) -> bool:
+        """In service and under no suspicion: the scheduler may give it new work."""
+        return self.live and self.unschedulable is None and self.suspect is None
 
     @model_validator(mode="before")
     @classmethod

@@ -35,7 +35,7 @@ from ..contracts import (
     check_secret_name,
     ensure_json,
 )
-from ..errors import NotFound
+from ..errors import Conflict, NotFound
 from ..redact import Redactor
 from ..scheduler import Snapshot
 from ..store import ArtifactStore, MetadataStore
@@ -46,7 +46,7 @@ from .logs import LogTails
 from .outcomes import Outcomes
 from .reaper import Reaper
 from .scheduling import SchedulingLoop
-from .workers import WorkerRegistry
+from .workers import SUSPECT_GRACE, WorkerRegistry
 
 
 class ControlPlane:
@@ -61,27 +61,38 @@ class ControlPlane:
         heartbeat_timeout: float = 30.0,
         reserve_after: float = 60.0,
         rendezvous_timeout: float = 120.0,
+        suspect_grace: float = SUSPECT_GRACE,
     ) -> None:
         self.store = store
         self.artifacts = artifacts
         self.clock = clock
         self.redactor = Redactor()
         self.event_log = EventLog(clock)
-        self.jobs = JobTable(store, self.event_log, clock=clock, on_change=self._job_changed)
+        self.jobs = JobTable(
+            store,
+            self.event_log,
+            clock=clock,
+            on_change=self._job_changed,
+            redact=self.redactor.redact_json,
+        )
         active, hb = self.jobs.active, heartbeat_timeout
         self.registry = WorkerRegistry(
-            store, self.event_log, active, clock=clock, heartbeat_timeout=hb
+            store,
+            self.event_log,
+            active,
+            clock=clock,
+            heartbeat_timeout=hb,
+            suspect_grace=suspect_grace,
         )
         self.tails = LogTails(
             store, self.redactor, wake=self.jobs.wake, changed=self.jobs.changed, clock=clock
         )
-        self.dispatch = Dispatcher(clock)
+        self.dispatch = Dispatcher(clock, self.jobs.active_job)
         parts = (self.jobs, self.registry, self.tails, self.dispatch)
         self.outcomes = Outcomes(*parts, clock=clock, rendezvous_timeout=rendezvous_timeout)
         self.scheduling = SchedulingLoop(store, *parts, clock=clock, reserve_after=reserve_after)
-        self.reaper = Reaper(
-            self.registry, self._lose_worker, self.outcomes.rendezvous_overdue, clock=clock
-        )
+        self.reaper = Reaper(self.registry, self._lose_worker, self.outcomes.overdue, clock=clock)
+        self.registry.on_change = self.scheduling.kick  # a worker under suspicion, or back
 
     # Settings live in the part that uses them; tests and hosts read (and tune) them here.
     @property
@@ -157,6 +168,7 @@ class ControlPlane:
             )
         change = self.jobs.add(spec)
         self.tails.open(change.after.id)  # before any await: its first line is numbered 1
+        self.scheduling.fresh.add(change.after.id)  # its first pass decides if it can ever fit
         await self.jobs.flush([change])
         self.scheduling.kick()
         return change.after
@@ -254,45 +266,98 @@ class ControlPlane:
 
     async def next_work(self, worker_id: str, wait: float = 0.0) -> Work:
         """Long-poll for new assignments and cancellations; answers the moment one exists."""
-        return await self.dispatch.next_work(
-            worker_id, wait, lambda: self.registry.heartbeat(worker_id)
-        )
+        self.registry.polling(worker_id, +1)
+        try:
+            return await self.dispatch.next_work(
+                worker_id, wait, lambda: self.registry.heartbeat(worker_id)
+            )
+        finally:
+            self.registry.polling(worker_id, -1)
 
-    def _owned(self, worker_id: str, job_id: str) -> Job:
-        """The active job a worker reports on, if that worker (known, not lost) holds part of it."""
-        self.registry.require(worker_id)
-        return self.jobs.held_by(job_id, worker_id)
+    def worker_disconnected(self, worker_id: str) -> None:
+        """The worker's long-poll connection closed unanswered: suspect it unless it calls again
+        within ``registry.suspect_grace`` seconds (then no new work goes to it)."""
+        self.registry.disconnected(worker_id)
 
-    async def report_started(self, worker_id: str, job_id: str) -> Job:
-        job = self._owned(worker_id, job_id)
+    def _owned(self, worker_id: str, job_id: str, attempt: int | None = None) -> Job:
+        """The active job a worker reports on, if that worker (known, not lost) holds part of it
+        and ``attempt`` is current (else 409 ``stale_attempt``: see ``Outcomes.held``)."""
+        return self.outcomes.held(worker_id, job_id, attempt)
+
+    def was_given(self, worker_id: str, job_id: str) -> bool:
+        """Whether the worker holds, or was handed, some attempt of the job (a report on a stale
+        one is then answered ``stale_attempt``, not "not your job")."""
+        job = self.jobs.cached(job_id)
+        if job is not None and job.placement is not None and worker_id in job.placement.worker_ids:
+            return True
+        return self.dispatch.was_given(job_id, worker_id)
+
+    async def report_started(self, worker_id: str, job_id: str, attempt: int | None = None) -> Job:
+        job = self._owned(worker_id, job_id, attempt)
+        self.dispatch.started(job_id, worker_id)  # never hand this attempt to it again
         if job.state == JobState.PLACED:
             job = await self.jobs.commit(job_id, JobState.RUNNING, started_at=self.clock.now())
         return job
 
-    async def append_logs(self, worker_id: str, job_id: str, lines: builtins.list[LogLine]) -> int:
-        self._owned(worker_id, job_id)
+    async def append_logs(
+        self,
+        worker_id: str,
+        job_id: str,
+        lines: builtins.list[LogLine],
+        attempt: int | None = None,
+    ) -> int:
+        self._owned(worker_id, job_id, attempt)
         return await self.tails.append(job_id, lines)
 
-    async def report_progress(self, worker_id: str, job_id: str, fields: dict[str, Any]) -> None:
-        self._owned(worker_id, job_id)
+    async def report_progress(
+        self, worker_id: str, job_id: str, fields: dict[str, Any], attempt: int | None = None
+    ) -> None:
+        self._owned(worker_id, job_id, attempt)
         ensure_json(fields, "progress")
-        await self.jobs.note(job_id, progress=fields)
+        await self.jobs.note(job_id, progress=fields)  # masked in the job table's commit path
 
     async def report_finished(self, worker_id: str, job_id: str, report: FinishReport) -> Job:
         """Record a job's outcome. Idempotent: a second report of a finished job changes nothing."""
         if self.jobs.active_job(job_id) is None:
-            stored = await self.store.get_job(job_id)
-            if stored is not None and stored.state.terminal:
+            stored = self.jobs.cached(job_id) or await self.store.get_job(job_id)
+            if (
+                stored is not None
+                and stored.state.terminal
+                and report.attempt in (None, stored.attempts)
+            ):
                 return stored  # a retried report after a reconnect: recorded once already
-        return await self.outcomes.finished(worker_id, self._owned(worker_id, job_id), report)
+        job = self._owned(worker_id, job_id, report.attempt)
+        return await self.outcomes.finished(worker_id, job, report)
 
     async def publish_rendezvous(self, worker_id: str, job_id: str, rdzv: Rendezvous) -> None:
-        self._owned(worker_id, job_id)
+        self._owned(worker_id, job_id, rdzv.attempt)
         self.dispatch.publish(job_id, rdzv)
 
     async def get_rendezvous(self, worker_id: str, job_id: str, wait: float = 0.0) -> Rendezvous:
         """Long-poll for the rank-0 worker's rendezvous record (no sleeps)."""
         return await self.dispatch.rendezvous(job_id, wait, lambda: self._owned(worker_id, job_id))
+
+    async def remove_worker(self, ref: str, *, force: bool = False) -> WorkerInfo:
+        """Forget a worker (by id or name) here and in the store; returns it as it was.
+
+        A worker that is gone (lost, offline) just goes. One still in service that holds jobs is
+        refused (409 ``worker_busy``) unless ``force``: then it is taken out of service first,
+        as if lost (its placed jobs go back to the queue, running ones are retried or lost).
+        """
+        w = self.registry.find(ref)
+        if w.live and w.running and not force:
+            raise Conflict(
+                f"worker {w.name} is running {len(w.running)} job(s): {', '.join(w.running)}",
+                hint="drain it and wait for them, or remove it with --force (placed jobs go "
+                "back to the queue; running ones are retried if they may, else lost)",
+                details={"worker": w.id, "jobs": w.running},
+                code="worker_busy",
+            )
+        if w.live:
+            await self._lose_worker(w.id, "removed by an admin", WorkerState.OFFLINE)
+        await self.registry.remove(w.id)
+        self.scheduling.kick()
+        return w
 
     async def deregister(self, worker_id: str) -> None:
         """A clean worker exit: its unfinished jobs are lost (or requeued if they may retry)."""

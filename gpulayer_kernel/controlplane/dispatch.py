@@ -2,27 +2,46 @@
 
 Assignments and cancels wait in per-worker inboxes until the worker's long-poll (``next_work``)
 takes them; the poll answers the moment something lands. Inboxes live in memory only: after a
-restart the control plane hands placed-but-unstarted jobs out again (``assign``), and a worker
-that already runs one ignores the duplicate.
+restart the control plane hands placed-but-unstarted jobs out again (``assign``).
+
+An assignment names one attempt of its job. What waits in an inbox may go stale before it is
+taken (the worker's own retried reports won the race after a restart, the job was cancelled,
+lost or retried), so it is checked against the job as it is *at delivery*: it goes out only while
+that attempt is current, still placed on that worker, and the worker has not reported it started;
+otherwise it is dropped. A finished attempt is never handed out again. Stale attempts a worker
+still holds (it reported on one) go to its ``stop`` list.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..contracts import Job, JobAssignment, Rendezvous, Work
+from ..contracts import AttemptRef, Job, JobAssignment, JobState, Rendezvous, Work
 from ..errors import Conflict
 from .signals import Signals
+
+# Jobs whose holders are remembered after they move on (a worker's late report on a stale attempt
+# is then told "stale", not "not yours"); in memory only, oldest forgotten first.
+HOLDERS_KEPT = 10_000
 
 
 class Dispatcher:
     """Owns worker inboxes, pending cancels and rendezvous records, and their long-polls."""
 
-    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self, clock: Clock = SYSTEM_CLOCK, job: Callable[[str], Job | None] | None = None
+    ) -> None:
+        """``job(id)`` is the active job as it is now (None once final): delivery checks each
+        assignment against it (without it, as on its own in tests, everything goes out)."""
         self.clock = clock
+        self._job = job
         self._inbox: dict[str, list[JobAssignment]] = {}
         self._cancels: dict[str, set[str]] = {}
+        self._stops: dict[str, set[tuple[str, int]]] = {}  # worker -> stale (job, attempt)
+        self._started: dict[str, set[str]] = {}  # job -> workers that reported it started
+        self._holders: OrderedDict[str, set[str]] = OrderedDict()  # job -> workers ever given it
         self._rendezvous: dict[str, Rendezvous] = {}
         self._workers = Signals(clock)  # by worker id: new work or cancels
         self._jobs = Signals(clock)  # by job id: a rendezvous or a change of the job
@@ -40,13 +59,49 @@ class Dispatcher:
         """Queue each node of a placed job for its worker; returns those workers' ids."""
         assert job.placement is not None
         nnodes = len(job.placement.nodes)
+        holders = self._holders.setdefault(job.id, set())
+        self._holders.move_to_end(job.id)
+        while len(self._holders) > HOLDERS_KEPT:
+            self._holders.popitem(last=False)
         for node in job.placement.nodes:
             self._inbox.setdefault(node.worker_id, []).append(
-                JobAssignment(job=job, node=node, nnodes=nnodes, secrets=dict(secrets))
+                JobAssignment(
+                    job=job, node=node, nnodes=nnodes, secrets=dict(secrets), attempt=job.attempts
+                )
             )
+            holders.add(node.worker_id)
             if wake:
                 self._workers.fire(node.worker_id)
         return [n.worker_id for n in job.placement.nodes]
+
+    def was_given(self, job_id: str, worker_id: str) -> bool:
+        """Whether ``worker_id`` was handed some attempt of the job (since this process started)."""
+        return worker_id in self._holders.get(job_id, ())
+
+    def started(self, job_id: str, worker_id: str) -> None:
+        """The worker reported its part of the job's current attempt started: never hand it
+        that attempt again (a redelivered copy would run it twice)."""
+        self._started.setdefault(job_id, set()).add(worker_id)
+
+    def deliverable(self, a: JobAssignment, worker_id: str) -> bool:
+        """Whether an assignment may still go out: its attempt is current, placed on this
+        worker, and not yet started there."""
+        if self._job is None:
+            return True
+        job = self._job(a.job.id)
+        return (
+            job is not None
+            and job.attempts == a.attempt
+            and job.state in (JobState.PLACED, JobState.RUNNING)
+            and job.placement is not None
+            and worker_id in job.placement.worker_ids
+            and worker_id not in self._started.get(job.id, ())
+        )
+
+    def stop_attempt(self, worker_id: str, job_id: str, attempt: int) -> None:
+        """Tell ``worker_id`` to stop and drop a stale attempt of a job (not the job itself)."""
+        self._stops.setdefault(worker_id, set()).add((job_id, attempt))
+        self._workers.fire(worker_id)
 
     async def redeliver(
         self,
@@ -73,26 +128,42 @@ class Dispatcher:
         """The worker is gone: drop what waited for it and end its long-poll."""
         self._inbox.pop(worker_id, None)
         self._cancels.pop(worker_id, None)
+        self._stops.pop(worker_id, None)
         self._workers.fire(worker_id)
 
-    def return_work(self, worker_id: str, work: Work, active: Callable[[str], bool]) -> None:
-        """Put undelivered work back, ahead of anything newer (jobs still ``active`` only)."""
+    def return_work(
+        self, worker_id: str, work: Work, active: Callable[[str], bool] | None = None
+    ) -> None:
+        """Put undelivered work back, ahead of anything newer (jobs still ``active`` only; each
+        is checked again at delivery)."""
         inbox = self._inbox.setdefault(worker_id, [])
-        inbox[:0] = [a for a in work.assignments if active(a.job.id)]
+        inbox[:0] = [a for a in work.assignments if active is None or active(a.job.id)]
         if work.cancel:
             self._cancels.setdefault(worker_id, set()).update(work.cancel)
+        if work.stop:
+            self._stops.setdefault(worker_id, set()).update(
+                (s.job_id, s.attempt) for s in work.stop
+            )
         self._workers.fire(worker_id)
 
     async def next_work(self, worker_id: str, wait: float, touch: Callable[[], object]) -> Work:
-        """Long-poll for new assignments and cancellations; ``touch()`` each round (heartbeat)."""
+        """Long-poll for new assignments and cancellations; ``touch()`` each round (heartbeat).
+
+        Only assignments still ``deliverable`` go out; the rest are dropped here.
+        """
         deadline = self.clock.monotonic() + max(0.0, wait)
         while True:
             touch()
-            inbox = self._inbox.pop(worker_id, [])
+            inbox = [a for a in self._inbox.pop(worker_id, []) if self.deliverable(a, worker_id)]
             cancels = self._cancels.pop(worker_id, set())
+            stops = self._stops.pop(worker_id, set())
             left = deadline - self.clock.monotonic()
-            if inbox or cancels or left <= 0 or not self.open:
-                return Work(assignments=inbox, cancel=sorted(cancels))
+            if inbox or cancels or stops or left <= 0 or not self.open:
+                return Work(
+                    assignments=inbox,
+                    cancel=sorted(cancels),
+                    stop=[AttemptRef(job_id=j, attempt=n) for j, n in sorted(stops)],
+                )
             await self._workers.wait(worker_id, left)
 
     # -- rendezvous ------------------------------------------------------------------------------
@@ -108,6 +179,7 @@ class Dispatcher:
         """A job moved or changed: a requeued or final job's record goes; its waiters re-check."""
         if job.state.terminal or job.placement is None:
             self._rendezvous.pop(job.id, None)
+            self._started.pop(job.id, None)  # a new attempt starts from nothing
         if job.state.terminal:
             self._jobs.drop(job.id)
         else:

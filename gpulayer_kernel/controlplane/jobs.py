@@ -13,6 +13,10 @@ result, a pending report, progress, a retry), is checked against ``states`` and 
 ``commit`` is the two together. A scheduling pass stages many placements, then flushes them at
 once. Pending reports and progress are flushed without a store write (they are recomputed or
 resent), and a pending report whose reasons did not change is not announced.
+
+``stage`` is also where secret values are masked in what a job carries from its workers (its
+result, progress fields and reason): whoever reports them, nothing unmasked is kept, stored,
+announced or served. Workers mask first; this is the second layer.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from .states import check_transition, check_update
 
 ACTIVE_STATES = (JobState.QUEUED, JobState.PLACED, JobState.RUNNING)
 FINISHED_CACHE = 1_024
+# The fields a job's workers fill in: they may quote a secret (a job returning os.environ[...]).
+REPORTED_FIELDS = ("result", "progress", "reason")
 
 
 def new_id() -> str:
@@ -55,11 +61,14 @@ class JobTable:
         *,
         clock: Clock = SYSTEM_CLOCK,
         on_change: Callable[[Change], None] | None = None,
+        redact: Callable[[Any], Any] | None = None,
     ) -> None:
+        """``redact`` masks secrets in a JSON value (``Redactor.redact_json``)."""
         self.store = store
         self.events = events
         self.clock = clock
         self.on_change = on_change
+        self.redact = redact
         self.seq = 0
         self._active: dict[str, Job] = {}
         self._finished: OrderedDict[str, Job] = OrderedDict()
@@ -191,6 +200,10 @@ class JobTable:
                 details={"job": job_id},
                 code="illegal_update",
             )
+        if self.redact is not None:
+            for key in REPORTED_FIELDS:
+                if fields.get(key) is not None:
+                    fields[key] = self.redact(fields[key])
         if target is None:
             check_update(job_id, before.state, fields)
         else:

@@ -2,8 +2,14 @@
 
 Each rule here is written once: a failed job that asked for retries is queued again as a new
 attempt (never a gang: one failed rank usually means all fail again); a gang fails fast, stopping
-every other rank and naming the one that failed; a cancel that reaches a placed job waits for its
-workers to confirm. Every change goes through the job table's commit path.
+every other rank and naming the one that failed. A cancel ends a job in any state that is not
+final: a queued job at once; a placed or running one once its workers confirm the stop, at once
+if one of them is gone (lost, offline, unknown), and at the latest ``cancel_timeout`` seconds
+after the request if they never answer. Every change goes through the job table's commit path.
+
+Logs of attempts stay apart: a new attempt begins after the control plane's line "attempt N
+failed (…); retrying", written once the job has moved on, and from then on the old attempt's
+late lines (and every other report of it) are refused as ``stale_attempt``.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Any
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import FinishReport, Job, JobState, WorkerState
+from ..errors import Conflict
 from .dispatch import Dispatcher
 from .jobs import JobTable
 from .logs import LogTails
@@ -31,6 +38,7 @@ class Outcomes:
         *,
         clock: Clock = SYSTEM_CLOCK,
         rendezvous_timeout: float = 120.0,
+        cancel_timeout: float = 60.0,
     ) -> None:
         self.jobs = jobs
         self.workers = workers
@@ -38,19 +46,41 @@ class Outcomes:
         self.dispatch = dispatch
         self.clock = clock
         self.rendezvous_timeout = rendezvous_timeout
+        # Long enough for a worker to stop a job (SIGTERM, its grace, SIGKILL) and ship its end.
+        self.cancel_timeout = cancel_timeout
+        self._cancel_asked: dict[str, float] = {}  # job id -> when its stop was asked (monotonic)
+
+    def held(self, worker_id: str, job_id: str, attempt: int | None = None) -> Job:
+        """The active job a worker reports on, if that worker (known, not lost) holds part of it
+        and the report's ``attempt`` (None: an older worker's, taken as current) is current.
+
+        A report from an attempt that is no longer current is refused (409 ``stale_attempt``)
+        and the attempt goes on the worker's stop list, so its process stops there too.
+        """
+        self.workers.require(worker_id)
+        job = self.jobs.cached(job_id)
+        if attempt is not None and job is not None and attempt != job.attempts:
+            self.dispatch.stop_attempt(worker_id, job_id, attempt)
+            raise Conflict(
+                f"attempt {attempt} of job {job_id} is stale: the job is on attempt "
+                f"{job.attempts} ({job.state.value})",
+                hint="the worker stops that attempt's process and drops its reports",
+                details={"job": job_id, "attempt": attempt, "current": job.attempts},
+                code="stale_attempt",
+            )
+        return self.jobs.held_by(job_id, worker_id)
 
     @staticmethod
     def may_retry(job: Job) -> bool:
         # A gang job is never retried automatically: one failed rank usually means all fail again.
-        return not job.spec.is_gang and job.attempts < job.spec.retries
+        return not job.spec.is_gang and job.attempts - job.requeues < job.spec.retries
 
     async def retry(self, job: Job, why: str) -> Job:
         """Queue the job again as its next attempt, saying why in its log."""
         attempt = job.attempts + 1
-        await self.logs.system(
-            job.id, f"attempt {attempt} failed ({why}); retrying ({attempt}/{job.spec.retries})"
-        )
-        return await self.jobs.commit(
+        # Staged (in memory, no await) before the line is written: from here on a late line of
+        # the old attempt is refused, so none lands after the line that marks the new attempt.
+        change = self.jobs.stage(
             job.id,
             JobState.QUEUED,
             attempts=attempt,
@@ -61,6 +91,29 @@ class Outcomes:
             placed_at=None,
             progress=None,
         )
+        await self.logs.system(
+            job.id, f"attempt {attempt} failed ({why}); retrying ({attempt}/{job.spec.retries})"
+        )
+        await self.jobs.flush([change])
+        return change.after
+
+    async def requeue(self, job: Job, why: str) -> Job:
+        """Put a placed job that never started back in the queue, as a new attempt that does
+        not count against its retries: nothing ran, so placing it again is safe."""
+        job = await self.jobs.commit(
+            job.id,
+            JobState.QUEUED,
+            attempts=job.attempts + 1,
+            requeues=job.requeues + 1,
+            placement=None,
+            cancel_requested=False,
+            exit_code=None,
+            started_at=None,
+            placed_at=None,
+            progress=None,
+        )
+        await self.logs.system(job.id, f"{why}; it never started, so it is back in the queue")
+        return job
 
     async def retry_or_lose(self, job: Job, reason: str) -> Job:
         if self.may_retry(job):
@@ -69,17 +122,44 @@ class Outcomes:
         return await self.jobs.commit(job.id, JobState.LOST, reason=reason)
 
     async def cancel(self, job: Job, reason: str) -> Job:
-        """A queued job is cancelled now; a placed or running one once its workers stop it."""
+        """A queued job is cancelled now; a placed or running one once its workers stop it (now
+        if one of them is gone; at the latest ``cancel_timeout`` seconds from now)."""
         if job.state.terminal:
             return job
         if job.state == JobState.QUEUED:
             job = await self.jobs.commit(job.id, JobState.CANCELLED, reason=reason)
             await self.logs.system(job.id, reason)
             return job
+        assert job.placement is not None
+        if not all(self._live(wid) for wid in job.placement.worker_ids):
+            # Nobody is left to confirm the stop: end it here; any live rank is told to stop.
+            self.dispatch.stop(job)
+            job = await self.jobs.commit(job.id, JobState.CANCELLED, reason=reason)
+            await self.logs.system(job.id, f"{reason}; its worker is gone")
+            return job
         job = await self.jobs.commit(job.id, cancel_requested=True, reason=reason)
         self.dispatch.stop(job)
+        self._cancel_asked.setdefault(job.id, self.clock.monotonic())
         await self.logs.system(job.id, f"{reason}; stopping its processes")
         return job
+
+    async def cancels_overdue(self) -> None:
+        """End cancelled jobs whose workers did not confirm the stop within ``cancel_timeout``."""
+        now = self.clock.monotonic()
+        for job_id, asked in list(self._cancel_asked.items()):
+            job = self.jobs.active_job(job_id)
+            if job is None or not job.cancel_requested:
+                del self._cancel_asked[job_id]
+            elif now - asked >= self.cancel_timeout:
+                del self._cancel_asked[job_id]
+                why = f"its worker did not confirm the stop within {self.cancel_timeout:g}s"
+                await self.logs.system(job_id, f"cancelled: {why}")
+                await self.jobs.commit(job_id, JobState.CANCELLED, reason=job.reason)
+
+    async def overdue(self) -> None:
+        """The reaper's round: gangs without a rendezvous, cancels without a confirmation."""
+        await self.rendezvous_overdue()
+        await self.cancels_overdue()
 
     async def finished(self, worker_id: str, job: Job, report: FinishReport) -> Job:
         """A worker's report that its part of ``job`` ended."""
@@ -111,6 +191,9 @@ class Outcomes:
         if report.state != "succeeded":
             self.dispatch.stop(job, but=worker_id)
             reason = f"node {node.node_rank} ({node.worker_name}): {report.reason or 'failed'}"
+            dead = self.workers.dead_peer(job.placement.worker_ids, but=worker_id)
+            if dead is not None:  # a rank that "lost a peer": say which worker died first
+                reason = f"{dead}; {reason}"
             return await self._finish(job, report.model_copy(update={"reason": reason}))
         nodes = len(job.placement.nodes)
         fields: dict[str, Any] = {"artifacts": [*job.artifacts, *report.artifacts]}
@@ -133,9 +216,14 @@ class Outcomes:
                 continue
             if job.state not in (JobState.PLACED, JobState.RUNNING):
                 continue
+            # If it comes back (it was only paused), its first poll tells it to stop this
+            # attempt: the job moves on without it, and the process must not run on unseen.
+            self.dispatch.stop_attempt(worker_id, job.id, job.attempts)
             self.dispatch.stop(job, but=worker_id)  # the rest of a multi-node gang
             if job.cancel_requested:
                 await self.jobs.commit(job.id, JobState.CANCELLED, reason=job.reason)
+            elif job.state == JobState.PLACED:
+                await self.requeue(job, f"worker {w.name} was lost: {why}")
             else:
                 await self.retry_or_lose(job, f"worker {w.name} was lost: {why}")
         await self.workers.save(worker_id)
@@ -157,7 +245,12 @@ class Outcomes:
     async def redeliver_placed(
         self, secrets: Callable[[Sequence[str]], Awaitable[dict[str, str]]]
     ) -> None:
-        """After a restart, hand placed-but-not-started jobs whose workers are known out again."""
+        """After a restart, hand placed-but-not-started jobs whose workers are known out again,
+        and send cancels that were pending again (their deadline starts over).
+
+        What is handed out is checked again when a worker takes it: an attempt that ended or
+        started in the meantime (its worker's retried reports won the race) is never delivered.
+        """
         placed = [
             j
             for j in self.jobs.active()
@@ -166,6 +259,10 @@ class Outcomes:
             and all(self.workers.get(wid) for wid in j.placement.worker_ids)
         ]
         await self.dispatch.redeliver(placed, secrets)
+        for job in self.jobs.active():
+            if job.cancel_requested and job.placement is not None:
+                self.dispatch.stop(job)
+                self._cancel_asked[job.id] = self.clock.monotonic()
 
     def _live(self, worker_id: str) -> bool:
         w = self.workers.get(worker_id)

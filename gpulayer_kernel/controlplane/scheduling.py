@@ -7,6 +7,15 @@ plan: placements through the job table's commit path, assignments through the di
 pending reports onto waiting jobs. Reservations carry from one pass to the next. The scheduler
 has no clock, so when the next waiting gang job becomes old enough to reserve devices, a timer on
 the control plane's clock runs a pass for it.
+
+One bad worker must not stop the cluster: a pass that raises is run again per worker to find the
+workers whose data makes it fail; those are set aside (``WorkerInfo.unschedulable``, with the
+error) and the pass goes on without them. Workers under suspicion or set aside stay in the
+snapshot, held back (``WorkerView.hold``), so reports count them.
+
+A job that no worker here can ever run (``PlacementReport.never_fits``) fails at its first pass,
+saying what exists, unless it asked to wait for capacity (``JobSpec.wait_for_capacity``). With no
+workers at all it waits (one may join); a job naming a worker that is known but gone waits for it.
 """
 
 from __future__ import annotations
@@ -14,17 +23,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import replace
 
 from ..clock import SYSTEM_CLOCK, Clock, Timer
-from ..contracts import Job, JobState, Placement, PlacementReport
+from ..contracts import (
+    Job,
+    JobState,
+    Placement,
+    PlacementReport,
+    Reason,
+    WorkerCapabilities,
+    WorkerInfo,
+)
 from ..scheduler import (
     JobRequest,
+    Plan,
     Reservation,
     RunningJob,
     SchedulerCache,
     Snapshot,
     WorkerView,
     gc_paused,
+    never_sentence,
     schedule,
 )
 from ..store import MetadataStore
@@ -34,6 +54,8 @@ from .logs import LogTails
 from .workers import WorkerRegistry
 
 log = logging.getLogger("gpulayer.controlplane")
+# What the scheduler reads of a worker set aside: nothing of its own data, which broke a pass.
+SET_ASIDE = WorkerCapabilities()
 
 
 class SchedulingLoop:
@@ -63,6 +85,7 @@ class SchedulingLoop:
         # the Jupyter server extension) may turn this on, never a kernel running user code.
         self.pause_gc = False
         self.reservations: dict[str, Reservation] = {}
+        self.fresh: set[str] = set()  # jobs submitted since the last pass: never-fit is decided
         self._pending = False
         self._timer: Timer | None = None
         self.running = False
@@ -117,17 +140,8 @@ class SchedulingLoop:
                             ends_by=ends_by,
                         )
                     )
-        workers = tuple(
-            WorkerView(
-                id=w.id,
-                name=w.name,
-                state=w.state,
-                labels=w.labels,
-                capabilities=w.capabilities,
-                running=tuple(running.get(w.id, ())),
-            )
-            for w in self.workers.live()
-        )
+        suspected = self.workers.suspected
+        workers = tuple(_view(w, running, suspected(w.id)) for w in self.workers.live())
         return Snapshot(
             now=now,
             pending=tuple(pending),
@@ -145,7 +159,10 @@ class SchedulingLoop:
         if job.state == JobState.QUEUED:
             # Asked before this control plane's first pass (e.g. a fresh CLI process): the
             # scheduler is a pure function, so ask it now rather than say "not yet known".
-            report = schedule(self.snapshot(), self.cache).pending.get(job.id)
+            try:
+                report = schedule(self.snapshot(), self.cache).pending.get(job.id)
+            except Exception:  # a bad worker: the next pass sets it aside
+                report = None
             if report is not None:
                 return report.sentence
             return f"job {job.id} is queued and about to be placed"
@@ -155,8 +172,8 @@ class SchedulingLoop:
         self._pending = False
         if not self.running:
             return
-        with gc_paused() if self.pause_gc else contextlib.nullcontext():
-            plan = schedule(self.snapshot(), self.cache)
+        fresh, self.fresh = self.fresh, set()  # before the snapshot: each is in this pass
+        plan = await self.plan()
         self.reservations = dict(plan.reservations)
         now = self.clock.now()
         placed: list[Change] = []
@@ -174,6 +191,11 @@ class SchedulingLoop:
             job = self.jobs.active_job(job_id)
             if job is None or job.state != JobState.QUEUED or job.pending == report:
                 continue
+            if job_id in fresh and self._never(job, report):
+                sentence = never_sentence(report, job.spec.resources)
+                await self.logs.system(job_id, sentence)
+                await self.jobs.commit(job_id, JobState.FAILED, reason=sentence)
+                continue
             # A change of queue position alone is not announced: every finish would otherwise
             # emit one event per waiting job. Readers of the job see the current position.
             changed = job.pending is None or _reasons(job.pending) != _reasons(report)
@@ -181,6 +203,34 @@ class SchedulingLoop:
         self._arm_reservation_timer(now)
         if placed:
             await self._hand_out(placed)
+
+    async def plan(self) -> Plan:
+        """One pass of the scheduler; workers whose data makes it raise are set aside first."""
+        for _ in range(3):
+            snapshot = self.snapshot()
+            try:
+                with gc_paused() if self.pause_gc else contextlib.nullcontext():
+                    return schedule(snapshot, self.cache)
+            except Exception as exc:
+                culprits = _culprits(snapshot)
+                if not culprits:
+                    raise
+                for worker, why in culprits:
+                    log.error(
+                        "worker %s set aside: a scheduling pass failed on it: %s", worker.name, why
+                    )
+                    await self.workers.set_aside(
+                        worker.id, f"a scheduling pass failed on it: {why}"
+                    )
+                log.debug("scheduling pass failed", exc_info=exc)
+        return schedule(self.snapshot(), self.cache)
+
+    def _never(self, job: Job, report: PlacementReport) -> bool:
+        """Fail this waiting job now: nothing here can ever run it and it did not ask to wait."""
+        if job.spec.wait_for_capacity or not report.never_fits:
+            return False
+        named = job.spec.resources.worker
+        return named is None or not self.workers.gone_named(named)
 
     async def _hand_out(self, placed: list[Change]) -> None:
         """Fail placements missing a secret; write the rest and give them to their workers."""
@@ -232,6 +282,47 @@ class SchedulingLoop:
             self._timer = None
         if due and self.running:
             self._timer = self.clock.call_later(min(due) - now + 0.01, self.kick)
+
+
+def _view(w: WorkerInfo, running: dict[str, list[RunningJob]], suspected: bool) -> WorkerView:
+    """The worker as the scheduler sees it; one held back takes no work but is counted."""
+    if w.unschedulable is not None:
+        return WorkerView(w.id, w.name, w.state, {}, SET_ASIDE, (), Reason.UNSCHEDULABLE)
+    return WorkerView(
+        id=w.id,
+        name=w.name,
+        state=w.state,
+        labels=w.labels,
+        capabilities=w.capabilities,
+        running=tuple(running.get(w.id, ())),
+        hold=Reason.WORKER_SUSPECT if suspected else None,
+    )
+
+
+def _culprits(snapshot: Snapshot) -> list[tuple[WorkerView, str]]:
+    """The workers on whose data a pass raises: each is tried alone (cheaply without the queue
+    first), with a fresh cache. Empty when no single worker explains the failure (nor when
+    every one does, and the pass fails without workers too: the queue is at fault then)."""
+
+    def fails(workers: tuple[WorkerView, ...], pending: tuple[JobRequest, ...]) -> str | None:
+        trial = replace(snapshot, workers=workers, pending=pending, reservations={})
+        try:
+            schedule(trial, SchedulerCache())
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"[:300] or type(exc).__name__
+        return None
+
+    for pending in ((), snapshot.pending):
+        found = []
+        for w in snapshot.workers:
+            why = fails((w,), pending)
+            if why is not None:
+                found.append((w, why))
+        if found and len(found) == len(snapshot.workers) and fails((), pending) is not None:
+            return []
+        if found:
+            return found
+    return []
 
 
 def _describe(p: Placement | None) -> str:

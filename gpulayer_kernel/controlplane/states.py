@@ -6,7 +6,8 @@ nothing else in the control plane changes a job.
 ```
 queued ──► placed ──► running ──► succeeded | failed | cancelled | lost
   │          │  └──► failed (could not launch) | cancelled | lost
-  └──► cancelled      └──► queued (retry / requeue)       running ──► queued (retry)
+  │          └──► queued (retry / requeue)                running ──► queued (retry)
+  └──► cancelled | failed (no worker here can ever run it, and it did not ask to wait)
 ```
 
 A move may set any field (a placement, a finish time, an attempt count). Without a move, only the
@@ -25,7 +26,7 @@ Q, P, R = JobState.QUEUED, JobState.PLACED, JobState.RUNNING
 S, F, C, L = JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.LOST
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    Q: frozenset({P, C}),
+    Q: frozenset({P, C, F}),
     P: frozenset({R, F, C, L, Q}),
     R: frozenset({S, F, C, L, Q}),
     S: frozenset(),

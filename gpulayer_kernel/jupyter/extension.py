@@ -74,6 +74,7 @@ class ControlPlaneHost:
             local_worker=local_worker,
             simulate_gpus=simulate_gpus or None,
             heartbeat_timeout=heartbeat_timeout,
+            pause_gc=True,
         )
         self.tokens = TokenService(self.embedded.store)
         self.context = make_context(self.embedded.cp, self.tokens)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import render
 from ..contracts import Artifact, Job, JobState
-from ..errors import GPUlayerError, NotFound
+from ..errors import GPUlayerError
 from .bridge import Bridge, Update
 
 if TYPE_CHECKING:
@@ -148,16 +148,8 @@ class JobHandle:
         return list(self.job.artifacts)
 
     def read_artifact(self, name: str) -> bytes:
-        """The content of one artifact."""
-        for a in self.job.artifacts:
-            if a.name == name:
-                return self._bridge.get_blob(a.digest)
-        names = ", ".join(a.name for a in self._last.artifacts) or "none"
-        raise NotFound(
-            f"job {self.id} has no artifact {name!r} (it has: {names})",
-            hint="a job's artifacts are the files it writes to $GPULAYER_OUTPUT",
-            code="artifact_not_found",
-        )
+        """The content of one artifact (by name; a gang's ``rank0/x`` also answers to ``x``)."""
+        return self._bridge.get_blob(render.find_artifact(self.job, name).digest)
 
     def download(self, name: str, dest: str | Path | None = None) -> Path:
         """Save one artifact to ``dest`` (default: its own name in the current directory)."""

@@ -3,21 +3,18 @@
 ``%load_ext gpulayer_kernel`` registers both and opens the kernel's bridge in the background: to
 the served control plane when ``GPULAYER_URL`` is set (the Jupyter server extension sets it), else
 to the embedded default in this process, so a notebook runs the same in JupyterLab, plain IPython,
-nbconvert or nbval. A thin edge: parse the options, bundle the cell, call the control plane,
-render. The cell source (+ ``--files``) becomes a content-addressed bundle uploaded only when the
-control plane lacks its digest; the worker runs it with ``python -m gpulayer_kernel.runner
-cell:cell.py``.
+nbconvert or nbval. A thin edge: parse the options, build the job from them (``cellspec.py``:
+bundle, ``--in`` values, ``--env``, the notebook label), call the control plane, render. The cell
+source (+ ``--files``) becomes a content-addressed bundle uploaded only when the control plane
+lacks its digest; the worker runs it with ``python -m gpulayer_kernel.runner cell:cell.py``.
 """
 
 from __future__ import annotations
 
-import ast
 import getpass
-import json
 import os
 import shlex
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from IPython.core import magic, magic_arguments
@@ -26,34 +23,24 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 
-from .. import bundles, render
-from ..contracts import Job, JobSpec, JobState, ensure_json, parse, parse_pairs
-from ..errors import GPUlayerError, InvalidInput, NotJSON
+from .. import render
+from ..contracts import Job, JobSpec, JobState, parse
+from ..errors import GPUlayerError
 from .bridge import Bridge, Target, get_bridge, reconnect
+from .cellspec import (
+    CELL_FILE,
+    NOTEBOOK_LABEL,
+    bundle,
+    cell_error,
+    cell_inputs,
+    check_syntax,
+    env_values,
+    notebook_path,
+)
 from .handle import CellError, JobHandle, NoResult, follow, result_of
 
-CELL_FILE = "cell.py"
-# Line 1 of cell.py stands for the %%gpulayer line, so traceback line numbers match the cell.
-CELL_HEADER = "# %%gpulayer cell (this line stands for the magic line)\n"
 DISPLAY_ENV = "GPULAYER_DISPLAY"
 DISPLAY_MODES = ("auto", "widget", "text")
-IN_HINT = (
-    "--in sends plain JSON (numbers, strings, lists, dicts). For a tensor or an array, send a "
-    "list (x.tolist()) when it is small, or save it to a file (torch.save, numpy.save) and send "
-    "the file with --files PATH; a job's own files come back as artifacts"
-)
-# JobSpec fields named by a validation error, and the option the user typed.
-_OPTION_OF = {
-    "resources.gpus": "--gpus",
-    "resources.nodes": "--nodes",
-    "resources.gpu_kind": "--gpu-kind",
-    "resources.worker": "--worker",
-    "timeout": "--timeout",
-    "retries": "--retries",
-    "env": "--env",
-    "secrets": "--secret",
-    "name": "--name",
-}
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 # IPython's magic_arguments is untyped, and its magic markers return a union; typed views of them:
@@ -94,22 +81,6 @@ def display_mode() -> str:
     return "widget" if os.environ.get("JPY_SESSION_NAME") else "text"
 
 
-def _error(exc: GPUlayerError) -> CellError:
-    """A GPUlayer error, shown in the cell as its message and hint (no internal traceback)."""
-    message = exc.message
-    for field, option in _OPTION_OF.items():
-        message = message.replace(f"JobSpec: {field}:", f"{option}:")
-    return CellError(message, hint=exc.hint, details=exc.details, code=exc.code)
-
-
-def _pairs(values: list[str], flag: str) -> dict[str, str]:
-    """KEY=VALUE options as a dict; a bad item is the cell's error, worded as everywhere else."""
-    try:
-        return parse_pairs(values, flag)
-    except InvalidInput as exc:
-        raise CellError(exc.message, hint=exc.hint, details=exc.details) from None
-
-
 @magics_class
 class GPUlayerMagics(Magics):
     """``%%gpulayer`` (run a cell as a job) and ``%gpulayer`` (status, jobs, logs, cancel...)."""
@@ -140,7 +111,20 @@ class GPUlayerMagics(Magics):
     @argument("--nodes", type=int, default=1, metavar="M", help="workers for a multi-node gang")
     @argument("--timeout", type=float, default=None, metavar="SECONDS", help="kill it after this")
     @argument("--retries", type=int, default=0, metavar="N", help="re-runs after a failure")
-    @argument("--env", action="append", default=[], metavar="K=V", help="environment variable")
+    @argument(
+        "--wait",
+        action="store_true",
+        help="keep the job queued when no worker can ever run it (one may join); without it "
+        "such a job fails at once, saying what exists",
+    )
+    @argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="an environment variable of the job; NAME alone passes the kernel's value (a job "
+        "inherits none of the kernel's environment)",
+    )
     @argument(
         "--secret",
         action="append",
@@ -201,7 +185,7 @@ class GPUlayerMagics(Magics):
         except CellError:
             raise
         except GPUlayerError as exc:
-            raise _error(exc) from None
+            raise cell_error(exc) from None
 
     def _run_cell(self, args: Any, cell: str) -> JobHandle | None:
         global _last
@@ -215,9 +199,10 @@ class GPUlayerMagics(Magics):
                 raise CellError(f"{flag} {name!r} is not a valid Python variable name")
         if not cell.strip():
             raise CellError("the cell is empty", hint="write the code to run below %%gpulayer")
-        _check_syntax(cell)
-        inputs = self._inputs(args.inputs)
-        digest, data = _bundle(cell, args.files)
+        check_syntax(cell)
+        inputs = cell_inputs(self.ns, args.inputs)
+        digest, data = bundle(cell, args.files)
+        notebook = notebook_path(self.ns)
         spec = parse(
             JobSpec,
             {
@@ -235,10 +220,12 @@ class GPUlayerMagics(Magics):
                     "fallback": [args.fallback] if args.fallback else [],
                     "worker": args.worker,
                 },
-                "env": _pairs(args.env, "--env"),
+                "env": env_values(args.env),
                 "secrets": args.secret,
+                "labels": {NOTEBOOK_LABEL: notebook} if notebook else {},
                 "timeout": args.timeout,
                 "retries": args.retries,
+                "wait_for_capacity": args.wait,
             },
         )
         bridge = get_bridge()
@@ -272,27 +259,6 @@ class GPUlayerMagics(Magics):
             self.ns[args.out] = value
         return None
 
-    def _inputs(self, specs: list[str]) -> dict[str, Any]:
-        names = [n.strip() for s in specs for n in s.split(",") if n.strip()]
-        out: dict[str, Any] = {}
-        for name in names:
-            if not name.isidentifier():
-                raise CellError(f"--in {name!r} is not a variable name", hint="write --in a,b")
-            if name not in self.ns:
-                raise CellError(
-                    f"--in {name}: there is no variable {name!r} in the kernel",
-                    hint="define it in a cell above first",
-                )
-            try:
-                ensure_json(self.ns[name], f"--in {name}")
-            except NotJSON as exc:
-                raise CellError(
-                    exc.message, hint=IN_HINT, details=exc.details, code=exc.code
-                ) from None
-            # Tuples become lists here, as they would on the wire.
-            out[name] = json.loads(json.dumps(self.ns[name]))
-        return out
-
     # -- %gpulayer ---------------------------------------------------------------------------------
 
     @line_magic("gpulayer")
@@ -315,7 +281,7 @@ class GPUlayerMagics(Magics):
         try:
             return handler(self, words[1:])
         except GPUlayerError as exc:
-            raise exc if isinstance(exc, CellError) else _error(exc) from None
+            raise exc if isinstance(exc, CellError) else cell_error(exc) from None
 
     def _status(self, argv: list[str]) -> None:
         _parser("status").parse_args(argv)
@@ -450,31 +416,6 @@ _LINE_HELP = """\
                               use an embedded control plane in this kernel
   display auto|widget|text    how %%gpulayer cells show jobs
 Run a cell as a job with %%gpulayer; see its options with %%gpulayer --help."""
-
-
-def _check_syntax(cell: str) -> None:
-    try:
-        ast.parse(CELL_HEADER + cell, filename=CELL_FILE)
-    except SyntaxError as exc:
-        raise CellError(
-            f"line {exc.lineno} of the cell: {exc.msg}",
-            hint="a %%gpulayer cell runs as plain Python on the worker (no ! or % lines)",
-            code="cell_syntax",
-        ) from None
-
-
-def _bundle(cell: str, files: list[str]) -> tuple[str, bytes]:
-    """The cell (+ files) as a content-addressed bundle: same source, same digest."""
-    source = (CELL_HEADER + cell).encode()
-    digest, data = bundles.build_from_paths(
-        [Path(f) for f in files], Path.cwd(), extra={CELL_FILE: source}
-    )
-    if files and bundles.read_files(data).get(CELL_FILE) != source:
-        raise CellError(
-            f"--files: a file named {CELL_FILE} would replace the cell's own source",
-            hint=f"rename it; {CELL_FILE} at the top of the bundle is the cell",
-        )
-    return digest, data
 
 
 def _widget(bridge: Bridge, job: Job, *, blocking: bool) -> Any:

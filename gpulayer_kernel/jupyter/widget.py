@@ -125,7 +125,9 @@ class JobWidget(anywidget.AnyWidget):
             self.ranks = render.ranks(job)
 
     def add_logs(self, records: Sequence[LogRecord]) -> None:
-        lines = [[r.stream, r.rank, r.text] for r in records]
+        # A progress bar's redraws (``\r``) arrive as one line: show its last state, as a
+        # terminal would (render.visible), not every redraw run together.
+        lines = [[r.stream, r.rank, render.visible(r.text)] for r in records]
         self._tail.extend(lines)
         self.send({"type": "logs", "lines": lines})
 

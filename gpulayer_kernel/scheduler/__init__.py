@@ -8,7 +8,7 @@ Stages (see README.md beside this file): ``feasible`` → ``rank`` → ``plan`` 
 from __future__ import annotations
 
 from .cache import SchedulerCache
-from .explain import render
+from .explain import never_sentence, render
 from .model import Assignment, JobRequest, Plan, Reservation, RunningJob, Snapshot, WorkerView
 from .plan import gc_paused, schedule
 
@@ -22,6 +22,7 @@ __all__ = [
     "Snapshot",
     "WorkerView",
     "gc_paused",
+    "never_sentence",
     "render",
     "schedule",
 ]

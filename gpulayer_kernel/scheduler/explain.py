@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..capabilities.kinds import format_bytes
-from ..contracts import PlacementReport, Reason, ReasonCount
+from ..contracts import PlacementReport, Reason, ReasonCount, Resources
 from .cache import Memo
 from .feasible import Shape
 
@@ -32,6 +32,8 @@ NO_WORKERS = "no workers have joined yet; start one with `gpulayer worker`"
 # The documented check order; ties in a sentence follow it.
 STAGE_ORDER: tuple[Reason, ...] = (
     Reason.WORKER_NOT_READY,
+    Reason.UNSCHEDULABLE,
+    Reason.WORKER_SUSPECT,
     Reason.CORDONED,
     Reason.DRAINING,
     Reason.SELECTOR_MISMATCH,
@@ -54,6 +56,8 @@ _STAGE = {code: i for i, code in enumerate(STAGE_ORDER)}
 _COPULA = frozenset(
     {
         Reason.WORKER_NOT_READY,
+        Reason.UNSCHEDULABLE,
+        Reason.WORKER_SUSPECT,
         Reason.CORDONED,
         Reason.DRAINING,
         Reason.NAME_MISMATCH,
@@ -77,6 +81,10 @@ def detail(
     """The human detail beside ``code`` for a job of ``shape`` (a phrase after has/have, is/are)."""
     if code is Reason.WORKER_NOT_READY:
         return "not ready (lost or offline)"
+    if code is Reason.UNSCHEDULABLE:
+        return "set aside as unschedulable (see `gpulayer workers`)"
+    if code is Reason.WORKER_SUSPECT:
+        return "suspect (its connection closed)"
     if code is Reason.CORDONED:
         return "cordoned"
     if code is Reason.DRAINING:
@@ -123,10 +131,7 @@ def _with_note(text: str, helps: bool) -> str:
 
 
 def _part(rc: ReasonCount) -> str:
-    one, many = ("is", "are") if rc.code in _COPULA else ("has", "have")
-    return (
-        f"{rc.workers} {one if rc.workers == 1 else many} {_with_note(rc.detail, rc.waiting_helps)}"
-    )
+    return f"{rc.workers} {_verb(rc)} {_with_note(rc.detail, rc.waiting_helps)}"
 
 
 def _position(position: int | None) -> str:
@@ -162,6 +167,8 @@ def make_report(
     reservation: Sequence[str] = (),
     candidates: Sequence[str] = (),
     counts_memo: Memo[tuple[Reason, int, str], ReasonCount] | None = None,
+    largest_gpus: int | None = None,
+    largest_cpus: int | None = None,
 ) -> PlacementReport:
     """A report template (``job_id`` empty) from per-reason worker counts. ``counts_memo``
     shares one ``ReasonCount`` between reports that count the same thing (frozen, equal by
@@ -189,6 +196,8 @@ def make_report(
         reservation=list(reservation),
         nodes=shape.nodes,
         candidates=list(candidates),
+        largest_gpus=largest_gpus,
+        largest_cpus=largest_cpus,
     )
     return template
 
@@ -210,6 +219,56 @@ def finish(
     return template.model_copy(
         update={"job_id": job_id, "position": position, "sentence": sentence}
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# jobs that can never fit
+
+
+def never_sentence(report: PlacementReport, r: Resources) -> str:
+    """Why a job that no worker here can ever run (``report.never_fits``) fails, saying what
+    exists: ``job 3f2a9c1d can never run on the workers here: it needs 4 GPUs on one worker,
+    and the largest worker has 2. 1 has too few suitable GPUs in all (need 4), 1 has no GPUs.
+    Submit it with --wait to keep it queued until a worker that can run it joins.``"""
+    codes = sorted(report.filtered, key=lambda rc: (-rc.workers, _STAGE[rc.code]))
+    first = codes[0].code if codes else None
+    per_node = f"{_gpus(r.gpus)} on " + (
+        f"each of {r.nodes} workers" if r.nodes > 1 else "one worker"
+    )
+    kinds = " or ".join(r.gpu_kind)
+    memory = f" with {format_bytes(r.gpu_memory_min)} or more" if r.gpu_memory_min else ""
+    which = (f" of kind {kinds}" if kinds else "") + memory
+    if first is Reason.TOO_FEW_NODES:
+        n = codes[0].workers
+        what = f"{r.nodes} workers at once, and only {n} {'is' if n == 1 else 'are'} suitable"
+    elif first is Reason.CPUS_TOTAL and r.cpus is not None:
+        what = f"{r.cpus:g} CPUs, and the largest worker has {report.largest_cpus or 0}"
+    elif first is Reason.SELECTOR_MISMATCH:
+        wanted = ", ".join(f"{k}={v}" for k, v in sorted(r.selector.items()))
+        what = f"a worker labelled {wanted}, and none is"
+    elif first is Reason.NAME_MISMATCH:
+        what = f"the worker {r.worker}, and no worker has that name"
+    elif r.gpus and report.largest_gpus is not None:
+        has = report.largest_gpus
+        what = f"{per_node}{which}, and " + (
+            f"the largest worker has {has}" if has else "no worker has any"
+        )
+    else:
+        what = f"{per_node}{which}"
+    body = ", ".join(
+        f"{rc.workers} {_verb(rc)} {rc.detail}"
+        for rc in sorted(report.filtered, key=lambda rc: (-rc.workers, _STAGE[rc.code]))
+    )
+    return (
+        f"job {short(report.job_id)} can never run on the workers here: it needs {what}. "
+        f"{body[:1].upper()}{body[1:]}. Submit it with --wait to keep it queued until a worker "
+        "that can run it joins."
+    )
+
+
+def _verb(rc: ReasonCount) -> str:
+    one, many = ("is", "are") if rc.code in _COPULA else ("has", "have")
+    return one if rc.workers == 1 else many
 
 
 # ------------------------------------------------------------------------------------------------

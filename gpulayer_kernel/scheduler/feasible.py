@@ -13,7 +13,8 @@ split every worker into its own class).
 
 Checks run cheapest first, in this documented order, and the first failure is the reason:
 
-1. state            READY/BUSY take work; CORDONED, DRAINING, anything else do not
+1. state            READY/BUSY take work (unless held back: suspect, set aside as
+                    unschedulable); CORDONED, DRAINING, anything else do not
 2. labels, name     ``selector`` must match (per worker); ``worker`` must be this worker's name
 3. GPUs and kind    a GPU job needs accelerators (or asked ``fallback=["cpu"]`` and this worker has
                     none); one of them must be of a kind the job accepts
@@ -202,9 +203,10 @@ class WorkerClass:
     members: list[int]
 
 
-def state_reason(state: WorkerState) -> Reason | None:
+def state_reason(state: WorkerState, hold: Reason | None = None) -> Reason | None:
+    """Why a worker in ``state`` (held back for ``hold``, if set) takes no work; None: it does."""
     if state in TAKES_WORK:
-        return None
+        return hold
     if state == WorkerState.CORDONED:
         return Reason.CORDONED
     if state == WorkerState.DRAINING:
@@ -219,11 +221,15 @@ def class_key(
     name: str,
     cpu_asks: Sequence[float],
     names: frozenset[str],
+    hold: Reason | None = None,
 ) -> tuple[object, ...]:
     """Workers with equal keys are one class. ``cpu_asks`` are the distinct ``cpus`` values the
-    queue asks for, ascending: what matters is how many of them the host can hold."""
+    queue asks for, ascending: what matters is how many of them the host can hold. A held-back
+    worker (suspect, set aside) takes no work, like one whose state takes none."""
     if state not in TAKES_WORK:
         return ("down", state)
+    if hold is not None:
+        return ("held", hold)
     return (profile.uid, state, bisect_right(cpu_asks, host_cpus), name if name in names else None)
 
 
@@ -315,6 +321,21 @@ def gpu_fit(shape: Shape, p: Profile) -> Fit:
     if not any(masks):
         return _FITS[Reason.TOO_FEW_GPUS_TOTAL]
     return Fit(None, masks=tuple(masks))
+
+
+def suitable_count(shape: Shape, p: Profile) -> int:
+    """The most usable devices on ``p`` that one kind choice of ``shape`` accepts (kind and
+    memory): what a worker has, to say so when a job can never fit anywhere."""
+    sim = p.sim_mask
+    best = 0
+    for c in shape.choices:
+        n = sum(
+            1
+            for index, kind in p.kinds.items()
+            if _kind_matches(c, kind, bool(sim >> index & 1)) and p.memory[index] >= c.memory_min
+        )
+        best = max(best, n)
+    return best
 
 
 def check(shape: Shape, cls: WorkerClass, gpu: Callable[[Shape, Profile], Fit] = gpu_fit) -> Fit:

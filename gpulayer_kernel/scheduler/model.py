@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..contracts import Placement, PlacementReport, Resources, WorkerCapabilities, WorkerState
+from ..contracts import (
+    Placement,
+    PlacementReport,
+    Reason,
+    Resources,
+    WorkerCapabilities,
+    WorkerState,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +57,9 @@ class WorkerView:
     labels: Mapping[str, str]
     capabilities: WorkerCapabilities
     running: tuple[RunningJob, ...] = ()
+    # Why a worker in a state that takes work gets none now: ``Reason.WORKER_SUSPECT`` (its
+    # connection closed) or ``Reason.UNSCHEDULABLE`` (its data broke a pass). None: no hold.
+    hold: Reason | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,13 +110,12 @@ class _Pass:
         class_of: list[WorkerClass] = []
         profiles: list[Profile] = cache.profiles([w.capabilities for w in self.workers])
         for i, (w, p) in enumerate(zip(self.workers, profiles, strict=True)):
-            ck = class_key(p, w.state, p.host_cpus, w.name, cpu_asks, names)
+            ck = class_key(p, w.state, p.host_cpus, w.name, cpu_asks, names, w.hold)
             cls = classes.get(ck)
             if cls is None:
                 name = w.name if w.name in names else None
-                cls = WorkerClass(
-                    len(classes), p, w.state, state_reason(w.state), p.host_cpus, name, []
-                )
+                why = state_reason(w.state, w.hold)
+                cls = WorkerClass(len(classes), p, w.state, why, p.host_cpus, name, [])
                 classes[ck] = cls
             cls.members.append(i)
             class_of.append(cls)

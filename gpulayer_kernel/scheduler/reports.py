@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..contracts import PlacementReport, Reason, ReasonCount
 from .cache import Memo
 from .explain import make_report
-from .feasible import Fit, Shape, WorkerClass
+from .feasible import Fit, Shape, WorkerClass, suitable_count
 from .model import Reservation, WorkerView
 from .rank import Index
 
@@ -156,6 +156,7 @@ class Reports:
         qualifying = room + sum(dynamic.values())
         if shape.nodes > 1 and qualifying < shape.nodes:
             _add(counts, Reason.TOO_FEW_NODES, qualifying)
+            room = 0  # too few to run it at all: none of them "can run" it (issue 12, item 16)
         else:
             for code, n in dynamic.items():
                 _add(counts, code, n)
@@ -163,6 +164,10 @@ class Reports:
                 _add(counts, Reason.NOT_ENOUGH_NODES, room)
         ranked.sort()
         reservation = self.reservations.get(owner) if owner else None
+        largest_gpus = largest_cpus = None
+        if room == 0 and not dynamic:
+            # Nothing could take it, busy or not: say what exists (rare; one walk of profiles).
+            largest_gpus, largest_cpus = self.largest(shape)
         return make_report(
             shape,
             counts,
@@ -173,7 +178,22 @@ class Reports:
             reservation=sorted(reservation.devices) if reservation else (),
             candidates=[self.workers[i].name for _, _, i in ranked[:CANDIDATES]],
             counts_memo=self.counts_memo,
+            largest_gpus=largest_gpus,
+            largest_cpus=largest_cpus,
         )
+
+    def largest(self, shape: Shape) -> tuple[int | None, int | None]:
+        """The most suitable GPUs and the most CPUs on any one worker, whatever its state."""
+        gpus = cpus = None
+        if not shape.cpu_job:
+            seen: dict[int, int] = {}
+            for p in self.index.profiles:
+                if p.uid not in seen:
+                    seen[p.uid] = suitable_count(shape, p)
+            gpus = max(seen.values(), default=0)
+        if shape.cpus is not None:
+            cpus = max((p.host_cpus for p in self.index.profiles), default=0)
+        return gpus, cpus
 
     def _verdicts(
         self,

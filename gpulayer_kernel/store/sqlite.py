@@ -8,6 +8,7 @@ one shared transaction that carries every write queued while the previous one ra
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import sqlite3
 import time
@@ -17,10 +18,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiosqlite
+from pydantic import ValidationError
 
 from ..contracts import Job, LogRecord, WorkerInfo
 from ..errors import SchemaTooNew, StoreError, Unavailable
 from .base import JobQuery, MetadataStore, TokenRecord
+
+log = logging.getLogger("gpulayer.store")
 
 # Numbered migrations; each runs once, in its own transaction, and is recorded in the file.
 # Never edit a shipped migration: add a new one.
@@ -324,8 +328,20 @@ class SqliteStore(MetadataStore):
         await self._write(_UPSERT_WORKER, [(w.id, w.name, w.model_dump_json()) for w in workers])
 
     async def load_workers(self) -> list[WorkerInfo]:
-        rows = await self._fetchall("SELECT body FROM workers")
-        return [WorkerInfo.model_validate_json(r[0]) for r in rows]
+        rows = await self._fetchall("SELECT id, body FROM workers")
+        workers = []
+        for worker_id, body in rows:
+            try:
+                workers.append(WorkerInfo.model_validate_json(body))
+            except ValidationError as exc:
+                # A record stored before the contracts bounded it (an absurd device index) must
+                # not stop the control plane from starting: set it aside; the worker re-joins.
+                log.warning(
+                    "skipping stored worker %s: its record is no longer valid (%s)",
+                    worker_id,
+                    exc.errors(include_url=False)[0]["msg"],
+                )
+        return workers
 
     async def delete_worker(self, worker_id: str) -> None:
         await self._write("DELETE FROM workers WHERE id = ?", [(worker_id,)])

@@ -23,10 +23,32 @@ from typing import Any
 
 import torch
 
+from ..job import JOB_ID_ENV, OUTPUT_ENV
 from .errors import CheckpointInvalid
 
 FORMAT = "gpulayer.torch.checkpoint"
 VERSION = 1
+
+
+def artifact_name(path: Path) -> str | None:
+    """The name ``path`` comes back under as an artifact of this job; None when it won't.
+
+    Files under ``$GPULAYER_OUTPUT`` become artifacts named by their path below it; a gang's
+    ranks each write under ``rank<R>/`` (their ``$GPULAYER_OUTPUT`` ends in it), and that part
+    is in the name. The scratch path itself is gone once the job ends: the name is what
+    ``gpulayer artifacts JOB --get NAME`` and ``handle.download(NAME)`` take.
+    """
+    out = os.environ.get(OUTPUT_ENV)
+    if not out or JOB_ID_ENV not in os.environ:
+        return None
+    try:
+        relative = path.resolve().relative_to(Path(out).resolve()).as_posix()
+    except ValueError:
+        return None  # saved elsewhere (checkpoint_dir): not an artifact
+    rank = os.environ.get("RANK")
+    if rank is not None and Path(out).name == f"rank{rank}":
+        return f"rank{rank}/{relative}"
+    return relative
 
 
 def capture_rng(device: torch.device) -> dict[str, Any]:

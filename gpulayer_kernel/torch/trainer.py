@@ -22,7 +22,15 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from .. import job
 from ..errors import InvalidInput
-from .checkpoint import FORMAT, VERSION, capture_rng, load_checkpoint, restore_rng, save_checkpoint
+from .checkpoint import (
+    FORMAT,
+    VERSION,
+    artifact_name,
+    capture_rng,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
 from .config import TrainerConfig
 from .contract import (
     check_optimizers,
@@ -47,6 +55,8 @@ class FitResult:
     ``step`` counts optimizer steps done; ``epoch`` is the 0-based epoch counter, which
     advances when an epoch's data runs out; ``metrics`` are the last reduced values (``loss``,
     ``samples_per_s``, ``mfu``, ``lr``, ``val_*``); ``checkpoint`` is None when none was saved.
+    Inside a GPUlayer job ``checkpoint`` is a scratch path, gone when the job ends; ``artifact``
+    is the name it comes back under (``gpulayer artifacts JOB --get NAME``).
     """
 
     step: int
@@ -56,6 +66,8 @@ class FitResult:
     #: one entry per log boundary: ``{"step": …, "loss": …, …}`` (the loss curve); the values
     #: were reduced at that boundary anyway, so keeping them costs no extra device sync.
     history: list[dict[str, float | int | None]] = field(default_factory=list)
+    #: the last checkpoint's artifact name inside a GPUlayer job (None outside one)
+    artifact: str | None = None
 
 
 class Trainer:
@@ -118,8 +130,14 @@ class Trainer:
             run.at_end()
         finally:
             run.display.close()
+        saved = run.last_checkpoint
         return FitResult(
-            run.step, run.epoch, dict(run.metrics), run.last_checkpoint, list(run.history)
+            run.step,
+            run.epoch,
+            dict(run.metrics),
+            saved,
+            list(run.history),
+            artifact=artifact_name(saved) if saved is not None else None,
         )
 
 

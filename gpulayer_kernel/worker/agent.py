@@ -8,6 +8,12 @@ The agent owns what its jobs share on this machine: its warm runner (the zygote 
 fork from) and its rendezvous port reservations, handed to each :class:`JobExecutor`. Every wait
 (heartbeats, backoffs, the job timeouts of its executors) runs on one
 :class:`~gpulayer_kernel.clock.Clock`, so tests drive them with ``FakeClock``.
+
+What it runs is keyed by (job id, attempt). An assignment of an attempt it runs, or ran to the end
+lately, is a duplicate (a redelivery after a restart) and is ignored: an attempt runs once. A
+newer attempt of a job it still runs supersedes the old one, which is stopped; so is an attempt
+the control plane lists as stale (``Work.stop``) or refuses a report of (an ``AttemptTransport``
+tells the agent): its process is stopped and its reports dropped, as no crash.
 """
 
 from __future__ import annotations
@@ -15,22 +21,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..contracts import FinishReport, JobAssignment, WorkerInfo, WorkerRegistration
+from ..contracts import FinishReport, JobAssignment, Work, WorkerInfo, WorkerRegistration
 from ..errors import Conflict, GPUlayerError, NotFound, Unauthorized
 from .backoff import backoff
+from .bundlecache import BundleCache
 from .config import ExecutorConfig
 from .executor import JobExecutor
 from .ports import PortReservations
 from .processes import reap_leftovers
-from .transport import Transport
+from .transport import AttemptTransport, Transport
 from .zygote_client import WarmRunner
 
 __all__ = ["WorkerAgent", "backoff"]  # backoff: re-exported for the CLI's join loop
 
 log = logging.getLogger("gpulayer.worker")
+
+Attempt = tuple[str, int]  # (job id, attempt)
+# Attempts remembered after they ran to the end, so a late duplicate of one is not run again.
+DONE_KEPT = 4_096
 
 
 class WorkerAgent:
@@ -56,8 +68,10 @@ class WorkerAgent:
         # the embedded default beside a served one) never share a zygote or a port.
         self.warm_runner = WarmRunner(config, clock)
         self.ports = PortReservations()
+        self.bundles = BundleCache(config.work_root / "bundles", config.bundle_cache_bytes)
         self.info: WorkerInfo | None = None
-        self.running: dict[str, JobExecutor] = {}
+        self.running: dict[Attempt, JobExecutor] = {}
+        self._done: OrderedDict[Attempt, None] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -124,12 +138,7 @@ class WorkerAgent:
                 log.warning("polling for work failed (%s); retrying in %.1fs", exc, delay)
                 await self.clock.sleep(delay)
                 continue
-            for a in work.assignments:
-                self._start_job(a)
-            for job_id in work.cancel:
-                ex = self.running.get(job_id)
-                if ex is not None:
-                    ex.cancel(ex.job.reason or "cancelled")
+            self._take(work)
 
     async def _heartbeat_loop(self) -> None:
         while not self._stopping:
@@ -152,34 +161,62 @@ class WorkerAgent:
                 log.warning("%s failed (%s); retrying in %.1fs", name, exc, delay)
                 await self.clock.sleep(delay)
 
+    def _take(self, work: Work) -> None:
+        """Start new attempts, then stop what the control plane asks to stop."""
+        for a in work.assignments:
+            self._start_job(a)
+        for job_id in work.cancel:
+            for (held, _), ex in list(self.running.items()):
+                if held == job_id:
+                    ex.cancel(ex.job.reason or "cancelled")
+        for ref in work.stop:
+            self._stale((ref.job_id, ref.attempt))
+
+    def _stale(self, key: Attempt) -> None:
+        """The control plane moved on from this attempt: stop its process; its reports drop."""
+        ex = self.running.get(key)
+        if ex is not None:
+            ex.cancel(f"attempt {key[1]} of job {key[0]} is stale; stopped")
+
     def _start_job(self, a: JobAssignment) -> None:
-        if a.job.id in self.running:
-            return
+        key = (a.job.id, a.attempt)
+        if key in self.running or key in self._done:
+            return  # a duplicate (redelivered after a restart): an attempt runs once
+        for (job_id, attempt), old in list(self.running.items()):
+            if job_id != a.job.id:
+                continue
+            if attempt > a.attempt:
+                return  # an older attempt than the one running here: stale on arrival
+            old.cancel(f"superseded by attempt {a.attempt}")
         ex = JobExecutor(
             a,
-            self.transport,
+            AttemptTransport(self.transport, a.attempt, lambda: self._stale(key)),
             self.config,
             ports=self.ports,
             warm=self.warm_runner,
+            bundles=self.bundles,
             clock=self.clock,
         )
-        self.running[a.job.id] = ex
-        task = asyncio.create_task(self._run_job(ex))
+        self.running[key] = ex
+        task = asyncio.create_task(self._run_job(key, ex))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run_job(self, ex: JobExecutor) -> None:
-        job_id = ex.job.id
+    async def _run_job(self, key: Attempt, ex: JobExecutor) -> None:
         try:
             report = await ex.run()
-            await self._deliver(job_id, report)
+            await self._deliver(key[0], report.model_copy(update={"attempt": key[1]}))
         finally:
-            self.running.pop(job_id, None)
+            self.running.pop(key, None)
+            self._done[key] = None
+            while len(self._done) > DONE_KEPT:
+                self._done.popitem(last=False)
             await asyncio.to_thread(ex.cleanup)
 
     async def _deliver(self, job_id: str, report: FinishReport) -> None:
-        """Report a result until the control plane has it: a finished job's result is never lost."""
-        attempt = 0
+        """Report a result until the control plane has it: a finished job's result is never lost
+        (a stale attempt's is refused: dropped here)."""
+        tries = 0
         while True:
             try:
                 await self.transport.report_finished(job_id, report)
@@ -193,5 +230,5 @@ class WorkerAgent:
                     return
             except Exception as exc:  # noqa: BLE001 - server unreachable: keep trying
                 log.warning("reporting job %s failed (%s); will retry", job_id, exc)
-            await self.clock.sleep(backoff(attempt))
-            attempt += 1
+            await self.clock.sleep(backoff(tries))
+            tries += 1

@@ -19,7 +19,8 @@ class ExecutorConfig:
     python: str = sys.executable
     advertise_addr: str = "127.0.0.1"
     rendezvous_timeout: float = 120.0
-    bundle_cache: dict[str, bytes] = field(default_factory=dict)
+    # Unpacked bundles kept on disk (worker/bundlecache.py), least recently used evicted first.
+    bundle_cache_bytes: int = 2 << 30
     # Fork single-process Python jobs from a warm interpreter (worker/zygote.py): saves the job's
     # interpreter start-up and imports. GPULAYER_WARM_RUNNER=0 turns it off.
     warm_runner: bool = field(

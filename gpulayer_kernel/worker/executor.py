@@ -22,13 +22,13 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
-from .. import bundles
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import Artifact, FinishReport, JobAssignment, PythonWorkload
-from ..errors import GPUlayerError
+from ..errors import BundleError, GPUlayerError
 from ..job import ARGS_ENV, CONTROL_ENV, JOB_ID_ENV, OUTPUT_ENV, RESULT_ENV
 from ..redact import Redactor
 from . import reaper
+from .bundlecache import BundleCache, copy_tree
 from .config import ExecutorConfig
 from .control import ControlReader
 from .env import base_env, job_env
@@ -71,14 +71,21 @@ class JobExecutor:
         *,
         ports: PortReservations,
         warm: WarmRunner | None = None,
+        bundles: BundleCache | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        """``ports`` and ``warm`` are the worker's (its agent owns them); no ``warm``: cold only."""
+        """``ports``, ``warm`` and ``bundles`` are the worker's (its agent owns them); no
+        ``warm``: cold only; no ``bundles``: a cache of this executor's own in the work root."""
         self.a = assignment
         self.job = assignment.job
         self.transport = transport
         self.config = config
         self.warm = warm
+        self.bundles = bundles or BundleCache(
+            config.work_root / "bundles", config.bundle_cache_bytes
+        )
+        self._held: str | None = None  # the bundle this job holds in the cache
+        self._forced = False  # a stop had to SIGKILL the job
         self.clock = clock
         self.redactor = Redactor(assignment.secrets)
         self.shipper = LogShipper(self._send_logs, self.redactor, clock=clock)
@@ -104,6 +111,9 @@ class JobExecutor:
     async def run(self) -> FinishReport:
         try:
             report = await self._run()
+        except BundleError as exc:
+            self.system(f"error: {exc.message} (hint: {exc.hint})" if exc.hint else exc.message)
+            report = FinishReport(state="failed", reason=f"{exc.code}: {exc.message}")
         except GPUlayerError as exc:
             self.system(f"error: {exc}")
             report = FinishReport(state="failed", reason=exc.message)
@@ -115,6 +125,9 @@ class JobExecutor:
             report = FinishReport(state="failed", reason=f"worker error: {exc!r}")
         finally:
             self.launch.close()  # the process is gone: release the rendezvous port
+            if self._held is not None:
+                self.bundles.release(self._held)
+                self._held = None
             await self.shipper.close()
         return self._redacted(report)
 
@@ -154,8 +167,10 @@ class JobExecutor:
         cwd = self.dir
         if isinstance(workload, PythonWorkload):
             src = self.dir / "src"
-            data = await self._bundle(workload.bundle)
-            await asyncio.to_thread(bundles.unpack, data, workload.bundle, src)
+            digest = workload.bundle
+            cached = await self.bundles.acquire(digest, lambda: self.transport.fetch_blob(digest))
+            self._held = digest
+            await asyncio.to_thread(copy_tree, cached, src)
             args_file = self.dir / "args.json"
             args_file.write_text(json.dumps(workload.args))
             gl_env[ARGS_ENV] = str(args_file)
@@ -163,7 +178,16 @@ class JobExecutor:
             cwd = src
         else:
             argv = list(workload.argv)
-            if spec.workdir:
+            if workload.bundle is not None:
+                # `gpulayer run --files`: the command runs among its shipped files.
+                shipped = workload.bundle
+                cwd = self.dir / "src"
+                cached = await self.bundles.acquire(
+                    shipped, lambda: self.transport.fetch_blob(shipped)
+                )
+                self._held = shipped
+                await asyncio.to_thread(copy_tree, cached, cwd)
+            elif spec.workdir:
                 cwd = Path(spec.workdir)
                 if not cwd.is_dir():
                     raise GPUlayerError(
@@ -186,14 +210,6 @@ class JobExecutor:
             )
         argv = await self.launch.wrap(argv, env)
         return argv, env, cwd
-
-    async def _bundle(self, digest: str) -> bytes:
-        cache = self.config.bundle_cache
-        if digest not in cache:
-            data = await self.transport.fetch_blob(digest)
-            bundles.verify(data, digest)
-            cache[digest] = data
-        return cache[digest]
 
     async def _run(self) -> FinishReport:
         argv, env, cwd = await self._prepare()
@@ -247,7 +263,7 @@ class JobExecutor:
     def _pump_output(self, proc: Spawned) -> list[asyncio.Task[None]]:
         """Ship stdout and stderr line by line (tagged with ranks for a gang) until their EOF."""
         assert proc.stdout is not None and proc.stderr is not None
-        split = self.launch.splitter
+        split = self.launch.router
         return [
             asyncio.create_task(pump_stream(proc.stdout, "stdout", self.shipper, split("stdout"))),
             asyncio.create_task(pump_stream(proc.stderr, "stderr", self.shipper, split("stderr"))),
@@ -267,15 +283,21 @@ class JobExecutor:
         if outcome in ("cancelled", "timeout"):
             if outcome == "timeout":
                 self.system(reason)
+            # One convention for a job the worker stopped, whatever its launcher made of the
+            # signal (torchrun exits 1 after a SignalException): 128 + the signal that ended it.
+            stopped_by = signal.SIGKILL if self._forced else signal.SIGTERM
             return FinishReport(
                 state="cancelled" if outcome == "cancelled" else "failed",
-                exit_code=exit_code,
+                exit_code=128 + stopped_by,
                 reason=reason,
                 artifacts=await self._artifacts(),
             )
         artifacts = await self._artifacts()
         if code != 0:
             why = self.launch.failure_reason(code) or describe_exit(code)
+            note = self.launch.launcher_note()
+            if note:
+                self.system(note)
             if self.launch.peer_failure():
                 # Our rank only lost a peer on another node: let that node's report (the root
                 # cause) reach the control plane first; its cancel of this node ends the wait.
@@ -348,6 +370,7 @@ class JobExecutor:
             while group_alive(pgid) and self.clock.monotonic() < deadline:
                 await asyncio.sleep(GROUP_POLL)
         if self.proc.returncode is None:
+            self._forced = True  # the grace ran out: what is left is killed
             # The supervisor kills everything below it, even what left the group, then itself.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pgid, reaper.STOP)

@@ -8,7 +8,11 @@ Errors map onto what the agent already knows how to handle:
   fail a running job;
 * 401 → ``Unauthorized``: the agent re-joins; ``register`` first tries the worker's own session
   token (it keeps its id and gets a new session), then the join token;
-* 403 → ``Forbidden``, 404 → ``NotFound``, 409 → ``Conflict``: the job is not (or no longer) ours.
+* 403 → ``Forbidden``, 404 → ``NotFound``, 409 → ``Conflict``: the job is not (or no longer) ours;
+  409 ``stale_attempt`` says the attempt a report names is no longer current (stop it, drop it).
+
+Every report about a job names its attempt: in the body (logs, progress, finish, rendezvous) or
+as ``?attempt=`` (started, which has no body); none named means "the current one".
 
 Long-polls ask the server for at most its ``max_wait`` and give the HTTP request that much plus a
 margin, so the server always answers first and no assignment is lost in a client timeout.
@@ -152,15 +156,19 @@ class HttpTransport(Transport):
         )
         return Work.model_validate_json(resp.content)
 
-    async def report_started(self, job_id: str) -> None:
+    async def report_started(self, job_id: str, attempt: int | None = None) -> None:
+        params = None if attempt is None else {"attempt": str(attempt)}
         await self._retrying(
             f"reporting job {job_id} started",
-            lambda: self._request("POST", f"/worker/jobs/{job_id}/started"),
+            lambda: self._request("POST", f"/worker/jobs/{job_id}/started", params=params),
         )
 
-    async def append_logs(self, job_id: str, lines: list[LogLine]) -> None:
+    async def append_logs(
+        self, job_id: str, lines: list[LogLine], attempt: int | None = None
+    ) -> None:
+        named = "" if attempt is None else f'"attempt":{int(attempt)},'
         for chunk in _chunks(lines, MAX_LOG_REQUEST_BYTES):
-            body = '{"lines":[' + ",".join(line.model_dump_json() for line in chunk) + "]}"
+            body = "{" + named + '"lines":[' + ",".join(x.model_dump_json() for x in chunk) + "]}"
             await self._retrying(
                 f"sending logs of job {job_id}",
                 lambda body=body: self._request(  # type: ignore[misc]
@@ -168,8 +176,13 @@ class HttpTransport(Transport):
                 ),
             )
 
-    async def report_progress(self, job_id: str, fields: dict[str, Any]) -> None:
-        body = json.dumps({"fields": fields}, allow_nan=False)
+    async def report_progress(
+        self, job_id: str, fields: dict[str, Any], attempt: int | None = None
+    ) -> None:
+        data: dict[str, Any] = {"fields": fields}
+        if attempt is not None:
+            data["attempt"] = attempt
+        body = json.dumps(data, allow_nan=False)
         await self._request("POST", f"/worker/jobs/{job_id}/progress", body=body)
 
     async def report_finished(self, job_id: str, report: FinishReport) -> None:

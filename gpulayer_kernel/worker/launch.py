@@ -39,6 +39,8 @@ from .exits import describe_exit
 from .ports import PortReservations, interface_for
 from .transport import Transport
 
+LAUNCHER_LOGS_ENV = "GPULAYER_LAUNCHER_LOGS"
+"""Job setting: ``1`` ships torchrun's own lines (its error dump, its warnings) to the job's log."""
 TAIL_LINES = 12  # lines of the failing rank quoted in the job's failure reason
 MAX_TAIL_CHARS = 300  # per quoted line
 PEER_GRACE = 3.0  # seconds a node whose ranks only lost a peer waits for the root cause's report
@@ -117,6 +119,12 @@ class Launch:
         self._root: dict[str, str] = {}
         self._launcher_error: str | None = None
         self._addr_in_use = False
+        # torchrun's own lines (no rank prefix) are read for the failure reason but kept out of
+        # the log unless the job asks: a failing gang would show ~40 lines of ChildFailedError
+        # around the rank's own traceback, a cancelled one a SignalException, a finished
+        # multi-node one an exit-barrier error.
+        self.show_launcher = a.job.spec.env.get(LAUNCHER_LOGS_ENV, "") not in ("", "0")
+        self.hidden = 0
 
     # -- before the spawn ------------------------------------------------------------------------
 
@@ -156,7 +164,11 @@ class Launch:
         # torchrun would set 1 thread per rank itself and print a banner into every job's log;
         # share the host's cores between the ranks instead, unless the job chose.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.nproc)))
-        logs = Path(env[OUTPUT_ENV]).parent / "torchrun"  # in the job dir: removed with it
+        out = Path(env[OUTPUT_ENV])
+        for rank in range(self.rank_base, self.rank_base + self.nproc):
+            # Every rank finds its $GPULAYER_OUTPUT ready, as a single-process job does.
+            (out / f"rank{rank}").mkdir(parents=True, exist_ok=True)
+        logs = out.parent / "torchrun"  # in the job dir: removed with it
         launcher = [
             config.python,
             "-m",
@@ -228,6 +240,32 @@ class Launch:
             return None
         is_err = stream == "stderr"
         return lambda text: self.split(text, is_err)
+
+    def router(self, stream: str) -> Callable[[str], tuple[int | None, str] | None] | None:
+        """:meth:`splitter`, holding back torchrun's own lines (counted in :attr:`hidden`) unless
+        the job set ``GPULAYER_LAUNCHER_LOGS=1``; None when not a gang."""
+        split = self.splitter(stream)
+        if split is None or self.show_launcher:
+            return split
+
+        def route(text: str) -> tuple[int | None, str] | None:
+            assert split is not None
+            rank, body = split(text)
+            if rank is None:
+                self.hidden += 1
+                return None
+            return rank, body
+
+        return route
+
+    def launcher_note(self) -> str | None:
+        """For a failed gang whose launcher lines were held back: how to see them."""
+        if not self.hidden:
+            return None
+        return (
+            f"torchrun's own {self.hidden} line(s) (its error report) are not shown; "
+            f"run the job with --env {LAUNCHER_LOGS_ENV}=1 to see them"
+        )
 
     def split(self, text: str, is_err: bool = False) -> tuple[int | None, str]:
         """Take a torchrun-prefixed line apart into (global rank, text); remember the tail."""

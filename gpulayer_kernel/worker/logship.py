@@ -25,6 +25,8 @@ log = logging.getLogger("gpulayer.worker")
 
 MAX_BATCH = 2_000
 Stream = Literal["stdout", "stderr", "system"]
+# Tags a pipe's line with its rank; None holds the line back (a launcher's own noise).
+SplitRank = Callable[[str], "tuple[int | None, str] | None"]
 MAX_LINE = 64 * 1024  # characters of one line before it is shipped in pieces
 SEND_TIMEOUT = 30.0  # seconds one send may take before it counts as failed
 ATTEMPTS = 5  # sends of one batch before its lines are dropped
@@ -102,7 +104,7 @@ async def pump_stream(
     reader: asyncio.StreamReader,
     stream: Stream,
     shipper: LogShipper,
-    split_rank: Callable[[str], tuple[int | None, str]] | None = None,
+    split_rank: SplitRank | None = None,
 ) -> None:
     """Read a pipe to EOF and hand each complete line (without the newline) to the shipper.
 
@@ -113,6 +115,7 @@ async def pump_stream(
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     redactor = shipper.redactor
     partial = ""
+    emit = _Emitter(stream, shipper, split_rank)
     while True:
         chunk = await reader.read(65536)
         if not chunk:
@@ -120,25 +123,36 @@ async def pump_stream(
         partial += decoder.decode(chunk)
         *lines, partial = partial.split("\n")
         for text in lines:
-            _emit(text, stream, shipper, split_rank)
+            emit(text, last=True)
         # A line without end: ship it in pieces, holding back what a secret could straddle.
         while len(partial) >= MAX_LINE + redactor.window:
             n = redactor.cut(partial, MAX_LINE)
-            _emit(redactor.redact(partial[:n]), stream, shipper, split_rank)
+            emit(redactor.redact(partial[:n]), last=False)
             partial = partial[n:]
     partial += decoder.decode(b"", final=True)
     if partial:
-        _emit(partial, stream, shipper, split_rank)
+        emit(partial, last=True)
 
 
-def _emit(
-    text: str,
-    stream: Stream,
-    shipper: LogShipper,
-    split_rank: Callable[[str], tuple[int | None, str]] | None,
-) -> None:
-    text = text.rstrip("\r")
-    rank = None
-    if split_rank is not None:
-        rank, text = split_rank(text)
-    shipper.add(stream, text, rank)
+class _Emitter:
+    """Hands lines to the shipper; the pieces of one long line share its first piece's rank."""
+
+    def __init__(self, stream: Stream, shipper: LogShipper, split_rank: SplitRank | None) -> None:
+        self.stream = stream
+        self.shipper = shipper
+        self.split_rank = split_rank
+        self._piece_of: tuple[int | None, str] | None = None  # the line being continued
+
+    def __call__(self, text: str, last: bool) -> None:
+        text = text.rstrip("\r") if last else text
+        tagged: tuple[int | None, str] | None = (None, text)
+        if self._piece_of is not None:  # a continuation: same rank, and no prefix to parse
+            tagged = (self._piece_of[0], text) if self._piece_of[1] == "ship" else None
+        elif self.split_rank is not None:
+            tagged = self.split_rank(text)
+        if not last:
+            self._piece_of = (tagged[0] if tagged else None, "ship" if tagged else "hold")
+        else:
+            self._piece_of = None
+        if tagged is not None:
+            self.shipper.add(self.stream, tagged[1], tagged[0])

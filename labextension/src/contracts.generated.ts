@@ -50,10 +50,12 @@ export type Reason =
   | 'cpus_total'
   | 'draining'
   | 'too_few_nodes'
+  | 'unschedulable'
   | 'gpus_busy'
   | 'reserved'
   | 'cpus_busy'
-  | 'not_enough_nodes';
+  | 'not_enough_nodes'
+  | 'worker_suspect';
 export type JsonValue =
   null | boolean | number | string | JsonValue[] | { [key: string]: JsonValue };
 export type JobState =
@@ -106,6 +108,10 @@ export interface IJob {
    * why it failed, was cancelled or lost
    */
   reason: string | null;
+  /**
+   * attempts put back in the queue before they started (their worker was lost first): each got a new attempt number, but none counts against `retries`
+   */
+  requeues: number;
   result: JsonValue;
   seq: number;
   spec: IJobSpec;
@@ -125,6 +131,14 @@ export interface IPlacementReport {
   exhausted: IReasonCount[];
   filtered: IReasonCount[];
   job_id: string;
+  /**
+   * jobs asking for CPUs: the most CPUs on any one worker
+   */
+  largest_cpus: number | null;
+  /**
+   * GPU jobs: the most GPUs of an acceptable kind and memory on any one worker (whatever its state): what exists, for a job that can never fit
+   */
+  largest_gpus: number | null;
   /**
    * workers the job needs at once (multi-node gang)
    */
@@ -199,6 +213,10 @@ export interface IJobSpec {
    */
   timeout: number | null;
   /**
+   * keep waiting when no worker can ever run the job as asked (one may join); otherwise such a job fails at once, saying what exists
+   */
+  wait_for_capacity: boolean;
+  /**
    * directory on the worker to run a command in (it must exist there); default: the job's own scratch directory
    */
   workdir: string | null;
@@ -236,7 +254,7 @@ export interface IResources {
   worker: string | null;
 }
 /**
- * Run an argv as it is (no shell).
+ * Run an argv as it is (no shell); with ``bundle``, inside that bundle unpacked.
  */
 export interface ICommandWorkload {
   api_version: 'gpulayer/v1';
@@ -244,6 +262,10 @@ export interface ICommandWorkload {
    * @minItems 1
    */
   argv: [string, ...string[]];
+  /**
+   * a content-addressed bundle (`gpulayer run --files`), unpacked on the worker as the command's working directory (instead of `workdir`)
+   */
+  bundle: string | null;
   kind: 'command';
 }
 /**
@@ -292,7 +314,15 @@ export interface IWorkerInfo {
    */
   running: string[];
   state: WorkerState;
+  /**
+   * why this worker is under suspicion (its connection closed and it has not come back); no new work goes to it until it answers again or is declared lost
+   */
+  suspect: string | null;
   transport: 'inprocess' | 'http';
+  /**
+   * why the scheduler set this worker aside (its data made a scheduling pass fail); no new work goes to it until it joins again or an admin removes it
+   */
+  unschedulable: string | null;
 }
 /**
  * What a worker's probe found: host facts, devices, drivers and frameworks.
@@ -402,16 +432,24 @@ export interface IEventPage {
 export interface IFinishReport {
   api_version: 'gpulayer/v1';
   artifacts: IArtifact[];
+  /**
+   * the attempt this report comes from (its assignment's `attempt`); a report from an attempt that is no longer current is refused with 409 `stale_attempt`; absent: the current attempt
+   */
+  attempt: number | null;
   exit_code: number | null;
   reason: string | null;
   result: JsonValue;
   state: 'succeeded' | 'failed' | 'cancelled';
 }
 /**
- * One job handed to one worker: the job, this worker's share, and resolved secrets.
+ * One attempt of one job handed to one worker: the job, this worker's share, and secrets.
  */
 export interface IJobAssignment {
   api_version: 'gpulayer/v1';
+  /**
+   * which attempt of the job this is (the job's `attempts` count when it was placed): the worker keys what it runs by (job id, attempt) and names it in every report; absent (an older control plane): the job's `attempts`
+   */
+  attempt: number;
   job: IJob;
   nnodes: number;
   node: INodePlacement;
@@ -428,6 +466,10 @@ export interface IJobList {
 }
 export interface ILogBatch {
   api_version: 'gpulayer/v1';
+  /**
+   * the attempt this report comes from (its assignment's `attempt`); a report from an attempt that is no longer current is refused with 409 `stale_attempt`; absent: the current attempt
+   */
+  attempt: number | null;
   /**
    * @maxItems 10000
    */
@@ -460,6 +502,10 @@ export interface ILogRecord {
 }
 export interface IProgressReport {
   api_version: 'gpulayer/v1';
+  /**
+   * the attempt this report comes from (its assignment's `attempt`); a report from an attempt that is no longer current is refused with 409 `stale_attempt`; absent: the current attempt
+   */
+  attempt: number | null;
   fields: {
     [k: string]: JsonValue;
   };
@@ -469,6 +515,10 @@ export interface IProgressReport {
  */
 export interface IRendezvous {
   api_version: 'gpulayer/v1';
+  /**
+   * the attempt this report comes from (its assignment's `attempt`); a report from an attempt that is no longer current is refused with 409 `stale_attempt`; absent: the current attempt
+   */
+  attempt: number | null;
   master_addr: string;
   master_port: number;
 }
@@ -478,7 +528,22 @@ export interface IRendezvous {
 export interface IWork {
   api_version: 'gpulayer/v1';
   assignments: IJobAssignment[];
+  /**
+   * jobs to stop, whichever attempt of them runs here
+   */
   cancel: string[];
+  /**
+   * stale attempts to stop and drop: the job moved on (it was retried, or ended), so their reports are refused; a current attempt of the same job keeps running
+   */
+  stop: IAttemptRef[];
+}
+/**
+ * One attempt of one job (a job's attempts share its id).
+ */
+export interface IAttemptRef {
+  api_version: 'gpulayer/v1';
+  attempt: number;
+  job_id: string;
 }
 /**
  * What a worker sends when it joins.

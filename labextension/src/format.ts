@@ -230,3 +230,69 @@ export function notebookPath(label: string, serverRoot: string): string | null {
 export function rankPrefix(rank: number | null): string {
   return rank === null ? '' : `[r${rank}] `;
 }
+
+/**
+ * What a terminal shows of a log line written with carriage returns: its last redraw.
+ * A progress bar (tqdm, pip) redraws one line with `\r`, and the worker ships the line when
+ * its newline comes, every redraw in it; shown raw that reads "1/202/203/20…". The same
+ * rule as `render.visible` in Python (the CLI, the text view and the cell widget).
+ */
+export function visibleText(text: string): string {
+  if (!text.includes('\r')) {
+    return text;
+  }
+  const parts = text.split('\r');
+  for (let i = parts.length - 1; i >= 0; i--) {
+    if (parts[i]) {
+      return parts[i] as string;
+    }
+  }
+  return '';
+}
+
+/** Where a log view's follower is (logfollower.ts `LogStatus`). */
+export type LogViewStatus =
+  'loading' | 'following' | 'complete' | 'retrying' | 'missing';
+
+/**
+ * The log view's status words. A queued job has written nothing yet and may wait long:
+ * "waiting to start", not "loading…" until its first line.
+ */
+export function logStatusText(
+  status: LogViewStatus,
+  lines: number,
+  state: JobState | null,
+  error = ''
+): string {
+  const count = `${lines} line${lines === 1 ? '' : 's'}`;
+  const waiting = lines === 0 && (state === 'queued' || state === 'placed');
+  switch (status) {
+    case 'loading':
+    case 'following':
+      if (waiting) {
+        return state === 'queued' ? 'waiting to start' : 'starting…';
+      }
+      return status === 'loading' ? 'loading…' : `${count} · following`;
+    case 'complete':
+      return `${count} · complete`;
+    case 'retrying':
+      return `${count} · reconnecting (${error})`;
+    case 'missing':
+      return error;
+  }
+}
+
+/** The cancel dialog's words: a queued job has no processes to stop and is not running. */
+export function cancelDialogText(job: IJob): { body: string; keep: string } {
+  const who = `${job.spec.name} (${shortId(job.id)})`;
+  if (job.state === 'queued') {
+    return {
+      body: `${who} is queued and has not started. Cancelling takes it out of the queue.`,
+      keep: 'Keep it queued'
+    };
+  }
+  return {
+    body: `${who} is ${job.state}. Cancelling stops all its processes.`,
+    keep: 'Keep it running'
+  };
+}

@@ -20,7 +20,7 @@ import { PageConfig } from '@jupyterlab/coreutils';
 import type { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 
 import { APIError, GPUlayerAPI, IJob } from './api';
-import { notebookPath, shortId } from './format';
+import { cancelDialogText, notebookPath, shortId } from './format';
 import { gpulayerIcon } from './icon';
 import { LogView } from './logview';
 import { GPUlayerModel } from './model';
@@ -160,11 +160,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
         const id = jobIdArg(args);
         try {
           const job = await resolveJob(id);
+          const words = cancelDialogText(job);
           const answer = await showDialog({
             title: 'Cancel this job?',
-            body: `${job.spec.name} (${shortId(job.id)}) is ${job.state}. Cancelling stops all its processes.`,
+            body: words.body,
             buttons: [
-              Dialog.cancelButton({ label: 'Keep it running' }),
+              Dialog.cancelButton({ label: words.keep }),
               Dialog.warnButton({ label: 'Cancel job' })
             ]
           });

@@ -14,13 +14,15 @@ import {
   formatJobClock,
   formatPlacement,
   formatRequest,
+  logStatusText,
   rankPrefix,
-  shortId
+  shortId,
+  visibleText
 } from './format';
 import { LogFollower } from './logfollower';
 import type { GPUlayerModel } from './model';
 import { JobActions, IPanelActions } from './panel';
-import { ILogBuffer, logRanks } from './state';
+import { logRanks } from './state';
 
 /** The tab's content: one job's header and live log. */
 export class LogView extends ReactWidget {
@@ -156,7 +158,12 @@ function LogViewBody(props: {
           </label>
         )}
         <span className="gl-LogStatus" data-status={follower.status}>
-          {statusText(follower, buffer)}
+          {logStatusText(
+            follower.status,
+            buffer.records.length + buffer.dropped,
+            job?.state ?? null,
+            follower.error
+          )}
         </span>
       </div>
       <div
@@ -193,23 +200,6 @@ function LogViewBody(props: {
       )}
     </div>
   );
-}
-
-function statusText(follower: LogFollower, buffer: ILogBuffer): string {
-  const n = buffer.records.length + buffer.dropped;
-  const lines = `${n} line${n === 1 ? '' : 's'}`;
-  switch (follower.status) {
-    case 'loading':
-      return 'loading…';
-    case 'following':
-      return `${lines} · following`;
-    case 'complete':
-      return `${lines} · complete`;
-    case 'retrying':
-      return `${lines} · reconnecting (${follower.error})`;
-    case 'missing':
-      return follower.error;
-  }
 }
 
 function JobHeader(props: {
@@ -317,7 +307,7 @@ const LogChunk = React.memo(
             {r.rank !== null && (
               <span className="gl-LogRank">{rankPrefix(r.rank)}</span>
             )}
-            {r.text}
+            {visibleText(r.text)}
           </div>
         ))}
     </>

@@ -317,6 +317,16 @@ function WorkerRow(props: {
         heartbeat {formatAge(w.last_heartbeat, now)} · {w.capabilities.runtime}
         {w.transport === 'inprocess' ? ' · in this server' : ''}
       </div>
+      {w.unschedulable && (
+        <div className="gl-Row-meta gl-Reason" data-mark="unschedulable">
+          unschedulable: {w.unschedulable}
+        </div>
+      )}
+      {w.suspect && (
+        <div className="gl-Row-meta gl-Reason" data-mark="suspect">
+          suspect: {w.suspect}
+        </div>
+      )}
       {devices.length === 0 ? (
         <div className="gl-Row-meta">no GPU (CPU jobs only)</div>
       ) : (

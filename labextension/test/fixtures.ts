@@ -25,7 +25,12 @@ export function job(id: string, seq: number, over: Partial<IJob> = {}): IJob {
     spec: {
       api_version: V,
       name: `job-${id}`,
-      workload: { api_version: V, kind: 'command', argv: ['true'] },
+      workload: {
+        api_version: V,
+        kind: 'command',
+        argv: ['true'],
+        bundle: null
+      },
       resources: {
         api_version: V,
         gpus: 0,
@@ -43,10 +48,12 @@ export function job(id: string, seq: number, over: Partial<IJob> = {}): IJob {
       priority: 0,
       retries: 0,
       timeout: null,
-      workdir: null
+      workdir: null,
+      wait_for_capacity: false
     },
     state: 'queued',
     attempts: 0,
+    requeues: 0,
     placement: null,
     pending: null,
     submitted_at: 1000,
@@ -123,6 +130,8 @@ export function report(
     position: null,
     sentence: '',
     candidates: [],
+    largest_gpus: null,
+    largest_cpus: null,
     ...over
   };
 }
@@ -176,6 +185,8 @@ export function worker(
     last_heartbeat: 1000,
     running: [],
     device_jobs: {},
+    unschedulable: null,
+    suspect: null,
     ...over
   };
 }

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
 import {
+  cancelDialogText,
   deviceJob,
   formatAge,
   formatBytes,
@@ -11,9 +12,11 @@ import {
   formatPlacement,
   formatProgress,
   formatRequest,
+  logStatusText,
   notebookPath,
   rankPrefix,
   stateTone,
+  visibleText,
   workerCommand
 } from '../src/format';
 import { device, job, node, withResources, worker } from './fixtures';
@@ -157,5 +160,41 @@ describe('notebook paths', () => {
     expect(
       notebookPath('/home/me/workshop/x.ipynb', '/home/me/work')
     ).toBeNull();
+  });
+});
+
+describe('log lines with carriage returns', () => {
+  it('show a progress bar as its last redraw', () => {
+    expect(visibleText('\r 1/20\r 2/20\r20/20')).toBe('20/20');
+    expect(visibleText('downloading\r')).toBe('downloading');
+    expect(visibleText('plain line')).toBe('plain line');
+    expect(visibleText('\r')).toBe('');
+  });
+});
+
+describe('the log view status', () => {
+  it('says a queued job is waiting to start, not loading', () => {
+    expect(logStatusText('loading', 0, 'queued')).toBe('waiting to start');
+    expect(logStatusText('following', 0, 'queued')).toBe('waiting to start');
+    expect(logStatusText('following', 0, 'placed')).toBe('starting…');
+    expect(logStatusText('loading', 0, null)).toBe('loading…');
+    expect(logStatusText('following', 3, 'running')).toBe(
+      '3 lines · following'
+    );
+    expect(logStatusText('complete', 1, 'succeeded')).toBe('1 line · complete');
+    expect(logStatusText('retrying', 0, 'queued', 'offline')).toBe(
+      '0 lines · reconnecting (offline)'
+    );
+  });
+});
+
+describe('the cancel dialog', () => {
+  it('does not offer to keep a queued job running', () => {
+    const queued = cancelDialogText(job('q1', 1, { state: 'queued' }));
+    expect(queued.keep).toBe('Keep it queued');
+    expect(queued.body).toContain('has not started');
+    const running = cancelDialogText(job('r1', 2, { state: 'running' }));
+    expect(running.keep).toBe('Keep it running');
+    expect(running.body).toContain('stops all its processes');
   });
 });

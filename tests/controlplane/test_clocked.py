@@ -239,7 +239,8 @@ async def test_long_polls_return_when_the_clock_passes_their_wait(
     gl_cp: ControlPlane, gl_clock: FakeClock
 ) -> None:
     wid = await join(gl_cp)
-    job = await gl_cp.submit(cmd("true", resources=Resources(worker="elsewhere")))
+    spec = cmd("true", resources=Resources(worker="elsewhere"), wait_for_capacity=True)
+    job = await gl_cp.submit(spec)
     await until(lambda: gl_cp.jobs.active_job(job.id).pending)  # type: ignore[union-attr]
     # Within one heartbeat timeout, so the reaper leaves the (silent) worker alone.
     wait = HEARTBEAT * 0.75

@@ -92,7 +92,8 @@ async def test_the_reservation_timer_is_armed_on_the_clock_and_disarmed_at_close
 ) -> None:
     gl_cp.reserve_after = 60
     await join(gl_cp, gpus=1)
-    await gl_cp.submit(cmd("true", resources=Resources(gpus=2)))  # a gang that cannot fit
+    # A gang that cannot fit, asked to wait for capacity.
+    await gl_cp.submit(cmd("true", resources=Resources(gpus=2), wait_for_capacity=True))
     await until(lambda: gl_clock.next_deadline() is not None)
     timers = gl_clock.pending
     gl_cp.scheduling.close()

@@ -15,6 +15,7 @@ from gpulayer_kernel.errors import Conflict
 LEGAL = {
     ("queued", "placed"),
     ("queued", "cancelled"),
+    ("queued", "failed"),  # no worker here can ever run it, and it did not ask to wait
     ("placed", "running"),
     ("placed", "failed"),
     ("placed", "cancelled"),

@@ -91,6 +91,24 @@ async def test_ranks_write_artifacts_by_rank_and_rank0_gives_the_result(
     } == {(0, "rank 0"), (1, "rank 1")}
 
 
+async def test_every_rank_finds_its_output_directory(
+    gl_cp: ControlPlane, gl_worker: WorkerFactory, tmp_path: Path
+) -> None:
+    """``$GPULAYER_OUTPUT/rank<R>`` exists for each rank before its first line: no mkdir."""
+    await gl_worker(name="w1", gpus=2)
+    script = (
+        "import os\n"
+        "out = os.environ['GPULAYER_OUTPUT']\n"
+        "open(os.path.join(out, 'mine.txt'), 'w').write(os.environ['RANK'])\n"
+    )
+    job = await run_to_end(gl_cp, command_spec([PY, "-c", script], gpus=2, workdir=tmp_path))
+    assert job.state == JobState.SUCCEEDED, job.reason
+    assert sorted((a.name, a.rank) for a in job.artifacts) == [
+        ("rank0/mine.txt", 0),
+        ("rank1/mine.txt", 1),
+    ]
+
+
 async def test_a_failing_rank_stops_the_gang_fast_and_is_never_retried(
     gl_cp: ControlPlane, gl_worker: WorkerFactory, scripts: Path
 ) -> None:
@@ -199,7 +217,8 @@ async def test_more_gpus_than_any_worker_has_waits_and_says_why(
 ) -> None:
     await gl_worker(name="w1", gpus=2)
     await gl_worker(name="w2", gpus=2)
-    job = await gl_cp.submit(command_spec(["true"], gpus=3))
+    # It can never fit here: without wait_for_capacity it would fail at once (issue 12, item 15).
+    job = await gl_cp.submit(command_spec(["true"], gpus=3, wait_for_capacity=True))
     assert await _pending(gl_cp, job.id) == {Reason.TOO_FEW_GPUS_TOTAL: 2}
     job = await gl_cp.get(job.id)
     assert job.state == JobState.QUEUED and job.pending is not None
@@ -211,7 +230,8 @@ async def test_two_nodes_with_one_eligible_worker_waits_until_a_second_joins(
     gl_cp: ControlPlane, gl_worker: WorkerFactory, scripts: Path
 ) -> None:
     await gl_worker(name="w1", gpus=1)
-    job = await gl_cp.submit(command_spec([PY, str(scripts / "outputs.py")], gpus=1, nodes=2))
+    spec = command_spec([PY, str(scripts / "outputs.py")], gpus=1, nodes=2, wait_for_capacity=True)
+    job = await gl_cp.submit(spec)  # waits for capacity: one worker is too few (issue 12, 15)
     assert await _pending(gl_cp, job.id) == {Reason.TOO_FEW_NODES: 1}
     pending = (await gl_cp.get(job.id)).pending
     assert pending is not None and "needs 2 at once" in pending.sentence

@@ -153,8 +153,50 @@ def test_syntax_error_is_reported_before_submitting(ip: InteractiveShell) -> Non
 def test_invalid_resource_names_the_option(ip: InteractiveShell) -> None:
     with pytest.raises(CellError, match="--gpus"):
         cell(ip, "--gpus -1", "1")
-    with pytest.raises(CellError, match="--env 'X' is not KEY=VALUE"):
-        cell(ip, "--env X", "1")
+    with pytest.raises(CellError, match="--env '=X' is not KEY=VALUE"):
+        cell(ip, "--env =X", "1")
+
+
+def test_env_name_alone_passes_the_kernels_value_and_an_unset_one_is_named(
+    ip: InteractiveShell, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GL_FROM_KERNEL", "kernel value")
+    monkeypatch.setenv("GL_NOT_SENT", "hidden")
+    body = "import os\n(os.environ.get('GL_FROM_KERNEL'), os.environ.get('GL_NOT_SENT'))"
+    cell(ip, "--env GL_FROM_KERNEL --out seen", body)
+    assert ip.user_ns["seen"] == ["kernel value", None]
+    monkeypatch.delenv("GL_FROM_KERNEL")
+    before = job_count()
+    with pytest.raises(CellError, match="--env GL_FROM_KERNEL: GL_FROM_KERNEL is not set") as err:
+        cell(ip, "--env GL_FROM_KERNEL", "1")
+    assert "--env GL_FROM_KERNEL=VALUE" in (err.value.hint or "")
+    assert job_count() == before
+
+
+def test_a_non_json_function_gets_a_hint_about_what_in_accepts(ip: InteractiveShell) -> None:
+    ip.user_ns["square"] = lambda x: x * x
+    with pytest.raises(CellError) as err:
+        cell(ip, "--in square", "square(3)")
+    hint = err.value.hint or ""
+    assert "numbers, strings, booleans, None, and lists or dicts" in hint
+    assert "tensor" not in hint and "tolist" not in hint
+    assert "Define the function" in hint
+
+
+def test_cells_carry_the_notebook_label_when_the_kernel_knows_its_notebook(
+    ip: InteractiveShell, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cell(ip, "--name unlabelled", "1")
+    assert magics.last_job().job.spec.labels == {}  # type: ignore[union-attr]
+    monkeypatch.setenv("JPY_SESSION_NAME", "/home/me/work/train.ipynb")
+    cell(ip, "--name labelled", "1")
+    labels = magics.last_job().job.spec.labels  # type: ignore[union-attr]
+    assert labels == {"gpulayer.io/notebook": "/home/me/work/train.ipynb"}
+    monkeypatch.delenv("JPY_SESSION_NAME")
+    monkeypatch.setitem(ip.user_ns, "__session__", "notebooks/other.ipynb")
+    cell(ip, "--name from-session", "1")
+    labels = magics.last_job().job.spec.labels  # type: ignore[union-attr]
+    assert labels == {"gpulayer.io/notebook": "notebooks/other.ipynb"}
 
 
 # -- running cells ---------------------------------------------------------------------------
@@ -222,7 +264,7 @@ def test_unchanged_cell_reuses_its_bundle(
 
 
 def test_no_wait_handle_pending_reason_and_cancel(ip: InteractiveShell) -> None:
-    handle = cell(ip, "--gpus 1 --no-wait --handle waiting", "print('never runs here')")
+    handle = cell(ip, "--gpus 1 --wait --no-wait --handle waiting", "print('never runs here')")
     assert isinstance(handle, JobHandle) and ip.user_ns["waiting"] is handle
     wait_until(lambda: handle.job.pending is not None, 10, what="the scheduler's reason")
     job = handle.job
@@ -268,7 +310,7 @@ def test_blocking_gpu_cell_says_why_it_waits_until_cancelled(
     t.start()
     try:
         with pytest.raises(JobCancelled):
-            cell(ip, "--gpus 1 --name wants-a-gpu", "1")
+            cell(ip, "--gpus 1 --wait --name wants-a-gpu", "1")  # never fits: --wait
     finally:
         t.join()
     out = capsys.readouterr().out

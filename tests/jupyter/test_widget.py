@@ -84,6 +84,13 @@ def test_logs_are_appended_by_message_and_kept_at_the_end() -> None:
     assert w.outcome == "job 3f2a1b2c3d4e (cell) succeeded in 1.00s"
 
 
+def test_a_progress_bars_redraws_show_as_one_line() -> None:
+    w, sent = widget(make_job())
+    tqdm = "\r  5%|#    | 1/20\r 10%|##   | 2/20\r100%|#####| 20/20"
+    w.add_logs([LogRecord(seq=1, time=0.0, stream="stderr", text=tqdm)])
+    assert sent == [{"type": "logs", "lines": [["stderr", None, "100%|#####| 20/20"]]}]
+
+
 def test_cancel_button_message_when_the_kernel_is_idle() -> None:
     bridge = FakeBridge()
     w, _ = widget(make_job(), bridge)

@@ -165,7 +165,8 @@ def test_multi_node_reports_too_few_and_not_enough_nodes() -> None:
     )
     assert codes(plan, "three-nodes") == {Reason.TOO_FEW_NODES: 2, Reason.GPU_KIND: 1}
     assert plan.pending["three-nodes"].sentence.startswith(
-        "1/3 workers can run job three-no, which needs 3 at once: "
+        # Too few suitable workers: none of them "can run" it (issue 12, item 16).
+        "0/3 workers can run job three-no, which needs 3 at once: "
         "2 are suitable but too few (need 3 workers; waiting won't help), "
         "1 has no GPU of kind a100 (waiting won't help)"
     )

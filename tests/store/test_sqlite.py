@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import time
 from pathlib import Path
 
 import pytest
 
-from gpulayer_kernel.contracts import CommandWorkload, Job, JobSpec, JobState, LogRecord
+from gpulayer_kernel.contracts import (
+    CommandWorkload,
+    Job,
+    JobSpec,
+    JobState,
+    LogRecord,
+    WorkerInfo,
+)
 from gpulayer_kernel.errors import SchemaTooNew
 from gpulayer_kernel.store import LATEST_SCHEMA, JobQuery, SqliteStore
 
@@ -118,4 +126,27 @@ async def test_secrets_are_stored_and_listed_by_name(tmp_path: Path) -> None:
     assert await store.get_secrets(["HF_TOKEN", "NOPE"]) == {"HF_TOKEN": "hf_abc"}
     assert await store.delete_secret("HF_TOKEN")
     assert not await store.delete_secret("HF_TOKEN")
+    await store.close()
+
+
+async def test_a_stored_worker_record_that_is_no_longer_valid_is_skipped_not_fatal(
+    tmp_path: Path,
+) -> None:
+    # Issue 12 item 1: a worker that joined with a device index of 10**12 before the contracts
+    # bounded it must not stop every later start of the control plane.
+    store = SqliteStore(tmp_path / "db.sqlite")
+    await store.open()
+    good = WorkerInfo(id="good", name="good", registered_at=1.0, last_heartbeat=1.0)
+    await store.save_workers([good])
+    bad = good.model_dump(mode="json") | {"id": "bad", "name": "bad"}
+    bad["capabilities"]["devices"] = [
+        {"index": 10**12, "vendor": "sim", "name": "x", "kind": "sim", "memory_bytes": 0}
+    ]
+    await store.close()
+    with sqlite3.connect(tmp_path / "db.sqlite") as db:
+        db.execute("UPDATE workers SET id = 'bad', body = ? WHERE id = 'good'", (json.dumps(bad),))
+    store = SqliteStore(tmp_path / "db.sqlite")
+    await store.open()
+    await store.save_workers([good])
+    assert [w.id for w in await store.load_workers()] == ["good"]
     await store.close()

@@ -72,10 +72,10 @@ def run(gl_cp: ControlPlane) -> Run:
 
 
 # Facts about the process a job runs in, which must not depend on how it was started.
-PARENT_OF = (
-    "(lambda pid: int(open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1]))"
-)
-FACTS = f"PARENT_OF = {PARENT_OF}\n" + """\
+PARENT_OF = "(lambda pid: int(open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1]))"
+FACTS = (
+    f"PARENT_OF = {PARENT_OF}\n"
+    + """\
 import os, signal, sys
 env, jid = dict(os.environ), os.environ["GPULAYER_JOB_ID"]
 for k in ("GPULAYER_JOB_ID", "GPULAYER_OUTPUT", "GPULAYER_RESULT", "GPULAYER_CONTROL",
@@ -101,6 +101,7 @@ print("proc", f"GPULAYER_JOB_ID={os.environ['GPULAYER_JOB_ID']}".encode() in pro
       any(v.startswith(b"GPULAYER_TOKEN=") for v in proc_env))
 facts
 """
+)
 
 
 async def test_a_cell_runs_in_the_zygote_exactly_as_in_a_fresh_interpreter(
