@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpulayer_kernel.contracts import (  # noqa: E402
+from gpulayer_kernel.contracts import (
     NodePlacement,
     Placement,
     PlacementReport,
@@ -38,7 +38,7 @@ from gpulayer_kernel.contracts import (  # noqa: E402
     ReasonCount,
     WorkerState,
 )
-from gpulayer_kernel.scheduler import (  # noqa: E402
+from gpulayer_kernel.scheduler import (
     Assignment,
     JobRequest,
     Plan,
@@ -48,7 +48,7 @@ from gpulayer_kernel.scheduler import (  # noqa: E402
     gc_paused,
     schedule,
 )
-from gpulayer_kernel.scheduler.testing import (  # noqa: E402
+from gpulayer_kernel.scheduler.testing import (
     GpuVendor,
     gpu_worker,
     job,

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from gpulayer_kernel.torch import Module, Trainer, TrainerConfig  # noqa: E402
+from gpulayer_kernel.torch import Module, Trainer, TrainerConfig
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
 

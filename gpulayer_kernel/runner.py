@@ -36,11 +36,11 @@ def run_cell(path: Path, namespace: dict[str, Any]) -> tuple[bool, Any]:
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = tree.body.pop().value  # type: ignore[attr-defined]
     # Compiled with the cell's own file name so tracebacks point at lines of the cell.
-    exec(compile(tree, str(path), "exec"), namespace)  # noqa: S102 - running user code is the job
+    exec(compile(tree, str(path), "exec"), namespace)
     if last is None:
         return False, None
     expr = ast.Expression(body=last)
-    return True, eval(compile(expr, str(path), "eval"), namespace)  # noqa: S307
+    return True, eval(compile(expr, str(path), "eval"), namespace)
 
 
 def main(argv: list[str]) -> int:

@@ -7,6 +7,7 @@ is found offers the ControlPlane's calls (``Session``), so callers never care wh
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextlib
 import os
@@ -80,3 +81,34 @@ async def open_session(*, local_worker: bool = False) -> AsyncIterator[Session]:
     # terminal connects to it instead of failing on the lock (DESIGN rule 3).
     async with Embedded(local_worker=local_worker, serve=local_worker) as emb:
         yield emb.cp
+
+
+LONG_POLL = 25.0  # seconds one logs/events long-poll may wait; a server answers at once on news
+
+
+async def job_changes(s: Session, job_id: str, cursor: str) -> AsyncIterator[Job]:
+    """The job each time it changes, followed on the event stream from ``cursor`` (long-poll).
+
+    A restart of the control plane shows as ``reset`` (the cursor's epoch changed): the job is read
+    again. Connection errors are retried with backoff; the caller stops when it has seen enough.
+    """
+    failures = 0
+    while True:
+        try:
+            page = await s.events(cursor=cursor, wait=LONG_POLL)
+            failures = 0
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            failures += 1
+            await asyncio.sleep(min(5.0, 0.2 * 2**failures))  # retry backoff
+            continue
+        cursor = page.cursor
+        latest = next(
+            (e.job for e in reversed(page.events) if e.job is not None and e.job.id == job_id),
+            None,
+        )
+        if page.reset:
+            latest = await s.get(job_id)
+        if latest is not None:
+            yield latest

@@ -252,9 +252,7 @@ print("artifact", result.artifact)
 """
 
 
-def test_the_trainers_checkpoint_artifact_name_gets_the_file(
-    gl_home: Path, tmp_path: Path
-) -> None:
+def test_the_trainers_checkpoint_artifact_name_gets_the_file(gl_home: Path, tmp_path: Path) -> None:
     r = gl("run", "--", sys.executable, "-c", TRAINER, timeout=120)
     assert r.returncode == 0, r.stderr
     [said] = [line for line in r.stdout.splitlines() if line.startswith("artifact ")]

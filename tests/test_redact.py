@@ -37,7 +37,7 @@ async def _pieces(data: list[bytes], redactor: Redactor) -> list[str]:
     async def feed() -> None:
         for chunk in data:  # one read per chunk, as a pipe written in pieces delivers them
             reader.feed_data(chunk)
-            while len(reader._buffer):  # noqa: SLF001 - until the pump has read it
+            while len(reader._buffer):
                 await asyncio.sleep(0)
         reader.feed_eof()
 

@@ -12,7 +12,6 @@ The progress comes from the control plane's event stream (``watch``): a Trainer 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import shutil
 import sys
@@ -22,10 +21,9 @@ from typing import Any, TextIO
 
 from .. import render
 from ..contracts import Job
-from ..session import Session
+from ..session import Session, job_changes
 
 ERASE = "\r\x1b[K"  # back to column 0, clear to the end of the line
-LONG_POLL = 25.0
 
 
 class LiveLine:
@@ -110,25 +108,7 @@ async def watch(s: Session, job_id: str, line: LiveLine) -> None:
     """Feed ``line`` with the job's changes from the event stream until the job ends."""
     cursor = await s.event_cursor()
     line.show(await s.get(job_id))
-    failures = 0
-    while True:
-        try:
-            page = await s.events(cursor=cursor, wait=LONG_POLL)
-            failures = 0
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - a restarting server: the logs say the rest
-            failures += 1
-            await asyncio.sleep(min(5.0, 0.2 * 2**failures))  # retry backoff
-            continue
-        cursor = page.cursor
-        latest = next(
-            (e.job for e in reversed(page.events) if e.job is not None and e.job.id == job_id),
-            None,
-        )
-        if page.reset:
-            latest = await s.get(job_id)
-        if latest is not None:
-            line.show(latest)
-            if latest.state.terminal:
-                return
+    async for job in job_changes(s, job_id, cursor):
+        line.show(job)
+        if job.state.terminal:
+            return

@@ -31,11 +31,10 @@ from typing import Literal, TypeVar
 from ..contracts import Job, JobSpec, JobState, LogPage, LogRecord, WorkerInfo
 from ..errors import GPUlayerError, Unavailable
 from ..home import home_dir
-from ..session import URL_ENV, Session, open_session
+from ..session import LONG_POLL, URL_ENV, Session, job_changes, open_session
 
 T = TypeVar("T")
 
-LONG_POLL = 25.0  # seconds one logs/events long-poll may wait; a server answers at once on news
 CONNECT_TIMEOUT = 120.0  # the probe of a local worker takes ~1.5 s; a cold import can take more
 CLOSE_TIMEOUT = 30.0  # a running job gets its kill grace (5 s) to stop when the kernel exits
 
@@ -115,7 +114,7 @@ class Bridge:
                 for t in self._watches:
                     t.cancel()
                 await asyncio.gather(*self._watches, return_exceptions=True)
-        except BaseException as exc:  # noqa: BLE001 - reported to the caller of ready()
+        except BaseException as exc:
             self._error = exc
         finally:
             self._session = None
@@ -336,37 +335,16 @@ async def _follow(s: Session, job_id: str, sink: Callable[[Update], None]) -> No
         sink(Update("done", job=await s.get(job_id)))
     except asyncio.CancelledError:
         raise
-    except Exception as exc:  # noqa: BLE001 - handed to the cell, which shows it
+    except Exception as exc:
         sink(Update("error", error=exc))
 
 
 async def _job_changes(
     s: Session, job_id: str, cursor: str, sink: Callable[[Update], None]
 ) -> None:
-    """Pass on the job's state, pending explanation and progress as they change (long-poll).
-
-    A server restart shows as ``reset`` (the cursor's epoch changed): the job is read again.
-    """
-    failures = 0
-    while True:
-        try:
-            page = await s.events(cursor=cursor, wait=LONG_POLL)
-            failures = 0
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - a restarting server; logs still flow
-            failures += 1
-            await asyncio.sleep(min(5.0, 0.2 * 2**failures))  # retry backoff
-            continue
-        cursor = page.cursor
-        latest: Job | None = None
-        for e in page.events:
-            if e.kind == "job" and e.job is not None and e.job.id == job_id:
-                latest = e.job
-        if page.reset:
-            latest = await s.get(job_id)
-        if latest is not None:
-            sink(Update("job", job=latest))
+    """Pass on the job's state, pending explanation and progress as they change (long-poll)."""
+    async for job in job_changes(s, job_id, cursor):
+        sink(Update("job", job=job))
 
 
 # -- the kernel's bridge ---------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def kernel_id() -> str:
         from ipykernel.connect import get_connection_file
 
         name = Path(get_connection_file()).name
-    except Exception:  # noqa: BLE001 - not in a kernel
+    except Exception:
         return ""
     if name.startswith("kernel-") and name.endswith(".json"):
         return name[len("kernel-") : -len(".json")]
@@ -158,7 +158,7 @@ class JobWidget(anywidget.AnyWidget):
         if isinstance(content, dict) and content.get("type") == "cancel" and not self.terminal:
             try:
                 job = self._bridge.cancel(self.job_id, reason="cancelled from the widget")
-            except Exception as exc:  # noqa: BLE001 - shown in the widget, not lost in a log
+            except Exception as exc:
                 self.message = f"cancel failed: {exc}"
                 return
             self.message = "cancel requested; stopping its processes"

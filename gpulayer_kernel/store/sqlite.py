@@ -209,7 +209,7 @@ class SqliteStore(MetadataStore):
             self._queue, self._waiters = [], []
             try:
                 await self._in_thread(self._commit_sync, queue)
-            except Exception as exc:  # noqa: BLE001 - handed to every waiter of this batch
+            except Exception as exc:
                 err = StoreError(f"writing to {self.path} failed: {exc}")
                 for w in waiters:
                     if not w.done():

@@ -132,7 +132,7 @@ class WorkerAgent:
                 log.warning("control plane does not know this worker (%s); re-joining", exc)
                 await self._retrying(self._rejoin)
                 continue
-            except Exception as exc:  # noqa: BLE001 - the server may be restarting
+            except Exception as exc:
                 delay = backoff(failures)
                 failures += 1
                 log.warning("polling for work failed (%s); retrying in %.1fs", exc, delay)
@@ -154,7 +154,7 @@ class WorkerAgent:
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 delay = backoff(attempt)
                 attempt += 1
                 name = getattr(fn, "__name__", "re-joining")
@@ -228,7 +228,7 @@ class WorkerAgent:
                 if exc.status < 500 and exc.status != 401:
                     log.error("control plane refused the result of %s: %s", job_id, exc)
                     return
-            except Exception as exc:  # noqa: BLE001 - server unreachable: keep trying
+            except Exception as exc:
                 log.warning("reporting job %s failed (%s); will retry", job_id, exc)
             await self.clock.sleep(backoff(tries))
             tries += 1

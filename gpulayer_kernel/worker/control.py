@@ -51,7 +51,7 @@ class ControlReader:
     async def _progress(self, fields: dict[str, Any]) -> None:
         try:
             await self._report(fields)
-        except Exception as exc:  # noqa: BLE001 - progress is best effort
+        except Exception as exc:
             log.debug("progress report failed: %s", exc)
 
     def close(self) -> None:

@@ -120,7 +120,7 @@ class JobExecutor:
         except asyncio.CancelledError:
             await self._stop_group()
             raise
-        except Exception as exc:  # noqa: BLE001 - a worker bug must fail the job, not hang it
+        except Exception as exc:
             log.exception("job %s crashed the executor", self.job.id)
             report = FinishReport(state="failed", reason=f"worker error: {exc!r}")
         finally:

@@ -76,7 +76,7 @@ class LogShipper:
                     # gang failed elsewhere): retrying cannot succeed.
                     self.dropped += len(batch)
                     break
-                except Exception as exc:  # noqa: BLE001 - logs must not kill the job
+                except Exception as exc:
                     log.warning("sending %d log lines failed (%s); retrying", len(batch), exc)
                     await self._clock.sleep(min(MAX_BACKOFF, self._flush_interval * 2**attempt))
             else:

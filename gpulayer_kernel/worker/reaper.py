@@ -11,13 +11,15 @@ pid, its process group, its exit status). S forks the job ("J") and waits:
 - S dies with its parent (``PR_SET_PDEATHSIG`` = ``SIGUSR1``, a signal it catches): when the
   worker (or the warm runner that forked S) is killed with ``kill -9``, S kills every descendant,
   then itself. The cleanup does not depend on the worker surviving;
+- a command is started with ``posix_spawn`` (no copy of S), a warm Python job is a ``fork``;
 - S ignores SIGINT, SIGTERM and SIGHUP: the executor stops a job by signalling its process group,
   which reaches J and its group; S waits for J to go, then cleans up. ``SIGUSR1`` sent by the
   executor means "stop everything now" (the end of the kill grace).
 
-The warm runner forks S in its fork server (one extra ``fork``, about 1 ms); the cold path runs
-this file as a script (``python -S reaper.py PARENT_PID -- ARGV...``, about 15 ms of interpreter
-start-up), used only when the warm runner is off or for torchrun, whose start-up is seconds.
+The warm runner forks S in its fork server, for every job (a command through it costs about
+1.5 ms more than a direct spawn, measured); the cold path runs this file as a script
+(``python -I -S reaper.py PARENT_PID -- ARGV...``: about 30 ms of interpreter start-up), used
+only when the warm runner is off or unavailable.
 Standard library only, and nothing imported at module level beyond it: the script form runs
 without ``site`` and without this package on its path.
 """
@@ -49,13 +51,7 @@ def _prctl(option: int, arg: int) -> None:
     libc.prctl(option, arg, 0, 0, 0)
 
 
-def fork_supervised(parent: int) -> int:
-    """Fork the job under a supervisor; returns in the job's process only (with 0).
-
-    The calling process becomes S: it never returns from here. ``parent`` is the process whose
-    death stops S (passed in: by now ``getppid()`` may already be init if that parent died).
-    Call it in a process that leads its own session and process group: J stays in that group.
-    """
+def _become_supervisor(parent: int) -> None:
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     _prctl(_PR_SET_PDEATHSIG, STOP)
     for sig in IGNORED:
@@ -63,6 +59,30 @@ def fork_supervised(parent: int) -> int:
     signal.signal(STOP, _stop)
     if os.getppid() != parent:  # the parent died before prctl: nobody would signal us
         _stop(STOP, None)
+
+
+def spawn_supervised(parent: int, argv: list[str], env: dict[str, str]) -> NoReturn:
+    """Become S and start ``argv`` as J with ``posix_spawn`` (no copy of this process: the
+    cheap way for a command); J's signals at their defaults. Never returns."""
+    _become_supervisor(parent)
+    try:
+        pid = os.posix_spawnp(argv[0], argv, env, setsigdef=(*RESTORED, STOP), setsigmask=())
+    except OSError as exc:
+        code = 126 if isinstance(exc, PermissionError) else 127
+        with contextlib.suppress(OSError):
+            os.write(2, f"gpulayer: cannot run {argv[0]}: {exc.strerror}\n".encode())
+        os._exit(code)
+    _supervise(pid)
+
+
+def fork_supervised(parent: int) -> int:
+    """Fork the job under a supervisor; returns in the job's process only (with 0).
+
+    The calling process becomes S: it never returns from here. ``parent`` is the process whose
+    death stops S (passed in: by now ``getppid()`` may already be init if that parent died).
+    Call it in a process that leads its own session and process group: J stays in that group.
+    """
+    _become_supervisor(parent)
     supervisor = os.getpid()
     pid = os.fork()
     if pid == 0:
@@ -199,13 +219,12 @@ def _is_zombie(pid: int) -> bool:
 
 
 def main(argv: list[str]) -> NoReturn:
-    """``python -S reaper.py PARENT_PID -- ARGV...``: S, then J execs ARGV (127/126 if it can't)."""
+    """``python -S reaper.py PARENT_PID -- ARGV...``: S, and ARGV as J (127/126 if it can't)."""
     parent, sep, *command = argv
     if sep != "--" or not command:
         print("usage: reaper.py PARENT_PID -- ARGV...", file=sys.stderr)
         os._exit(2)
-    fork_supervised(int(parent))
-    exec_job(command, _start_env())
+    spawn_supervised(int(parent), command, _start_env())
 
 
 def _start_env() -> dict[str, str]:
@@ -225,19 +244,6 @@ def _start_env() -> dict[str, str]:
         if sep and key:
             env[os.fsdecode(key)] = os.fsdecode(value)
     return env
-
-
-def exec_job(argv: list[str], env: dict[str, str]) -> NoReturn:
-    """In J: replace this process with ``argv`` (signals at their defaults); never returns."""
-    for sig in RESTORED:
-        signal.signal(sig, signal.SIG_DFL)
-    try:
-        os.execvpe(argv[0], argv, env)
-    except OSError as exc:
-        code = 126 if isinstance(exc, PermissionError) else 127
-        with contextlib.suppress(OSError):
-            os.write(2, f"gpulayer: cannot run {argv[0]}: {exc.strerror}\n".encode())
-        os._exit(code)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ exactly as a cold spawn would have made it:
   stops the job and its children); the supervisor is a subreaper that dies with the zygote
   (``PR_SET_PDEATHSIG``), killing everything the job started first, even processes that left the
   group; the zygote dies with the worker, so a worker that dies hard takes its jobs with it;
-- a command (``argv``) is exec'd there, with exactly the job's environment and signals at their
-  defaults; a Python job goes on:
+- a command (``argv``) is started there (``posix_spawn``), with exactly the job's environment
+  and signals at their defaults; a Python job goes on:
 - stdio on the worker's pipes, ``cwd``, ``os.environ`` *exactly* the job's environment (the zygote
   itself starts from the allow-listed one, never the worker's secrets), ``sys.path`` and
   ``sys.argv`` as ``python -m gpulayer_kernel.runner ENTRYPOINT`` would have them, std streams
@@ -169,7 +169,7 @@ def serve(sock: socket.socket, preload: list[str]) -> str | None:
                 if len(fds) != 3:
                     raise ValueError(f"expected 3 fds, got {len(fds)}")
                 pid = os.fork()
-            except Exception as exc:  # noqa: BLE001 - tell the worker; it falls back
+            except Exception as exc:
                 for fd in fds:
                     os.close(fd)
                 sock.send(json.dumps({"id": req.get("id"), "error": repr(exc)}).encode())
@@ -181,7 +181,7 @@ def serve(sock: socket.socket, preload: list[str]) -> str | None:
                     for fd in (rfd, wfd):
                         os.close(fd)
                     _become_job(req, fds, slot, base_path, zygote)
-                except BaseException as exc:  # noqa: BLE001 - never return into the zygote loop
+                except BaseException as exc:
                     with contextlib.suppress(Exception):
                         os.write(
                             2, f"gpulayer: the warm runner could not start: {exc!r}\n".encode()
@@ -226,14 +226,15 @@ def _become_job(
     if slot is not None and 0 < len(job_id) < SLOT_LEN:
         ctypes.memmove(slot, job_id.ljust(SLOT_LEN, b"\0"), SLOT_LEN)
     # This process becomes the supervisor (it dies with the zygote, `zygote` passed in: by now
-    # getppid() may be init); only the job's process returns from here.
+    # getppid() may be init); only a Python job's process returns from here.
+    if req.get("argv"):  # a command, not Python: spawned as the cold spawn would, cheaply
+        os.chdir(req["cwd"])
+        reaper.spawn_supervised(zygote, list(req["argv"]), dict(env))
     reaper.fork_supervised(zygote)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     cwd: str = req["cwd"]
     os.chdir(cwd)
-    if req.get("argv"):  # a command, not Python: exec it, exactly as the cold spawn would
-        reaper.exec_job(list(req["argv"]), dict(env))
     os.environ.clear()
     os.environ.update(env)
     # As `python -m`: the cwd, then $PYTHONPATH, then the interpreter's own paths.
@@ -256,7 +257,7 @@ def _become_job(
 def _std_stream(fd: int, like: Any, unbuffered: bool, line_buffering: bool) -> io.TextIOWrapper:
     """A fresh std stream on ``fd``, buffered as the interpreter's start-up would make it."""
     writing = fd != 0
-    binary: Any = open(  # noqa: SIM115 - lives as long as the process
+    binary: Any = open(
         fd, "wb" if writing else "rb", buffering=0 if unbuffered and writing else -1, closefd=False
     )
     encoding = getattr(like, "encoding", None) or "utf-8"
@@ -281,7 +282,7 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=fd)
     try:
         entry = serve(sock, [m.strip() for m in preload])
-    except Exception as exc:  # noqa: BLE001 - tell the worker why, then stop
+    except Exception as exc:
         with contextlib.suppress(OSError):
             sock.send(json.dumps({"fatal": repr(exc)}).encode())
         return 1

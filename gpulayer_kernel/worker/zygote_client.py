@@ -250,7 +250,7 @@ class ZygoteClient:
             protocol = asyncio.StreamReaderProtocol(reader)
             transport, _ = await self.loop.connect_read_pipe(
                 lambda p=protocol: p,  # type: ignore[misc]
-                open(fd, "rb", buffering=0),  # noqa: SIM115 - the transport closes it
+                open(fd, "rb", buffering=0),
             )
             readers.append(reader)
             transports.append(transport)

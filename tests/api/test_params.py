@@ -94,7 +94,7 @@ async def test_out_of_bounds_numbers_are_400_naming_the_parameter(
     world: dict[str, Any], template: str, method: str, param: Param
 ) -> None:
     api: Api = world["api"]
-    token = world["session"] if template.startswith("/worker") else "client"
+    token = world["session"] if template.startswith("/worker/") else "client"
     for value in bad_values(param):
         r = await api.call(method.upper(), fill(template, world), token, params={param.name: value})
         assert r.status_code == 400, f"?{param.name}={value!r}: {r.status_code} {r.text}"

@@ -35,7 +35,7 @@ def recorded(name: str, returncode: int = 0) -> SmiResult:
     return SmiResult(returncode=returncode, stdout=(DATA / name).read_text())
 
 
-class smi_from:  # noqa: N801 - reads as a function at the call sites
+class smi_from:
     """An nvidia-smi runner that returns a recorded result and remembers what it was asked."""
 
     def __init__(self, result: SmiResult) -> None:

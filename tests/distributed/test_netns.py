@@ -196,7 +196,9 @@ def test_allreduce_across_two_namespaces_over_a_veth_pair(
         ((addr, port),) = {(a, p) for _, a, p in meet}  # both nodes met at one address...
         assert addr in (ADDR_A, ADDR_B)  # ...a veth address, published by rank 0's worker
         # The ranks' traffic crossed the veth pair (gloo, the store, and the control plane's).
-        assert _tx_bytes(ns_b, veth_b) - before > 10_000
+        # ~10 KB: torchrun's own log lines no longer travel (they stay on the worker unless the
+        # job sets GPULAYER_LAUNCHER_LOGS=1); a loopback-only run sends none of it.
+        assert _tx_bytes(ns_b, veth_b) - before > 5_000
     finally:
         for w in workers:
             w.stop()

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from gpulayer_kernel.torch.checkpoint import artifact_name  # noqa: E402
+from gpulayer_kernel.torch.checkpoint import artifact_name
 
 pytestmark = pytest.mark.torch
 

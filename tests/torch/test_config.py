@@ -8,9 +8,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from pydantic import ValidationError  # noqa: E402
+from pydantic import ValidationError
 
-from gpulayer_kernel.torch import TrainerConfig  # noqa: E402
+from gpulayer_kernel.torch import TrainerConfig
 
 pytestmark = pytest.mark.torch
 
