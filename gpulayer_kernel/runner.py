@@ -81,7 +81,8 @@ def main(argv: list[str]) -> int:
     if explicit:
         return 0
     if has_value and value is not None:
-        what = "the cell's last expression" if entry.startswith("cell:") else "the return value"
+        cell = entry.startswith("cell:")
+        what = "the cell's last expression" if cell else "the return value"
         try:
             if not _plain_json(value):
                 from .contracts import ensure_json  # the slow path: an exact error message
@@ -89,9 +90,30 @@ def main(argv: list[str]) -> int:
                 ensure_json(value, what)
             job.write_result(value)
         except (NotJSON, ValueError) as exc:
+            if cell:
+                # As in Jupyter, a cell's last value is shown, whatever it is; its work is done,
+                # so a value JSON cannot carry is sent as its text form, not made a failure.
+                job.write_result(shown_value(value, str(exc)))
+                return 0
             print(f"error: {exc}", file=sys.stderr)
             return 1
     return 0
+
+
+SHOWN_KEY = "gpulayer/shown"  # a cell result that is only the text form of a non-JSON value
+MAX_SHOWN = 20_000
+
+
+def shown_value(value: Any, why: str) -> dict[str, str]:
+    """The text form of a cell's last value, for showing in the notebook (never for ``--out``)."""
+    try:
+        text = repr(value)
+    except Exception as exc:  # a broken __repr__ must not lose the work either
+        text = f"<{type(value).__qualname__} object: repr failed: {exc!r}>"
+    if len(text) > MAX_SHOWN:
+        text = text[:MAX_SHOWN] + f"… ({len(text) - MAX_SHOWN} more characters)"
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    return {SHOWN_KEY: text, "type": kind, "why": why}
 
 
 def _plain_json(value: Any) -> bool:

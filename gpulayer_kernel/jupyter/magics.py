@@ -14,6 +14,7 @@ from __future__ import annotations
 import getpass
 import os
 import shlex
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -26,6 +27,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from .. import render
 from ..contracts import Job, JobSpec, JobState, parse
 from ..errors import GPUlayerError
+from ..runner import SHOWN_KEY
 from .bridge import Bridge, Target, get_bridge, reconnect
 from .cellspec import (
     CELL_FILE,
@@ -79,6 +81,22 @@ def display_mode() -> str:
     # A kernel started by a Jupyter server for a notebook (JupyterLab, Notebook 7) has this;
     # nbval, nbconvert and jupyter_client scripts do not, and nothing renders widgets there.
     return "widget" if os.environ.get("JPY_SESSION_NAME") else "text"
+
+
+class Shown:
+    """A remote cell's last value that JSON could not carry, shown by its text form."""
+
+    def __init__(self, text: str, kind: str) -> None:
+        self.text, self.kind = text, kind
+
+    @classmethod
+    def of(cls, result: Any) -> Shown | None:
+        if isinstance(result, dict) and isinstance(result.get(SHOWN_KEY), str):
+            return cls(result[SHOWN_KEY], str(result.get("type", "object")))
+        return None
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 @magics_class
@@ -163,12 +181,14 @@ class GPUlayerMagics(Magics):
     )
     @argument("--handle", default=None, metavar="NAME", help="also bind the JobHandle to NAME")
     @cell_magic("gpulayer")
-    def gpulayer_cell(self, line: str, cell: str) -> JobHandle | None:
+    def gpulayer_cell(self, line: str, cell: str) -> Any:
         """Run this cell as a GPUlayer job and bring its logs and result back.
 
         The cell runs as plain Python on a worker, in a fresh namespace: ``--in`` variables are
         bound, and the value of its last expression (or what it passes to
-        ``gpulayer_kernel.job.result``) is its result, as JSON. Files it writes to
+        ``gpulayer_kernel.job.result``) is its result, as JSON, shown like a local cell's Out
+        (a value JSON cannot carry is shown by its text form; only ``--out`` needs JSON; the
+        work is never failed for it). Files it writes to
         ``$GPULAYER_OUTPUT`` come back as artifacts (``handle.artifacts``). Interrupting the kernel
         cancels the job.
         """
@@ -187,7 +207,7 @@ class GPUlayerMagics(Magics):
         except GPUlayerError as exc:
             raise cell_error(exc) from None
 
-    def _run_cell(self, args: Any, cell: str) -> JobHandle | None:
+    def _run_cell(self, args: Any, cell: str) -> Any:
         global _last
         if args.out is not None and args.no_wait:
             raise CellError(
@@ -249,7 +269,17 @@ class GPUlayerMagics(Magics):
         view: render.JobView = render.TextView() if widget is None else widget
         final = follow(bridge, job.id, view)
         value = result_of(final)
+        shown = Shown.of(value)
         if args.out is not None:
+            if shown is not None:
+                # The work succeeded; only the assignment cannot happen. Say so, show the value.
+                print(
+                    f"gpulayer: --out {args.out}: the cell's last value is a {shown.kind}, which "
+                    f"is not JSON, so {args.out} was not assigned; its text form is shown below "
+                    "(return JSON, or save it to $GPULAYER_OUTPUT as an artifact)",
+                    file=sys.stderr,
+                )
+                return shown
             if value is None:
                 raise NoResult(
                     f"--out {args.out}: the cell produced no value, so nothing was assigned",
@@ -257,7 +287,9 @@ class GPUlayerMagics(Magics):
                     "gpulayer_kernel.job.result(value) in it",
                 )
             self.ns[args.out] = value
-        return None
+            return None
+        # Without --out, the cell's last value is shown as a local cell's would be (Out[n]).
+        return shown if shown is not None else value
 
     # -- %gpulayer ---------------------------------------------------------------------------------
 

@@ -226,6 +226,24 @@ def test_out_without_a_value_assigns_nothing(ip: InteractiveShell) -> None:
     assert "nothing" not in ip.user_ns
 
 
+def test_a_cells_last_value_is_shown_like_a_local_cells(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 12 item 10: without --out the value is shown (Out[n]), not dropped; a value JSON
+    # cannot carry is shown by its text form and does not fail the work done before it.
+    assert cell(ip, "", "{'a': [1, 2]}\n") == {"a": [1, 2]}
+    shown = cell(
+        ip, "", "class Model:\n    def __repr__(self): return 'Model(3 layers)'\nModel()\n"
+    )
+    assert repr(shown) == "Model(3 layers)"
+    ip.user_ns.pop("kept", None)
+    shown = cell(ip, "--out kept", "{1, 2}\n")
+    assert repr(shown) == "{1, 2}" and "kept" not in ip.user_ns
+    err = capsys.readouterr().err
+    # (the job succeeded: a failed job raises JobFailed from the magic)
+    assert "--out kept: the cell's last value is a builtins.set, which is not JSON" in err
+
+
 def test_failure_shows_the_traceback_with_cell_line_numbers(
     ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
