@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpulayer_kernel.contracts import JobSpec, ensure_json, parse
+from gpulayer_kernel.contracts import JobSpec, WorkerRegistration, ensure_json, parse
 from gpulayer_kernel.contracts.schema import SCHEMA_PATH, export_schema
 from gpulayer_kernel.errors import NotJSON, ValidationFailed
 
@@ -124,3 +126,49 @@ def test_json_schema_file_is_current() -> None:
     assert json.loads(Path(SCHEMA_PATH).read_text()) == export_schema(), (
         "contracts/schema.json is stale: run `python -m gpulayer_kernel.contracts.schema`"
     )
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"workload": {"kind": "command", "argv": ["echo", "a\x00b"]}}, "workload.argv[1]"),
+        ({"name": "a\x00", "workload": {"kind": "command", "argv": ["echo"]}}, "name"),
+        ({"workload": {"kind": "command", "argv": ["echo"]}, "env": {"A": "x\x00"}}, "env['A']"),
+        ({"workload": {"kind": "command", "argv": ["echo"]}, "workdir": "/tmp\x00"}, "workdir"),
+    ],
+)
+def test_nul_bytes_are_refused_at_submit_naming_the_field(spec: dict[str, Any], field: str) -> None:
+    # Issue 12 item 8: no process can be given a NUL byte; say so at submit, not as "worker error".
+    with pytest.raises(ValidationFailed, match=re.escape(f"{field} contains a NUL byte")):
+        parse(JobSpec, spec)
+
+
+def test_argv_and_env_past_the_exec_limits_are_refused_at_submit() -> None:
+    one = {"workload": {"kind": "command", "argv": ["echo"]}, "env": {"BIG": "x" * 200_000}}
+    with pytest.raises(ValidationFailed, match=r"env\['BIG'\] is 200005 bytes"):
+        parse(JobSpec, one)
+    many = {
+        "workload": {"kind": "command", "argv": ["echo", *["y" * 100_000] * 11]},
+    }
+    with pytest.raises(ValidationFailed, match="argv and env add up to"):
+        parse(JobSpec, many)
+    fine = {"workload": {"kind": "command", "argv": ["echo", "y" * 100_000]}}
+    assert parse(JobSpec, fine).workload.argv[1] == "y" * 100_000  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "device",
+    [{"index": 10**12}, {"index": 1024}, {"memory_bytes": 1 << 61}, {"name": "x" * 300}],
+)
+def test_a_worker_registration_is_bounded(device: dict[str, Any]) -> None:
+    # Issue 12 item 1: one absurd registration must be refused at the door.
+    base = {"index": 0, "vendor": "sim", "name": "Sim", "kind": "sim"}
+    reg = {"name": "w", "capabilities": {"devices": [base | device]}}
+    with pytest.raises(ValidationFailed, match=r"capabilities\.devices\.0\."):
+        parse(WorkerRegistration, reg)
+
+
+def test_a_worker_cannot_claim_one_device_index_twice() -> None:
+    dev = {"index": 0, "vendor": "sim", "name": "Sim", "kind": "sim"}
+    with pytest.raises(ValidationFailed, match="device index 0 appears twice"):
+        parse(WorkerRegistration, {"name": "w", "capabilities": {"devices": [dev, dev]}})
