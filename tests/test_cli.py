@@ -146,7 +146,10 @@ def test_a_second_process_connects_to_the_live_run_instead_of_the_database(
         [job] = json.loads(listed.stdout)
         assert (job["spec"]["name"], job["state"]) == ("long", "running")
         cancel = gl("cancel", job["id"])
-        assert cancel.returncode == 0 and "cancelled" in cancel.stdout
+        # Either the cancel is confirmed, or the run (which hosts the control plane) exited on
+        # its job's end before the confirmation went out; its exit status below says which.
+        assert cancel.returncode == 0, cancel.stderr
+        assert "cancelled" in cancel.stdout or "cancel requested" in cancel.stdout
         proc.communicate(timeout=30)
         assert proc.returncode == 130
         assert _gone(child)

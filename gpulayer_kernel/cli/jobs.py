@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import render
 from ..contracts import Job, JobState
+from ..errors import Unavailable
 from ..session import Session, open_session
 from .common import Handler
 from .live import LiveLine
@@ -140,7 +141,16 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
     async with open_session() as s:
         job = await s.cancel(args.job)
         if not job.state.terminal:
-            job = await s.wait(job.id, timeout=30.0)
+            try:
+                job = await s.wait(job.id, timeout=30.0)
+            except Unavailable:
+                # The cancel was accepted; a `gpulayer run` that hosts the control plane exits as
+                # soon as its job ends, and may do so before this wait is answered.
+                print(
+                    f"job {job.id}: cancel requested ({job.state.value}); the control plane "
+                    "stopped before confirming it"
+                )
+                return 0
     print(f"job {job.id}: {job.state.value}")
     return 0
 

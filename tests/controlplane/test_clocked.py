@@ -96,6 +96,13 @@ async def test_a_silent_worker_is_lost_after_the_heartbeat_timeout(
     await advance_until(gl_clock, await state_is(gl_cp, job.id, JobState.LOST), 0.5, 5)
     done = await gl_cp.get(job.id)
     assert done.reason is not None and "no heartbeat" in done.reason
+
+    # The worker's usage is recounted once the job's change is written (a thread hop later).
+    async def recounted() -> bool:
+        [w] = await gl_cp.workers()
+        return not w.running
+
+    await until(recounted, what="the lost worker's usage to be recounted")
     [w] = await gl_cp.workers()
     assert (w.state, w.live, w.running) == (WorkerState.LOST, False, [])
 

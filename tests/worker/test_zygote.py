@@ -28,9 +28,21 @@ from ..conftest import WorkerFactory, pid_alive
 Run = Callable[..., Awaitable[tuple[Job, list[str], list[str]]]]
 
 
-async def _gone(pid: int, seconds: float = 5.0) -> None:
-    """Return once ``pid`` has exited; fail the test if it still runs after ``seconds``."""
-    await until(lambda: not pid_alive(pid), seconds, what=f"process {pid} to exit")
+async def _gone(pid: int, seconds: float = 15.0) -> None:
+    """Return once ``pid`` has exited; fail the test if it still runs after ``seconds``.
+
+    Generous on purpose: a death that propagates through parent-death signals (worker → zygote
+    → supervisor → job) waits on the scheduler of a shared 2-core machine at each hop. On a
+    failure, the process's own /proc status says where it stuck.
+    """
+    try:
+        await until(lambda: not pid_alive(pid), seconds, what=f"process {pid} to exit")
+    except TimeoutError as exc:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            status = "(gone meanwhile)"
+        raise TimeoutError(f"{exc}; /proc/{pid}/status:\n{status}") from None
 
 
 @pytest.fixture
