@@ -98,12 +98,14 @@ async def lose(world: World, worker_id: str) -> None:
     """Let the worker's heartbeat run out on the clock; the reaper declares it lost."""
     cp = world.cp
     assert cp is not None
-    for _ in range(20):
+
+    async def lost() -> bool:
+        # A quarter heartbeat per look; ``until``'s real pauses let the store's writes land.
         await world.clock.advance(HEARTBEAT / 4)
         w = cp.registry.get(worker_id)
-        if w is not None and w.state == WorkerState.LOST:
-            return
-    raise AssertionError("the worker was never declared lost")
+        return w is not None and w.state == WorkerState.LOST
+
+    await until(lost, 20, what="the worker to be declared lost")
 
 
 async def test_a_paused_worker_s_stale_attempt_is_refused_stopped_and_kept_apart(
@@ -177,6 +179,15 @@ async def test_a_report_without_an_attempt_means_the_current_one(world: World) -
     assert done.state == JobState.SUCCEEDED
 
 
+async def advance_and_look(world: World, cp: ControlPlane, wid: str, job_id: str) -> bool:
+    """Half a fake second per look, the worker heartbeating: has the job ended? Between looks
+    ``until`` pauses for real, so the reaper's store writes (thread hops, which no fake clock
+    moves) land before time moves on again."""
+    await world.clock.advance(0.5)
+    await cp.heartbeat(wid)
+    return (await cp.get(job_id)).state.terminal
+
+
 async def test_cancel_ends_a_placed_job_whose_worker_never_confirms(world: World) -> None:
     cp = world.cp
     assert cp is not None
@@ -191,11 +202,7 @@ async def test_cancel_ends_a_placed_job_whose_worker_never_confirms(world: World
         await world.clock.advance(0.5)
         await cp.heartbeat(wid)
     assert (await cp.get(job.id)).state == JobState.PLACED
-    for _ in range(6):
-        await world.clock.advance(0.5)
-        await cp.heartbeat(wid)
-        if (await cp.get(job.id)).state.terminal:
-            break
+    await until(lambda: advance_and_look(world, cp, wid, job.id), 20, what="the cancel deadline")
     done = await cp.get(job.id)
     assert (done.state, done.reason) == (JobState.CANCELLED, "cancelled by user")
     system = [r.text for r in (await cp.logs(job.id)).records if r.stream == "system"]
@@ -217,11 +224,7 @@ async def test_a_pending_cancel_survives_a_restart(world: World) -> None:
     await join(cp, worker_id=wid)
     work = await cp.next_work(wid)
     assert job.id in work.cancel  # told again to stop it
-    for _ in range(30):
-        await world.clock.advance(0.5)
-        await cp.heartbeat(wid)
-        if (await cp.get(job.id)).state.terminal:
-            break
+    await until(lambda: advance_and_look(world, cp, wid, job.id), 20, what="the cancel deadline")
     assert (await cp.get(job.id)).state == JobState.CANCELLED
 
 

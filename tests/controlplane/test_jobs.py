@@ -337,9 +337,12 @@ async def test_a_silent_worker_is_lost_and_its_job_with_it(
     # The worker process "dies": its loops stop and it never heartbeats again.
     for t in agent._loops:
         t.cancel()
-    for _ in range(10):  # the heartbeat timeout is 2 s (of the fake clock)
+
+    async def lost() -> bool:  # the heartbeat timeout is 2 s (of the fake clock)
         await gl_clock.advance(0.5)
-    await until(lambda: job_is(gl_cp, job.id, JobState.LOST), what="the job to be lost")
+        return await job_is(gl_cp, job.id, JobState.LOST)
+
+    await until(lost, 20, what="the job to be lost")
     done = await gl_cp.get(job.id)
     assert done.state == JobState.LOST
     assert done.reason is not None and "no heartbeat" in done.reason
