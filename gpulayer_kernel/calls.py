@@ -18,7 +18,24 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel
 
-from .contracts import EventCursor, EventPage, Job, JobList, JobSpec, JobState, LogPage, WorkerInfo
+from .contracts import (
+    CellList,
+    CellPage,
+    CellRequest,
+    CellRun,
+    EventCursor,
+    EventPage,
+    Job,
+    JobList,
+    JobSpec,
+    JobState,
+    LogPage,
+    SessionHolder,
+    SessionInfo,
+    SessionList,
+    SessionSpec,
+    WorkerInfo,
+)
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -209,6 +226,76 @@ class Calls:
         data = (yield Req("GET", "/status")).json()
         assert isinstance(data, dict)
         return data
+
+    # -- sessions (ADR 0019) ---------------------------------------------------------------------
+
+    def start_session(self, spec: SessionSpec) -> Call[SessionInfo]:
+        return _model(SessionInfo, (yield Req("POST", "/sessions", json=_body(spec))))
+
+    def list_sessions(self, *, include_ended: bool = False) -> Call[builtins.list[SessionInfo]]:
+        params = [("all", "1" if include_ended else "0")]
+        return _model(SessionList, (yield Req("GET", "/sessions", params=params))).sessions
+
+    def get_session(self, ref: str) -> Call[SessionInfo]:
+        return _model(SessionInfo, (yield Req("GET", f"/sessions/{_pid(ref)}")))
+
+    def run_cell(self, ref: str, request: CellRequest, wait: float = 0.0) -> Call[CellPage]:
+        # One request: a short cell's output and end come back in its answer. A longer one is
+        # followed with ``follow_cell`` (the caller decides how, to show output as it comes).
+        chunk = min(max(0.0, wait), POLL_CHUNK)
+        return _model(
+            CellPage,
+            (
+                yield Req(
+                    "POST",
+                    f"/sessions/{_pid(ref)}/cells",
+                    params=[("wait", f"{chunk:.3f}")],
+                    json=_body(request),
+                    timeout=chunk + POLL_SLACK,
+                )
+            ),
+        )
+
+    def follow_cell(
+        self, ref: str, number: int, since: int = 0, wait: float = 0.0
+    ) -> Call[CellPage]:
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            chunk = min(max(0.0, deadline - time.monotonic()), POLL_CHUNK)
+            page = _model(
+                CellPage,
+                (
+                    yield Req(
+                        "GET",
+                        f"/sessions/{_pid(ref)}/cells/{int(number)}",
+                        params=[("since", str(since)), ("wait", f"{chunk:.3f}")],
+                        timeout=chunk + POLL_SLACK,
+                    )
+                ),
+            )
+            if page.records or page.cell.state.done or time.monotonic() >= deadline:
+                return page
+            since = page.next_since
+
+    def session_cells(self, ref: str, limit: int = 100) -> Call[builtins.list[CellRun]]:
+        path = f"/sessions/{_pid(ref)}/cells"
+        return _model(CellList, (yield Req("GET", path, params=[("limit", str(limit))]))).cells
+
+    def _session_post(self, ref: str, action: str) -> Call[SessionInfo]:
+        return _model(SessionInfo, (yield Req("POST", f"/sessions/{_pid(ref)}/{action}")))
+
+    def interrupt_session(self, ref: str) -> Call[SessionInfo]:
+        return self._session_post(ref, "interrupt")
+
+    def restart_session(self, ref: str) -> Call[SessionInfo]:
+        return self._session_post(ref, "restart")
+
+    def stop_session(self, ref: str) -> Call[SessionInfo]:
+        return self._session_post(ref, "stop")
+
+    def attach_session(self, ref: str, holder: SessionHolder) -> Call[SessionInfo]:
+        body = {"holder": holder.model_dump(mode="json")}
+        return _model(SessionInfo, (yield Req("POST", f"/sessions/{_pid(ref)}/attach", json=body)))
 
     # -- administration --------------------------------------------------------------------------
 

@@ -26,7 +26,20 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from .calls import Call, Calls, Req
-from .contracts import EventPage, Job, JobSpec, JobState, LogPage, WorkerInfo
+from .contracts import (
+    CellPage,
+    CellRequest,
+    CellRun,
+    EventPage,
+    Job,
+    JobSpec,
+    JobState,
+    LogPage,
+    SessionHolder,
+    SessionInfo,
+    SessionSpec,
+    WorkerInfo,
+)
 from .errors import GPUlayerError, Unavailable, from_json
 from .home import Layout, home_dir, read_owner
 from .security.tls import CA_CERT_ENV, check_url, client_verify, is_loopback
@@ -275,6 +288,40 @@ class AsyncClient(_Base):
     async def delete_secret(self, name: str) -> bool:
         return await self._run(self._calls.delete_secret(name))
 
+    # Sessions (ADR 0019).
+
+    async def start_session(self, spec: SessionSpec) -> SessionInfo:
+        return await self._run(self._calls.start_session(spec))
+
+    async def list_sessions(self, *, include_ended: bool = False) -> builtins.list[SessionInfo]:
+        return await self._run(self._calls.list_sessions(include_ended=include_ended))
+
+    async def get_session(self, ref: str) -> SessionInfo:
+        return await self._run(self._calls.get_session(ref))
+
+    async def run_cell(self, ref: str, request: CellRequest, wait: float = 0.0) -> CellPage:
+        return await self._run(self._calls.run_cell(ref, request, wait))
+
+    async def follow_cell(
+        self, ref: str, number: int, since: int = 0, wait: float = 0.0
+    ) -> CellPage:
+        return await self._run(self._calls.follow_cell(ref, number, since, wait))
+
+    async def session_cells(self, ref: str, limit: int = 100) -> builtins.list[CellRun]:
+        return await self._run(self._calls.session_cells(ref, limit))
+
+    async def interrupt_session(self, ref: str) -> SessionInfo:
+        return await self._run(self._calls.interrupt_session(ref))
+
+    async def restart_session(self, ref: str) -> SessionInfo:
+        return await self._run(self._calls.restart_session(ref))
+
+    async def stop_session(self, ref: str) -> SessionInfo:
+        return await self._run(self._calls.stop_session(ref))
+
+    async def attach_session(self, ref: str, holder: SessionHolder) -> SessionInfo:
+        return await self._run(self._calls.attach_session(ref, holder))
+
 
 class Client(_Base):
     """The synchronous client: the same calls as ``AsyncClient``, for scripts and threads."""
@@ -398,6 +445,38 @@ class Client(_Base):
 
     def delete_secret(self, name: str) -> bool:
         return self._run(self._calls.delete_secret(name))
+
+    # Sessions (ADR 0019).
+
+    def start_session(self, spec: SessionSpec) -> SessionInfo:
+        return self._run(self._calls.start_session(spec))
+
+    def list_sessions(self, *, include_ended: bool = False) -> builtins.list[SessionInfo]:
+        return self._run(self._calls.list_sessions(include_ended=include_ended))
+
+    def get_session(self, ref: str) -> SessionInfo:
+        return self._run(self._calls.get_session(ref))
+
+    def run_cell(self, ref: str, request: CellRequest, wait: float = 0.0) -> CellPage:
+        return self._run(self._calls.run_cell(ref, request, wait))
+
+    def follow_cell(self, ref: str, number: int, since: int = 0, wait: float = 0.0) -> CellPage:
+        return self._run(self._calls.follow_cell(ref, number, since, wait))
+
+    def session_cells(self, ref: str, limit: int = 100) -> builtins.list[CellRun]:
+        return self._run(self._calls.session_cells(ref, limit))
+
+    def interrupt_session(self, ref: str) -> SessionInfo:
+        return self._run(self._calls.interrupt_session(ref))
+
+    def restart_session(self, ref: str) -> SessionInfo:
+        return self._run(self._calls.restart_session(ref))
+
+    def stop_session(self, ref: str) -> SessionInfo:
+        return self._run(self._calls.stop_session(ref))
+
+    def attach_session(self, ref: str, holder: SessionHolder) -> SessionInfo:
+        return self._run(self._calls.attach_session(ref, holder))
 
 
 __all__ = ["AsyncClient", "Client", "api_base", "error_from"]

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, TextIO
 
+from . import display
 from .contracts import Artifact, Job, JobState, LogRecord, WorkerInfo
 from .errors import NotFound
 
@@ -225,12 +226,7 @@ def jobs_table(jobs: Sequence[Job], now: float | None = None) -> str:
 
 def size(n: int) -> str:
     """``512 B``, ``1.5 KiB``, ``12.3 MiB``, ``2.0 GiB``."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
+    return display.human_bytes(n)
 
 
 def artifacts_table(job: Job) -> str:

@@ -2,7 +2,8 @@
 
 Modes by entrypoint shape: ``pkg.mod:func`` (called with the job's JSON args; its return value is
 the result), ``script.py`` (run as ``__main__``), ``cell:cell.py`` (a notebook cell: the ``--in``
-values are bound as variables, and the value of the last expression is the result). The result is
+values are bound as variables, and the value of the last expression is the result), and
+``session:`` (a rank of a session: ``worker/session_host.py``). The result is
 JSON or the job fails with an error that says so; nothing is pickled.
 
 Start-up cost matters here: every cell pays it. This module imports nothing heavy on the common
@@ -24,6 +25,7 @@ from typing import Any
 from . import job
 from .errors import NotJSON
 
+SESSION_ENTRYPOINT = "session:"
 # ensure_json's size limit (contracts._base.MAX_JSON_BYTES); bigger values take the slow path.
 _FAST_JSON_BYTES = 1 << 20
 
@@ -48,6 +50,11 @@ def main(argv: list[str]) -> int:
         print("usage: python -m gpulayer_kernel.runner ENTRYPOINT", file=sys.stderr)
         return 2
     entry = argv[0]
+    if entry == SESSION_ENTRYPOINT:
+        # A rank of a session (ADR 0019): IPython's shell, served over stdin's socket.
+        from .worker import session_host
+
+        return session_host.main()
     sys.path.insert(0, os.getcwd())
     args = job.args()
     value: Any = None

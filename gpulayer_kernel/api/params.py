@@ -119,6 +119,18 @@ class Param:
         )
 
 
+def path_integer(name: str, raw: str, minimum: int = 0) -> int:
+    """A path parameter that is an integer (``/sessions/s/cells/{number}``), range-checked."""
+    if not _INTEGER.fullmatch(raw) or not minimum <= int(raw) <= INT64_MAX:
+        raise InvalidInput(
+            f"path parameter {name}={raw[:40]!r} is invalid: expected an integer >= {minimum}",
+            hint="see /api/v1/openapi.json",
+            details={"parameter": name},
+            code="bad_parameter",
+        )
+    return int(raw)
+
+
 def _show(bound: float | None) -> str:
     if bound is None:
         return "any"

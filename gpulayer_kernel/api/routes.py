@@ -44,6 +44,8 @@ from .mixin import GLMixin
 from .openapi import OpenApiHandler
 from .ops import Operation, operations_of
 from .params import ApiLimits, route_pattern
+from .sessions import USER_ROUTES as SESSION_ROUTES
+from .sessions import WORKER_ROUTES as SESSION_WORKER_ROUTES
 from .worker_routes import (
     FinishedHandler,
     HeartbeatHandler,
@@ -78,6 +80,7 @@ USER_ROUTES: tuple[type[GLMixin], ...] = (
     TokenRevokeHandler,
     SecretsHandler,
     SecretHandler,
+    *SESSION_ROUTES,
     OpenApiHandler,
 )
 
@@ -92,6 +95,7 @@ WORKER_ROUTES: tuple[type[WorkerRoute], ...] = (
     RendezvousHandler,
     WorkerBlobHandler,
     LeaveHandler,
+    *SESSION_WORKER_ROUTES,
 )
 
 # The route table, as jupyter_server ends its handlers modules: (route template, handler).

@@ -139,7 +139,7 @@ class WorkHandler(WorkerRoute):
             # heartbeat is overdue (issue 12, item 9). Suspect it unless it calls again soon.
             self.cp.worker_disconnected(self.worker_id)
             raise
-        if self.client_gone and (work.assignments or work.cancel or work.stop):
+        if self.client_gone and not work.empty:
             # The worker left between the answer and its delivery: keep the work for its next
             # poll instead of losing the assignment.
             self.cp.return_work(self.worker_id, work)

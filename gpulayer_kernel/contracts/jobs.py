@@ -18,6 +18,11 @@ LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 # 2 MiB ARG_MAX leaves room for the environment the worker adds itself.
 MAX_ARG_STRLEN = 128 * 1024
 MAX_EXEC_BYTES = 1024 * 1024
+DEFAULT_IDLE_TIMEOUT = 1800.0  # seconds (30 min): an idle session frees its GPUs after this
+MAX_IDLE_TIMEOUT = 7 * 24 * 3600.0
+
+MimeBundle = dict[str, JsonValue]
+"""``{"text/plain": "...", "image/png": "<base64>", ...}``: one display, as Jupyter's."""
 
 
 class JobState(StrEnum):
@@ -123,7 +128,22 @@ class PythonWorkload(Contract):
         return ensure_json(v, "args")
 
 
-Workload = Annotated[CommandWorkload | PythonWorkload, Field(discriminator="kind")]
+class SessionWorkload(Contract):
+    """The workload of a session's job: processes that keep state until stopped or idle."""
+
+    kind: Literal["session"] = "session"
+    idle_timeout: float = Field(
+        DEFAULT_IDLE_TIMEOUT,
+        gt=0,
+        le=MAX_IDLE_TIMEOUT,
+        description="seconds without a running cell after which the session ends and frees "
+        "its GPUs",
+    )
+
+
+Workload = Annotated[
+    CommandWorkload | PythonWorkload | SessionWorkload, Field(discriminator="kind")
+]
 
 
 class JobSpec(Contract):
@@ -186,7 +206,7 @@ class JobSpec(Contract):
         strings: list[tuple[str, str]] = [("name", self.name)]
         if isinstance(self.workload, CommandWorkload):
             strings += [(f"workload.argv[{i}]", a) for i, a in enumerate(self.workload.argv)]
-        else:
+        elif isinstance(self.workload, PythonWorkload):
             strings.append(("workload.entrypoint", self.workload.entrypoint))
         strings += [(f"env[{k!r}]", f"{k}={v}") for k, v in self.env.items()]
         strings += [(f"labels[{k!r}]", f"{k}={v}") for k, v in self.labels.items()]
@@ -214,6 +234,11 @@ class JobSpec(Contract):
     def is_gang(self) -> bool:
         """A job with more than one rank: it gets all its devices at once, and never retries."""
         return self.resources.gpus > 1 or self.resources.nodes > 1
+
+    @property
+    def is_session(self) -> bool:
+        """A session (ADR 0019): placed like a job, holds its devices until it is stopped."""
+        return isinstance(self.workload, SessionWorkload)
 
 
 class NodePlacement(Contract):
@@ -264,21 +289,32 @@ class Job(Contract):
     cancel_requested: bool = False
 
 
+LogStream = Literal["stdout", "stderr", "system", "display"]
+CELL_DESCRIPTION = "the session cell this record belongs to (None: not a session cell's)"
+DATA_DESCRIPTION = (
+    "a display's MIME bundle (stream \"display\"; `text` is its text/plain form), as Jupyter's"
+)
+
+
 class LogRecord(Contract):
     seq: int
     time: float
-    stream: Literal["stdout", "stderr", "system"]
+    stream: LogStream
     rank: int | None = None
     text: str
+    cell: int | None = Field(None, description=CELL_DESCRIPTION)
+    data: MimeBundle | None = Field(None, description=DATA_DESCRIPTION)
 
 
 class LogLine(Contract):
     """A log line as a worker sends it, before the control plane numbers it."""
 
     time: float
-    stream: Literal["stdout", "stderr", "system"]
+    stream: LogStream
     rank: int | None = None
     text: str
+    cell: int | None = Field(None, ge=1, description=CELL_DESCRIPTION)
+    data: MimeBundle | None = Field(None, description=DATA_DESCRIPTION)
 
 
 class JobList(Contract):

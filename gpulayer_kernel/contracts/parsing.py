@@ -24,6 +24,27 @@ def parse_pairs(items: Iterable[str], flag: str) -> dict[str, str]:
     return out
 
 
+_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """``"30m"``, ``"2h"``, ``"90s"``, ``"1.5h"`` or plain seconds (``"1800"``) → seconds."""
+    raw = text.strip().lower()
+    number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = raw[len(number) :] or "s"
+    try:
+        value = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise InvalidInput(
+            f"{flag} {text!r} is not a duration",
+            hint=f"write seconds or a number with s, m, h or d: {flag} 30m",
+            details={"field": flag, "value": text},
+        ) from None
+    if not value > 0 or value != value:
+        raise InvalidInput(f"{flag} {text!r} must be more than 0", details={"field": flag})
+    return value
+
+
 def check_secret_name(name: str) -> str:
     """Secret names are environment variable names (jobs see them as such).
 

@@ -9,6 +9,7 @@ from pydantic import Field, JsonValue, model_validator
 from ._base import Contract
 from .artifacts import Artifact
 from .jobs import Job, LogLine, NodePlacement
+from .sessions import CellAssignment, SessionInfo
 from .workers import WorkerInfo
 
 # Every report a worker sends about a job names the attempt it comes from; the control plane
@@ -78,6 +79,28 @@ class Work(Contract):
         description="stale attempts to stop and drop: the job moved on (it was retried, or "
         "ended), so their reports are refused; a current attempt of the same job keeps running",
     )
+    cells: list[CellAssignment] = Field(
+        default_factory=list, description="session cells to run (ADR 0019), in order"
+    )
+    interrupts: list[str] = Field(
+        default_factory=list,
+        description="sessions whose running cell to interrupt (KeyboardInterrupt on every rank)",
+    )
+    restarts: list[str] = Field(
+        default_factory=list,
+        description="sessions whose processes to kill and start again (their state is lost)",
+    )
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.assignments
+            or self.cancel
+            or self.stop
+            or self.cells
+            or self.interrupts
+            or self.restarts
+        )
 
 
 class FinishReport(Contract):
@@ -104,9 +127,10 @@ class Event(Contract):
 
     seq: int
     time: float
-    kind: Literal["job", "worker"]
+    kind: Literal["job", "worker", "session"]
     job: Job | None = None
     worker: WorkerInfo | None = None
+    session: SessionInfo | None = None
 
 
 class EventPage(Contract):

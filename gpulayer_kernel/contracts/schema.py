@@ -14,6 +14,11 @@ from pydantic import BaseModel
 
 from . import (
     Artifact,
+    AttachRequest,
+    CellList,
+    CellPage,
+    CellReport,
+    CellRequest,
     Event,
     EventCursor,
     EventPage,
@@ -29,6 +34,10 @@ from . import (
     PlacementReport,
     ProgressReport,
     Rendezvous,
+    SessionInfo,
+    SessionList,
+    SessionReport,
+    SessionSpec,
     Work,
     WorkerCapabilities,
     WorkerInfo,
@@ -58,6 +67,15 @@ CONTRACTS: tuple[type[BaseModel], ...] = (
     Event,
     EventCursor,
     EventPage,
+    SessionSpec,
+    SessionInfo,
+    SessionList,
+    AttachRequest,
+    CellRequest,
+    CellPage,
+    CellList,
+    CellReport,
+    SessionReport,
 )
 
 

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import (
     Artifact,
+    CellPage,
+    CellReport,
+    CellRequest,
+    CellRun,
     EventPage,
     FinishReport,
     Job,
@@ -28,6 +32,10 @@ from ..contracts import (
     LogLine,
     LogPage,
     Rendezvous,
+    SessionHolder,
+    SessionInfo,
+    SessionReport,
+    SessionSpec,
     Work,
     WorkerInfo,
     WorkerRegistration,
@@ -46,6 +54,7 @@ from .logs import LogTails
 from .outcomes import Outcomes
 from .reaper import Reaper
 from .scheduling import SchedulingLoop
+from .sessions import SessionTable
 from .workers import SUSPECT_GRACE, WorkerRegistry
 
 
@@ -92,6 +101,10 @@ class ControlPlane:
         self.outcomes = Outcomes(*parts, clock=clock, rendezvous_timeout=rendezvous_timeout)
         self.scheduling = SchedulingLoop(store, *parts, clock=clock, reserve_after=reserve_after)
         self.reaper = Reaper(self.registry, self._lose_worker, self.outcomes.overdue, clock=clock)
+        self.sessions = SessionTable(
+            store, self.jobs, self.dispatch, self.tails, self.event_log, self.redactor, clock=clock
+        )
+        self.sessions.submit, self.sessions.cancel = self.submit, self.cancel
         self.registry.on_change = self.scheduling.kick  # a worker under suspicion, or back
 
     # Settings live in the part that uses them; tests and hosts read (and tune) them here.
@@ -116,6 +129,7 @@ class ControlPlane:
     async def start(self) -> None:
         """Load active jobs and known workers; workers of a dead in-process host are lost."""
         await self.jobs.load()
+        await self.sessions.load()
         for w in self.registry.restore(await self.store.load_workers()):
             await self._lose_worker(w.id, "its host process stopped")
         await self.outcomes.orphans_at_start()  # after the losses: their jobs are settled
@@ -129,6 +143,7 @@ class ControlPlane:
 
     async def close(self) -> None:
         self.scheduling.close()
+        self.sessions.close()
         await self.reaper.stop()
         self.jobs.close()
         self.dispatch.close()
@@ -138,6 +153,8 @@ class ControlPlane:
         """Wiring: what other parts do when a job changes (called by the job table's commit)."""
         before, after = change
         self.dispatch.job_changed(after)
+        if after.spec.is_session:
+            self.sessions.job_changed(change)
         if after.state == before.state or not (
             after.state.terminal or after.state == JobState.QUEUED
         ):
@@ -157,8 +174,9 @@ class ControlPlane:
 
     # -- client side -----------------------------------------------------------------------------
 
-    async def submit(self, spec: JobSpec) -> Job:
-        """Queue a job. A Python workload's bundle must already be uploaded."""
+    async def submit(self, spec: JobSpec, added: Callable[[Job], None] | None = None) -> Job:
+        """Queue a job. A Python workload's bundle must already be uploaded. ``added`` sees the
+        job the moment it exists, before any of its changes (the sessions part uses it)."""
         if spec.workload.kind == "python" and not self.artifacts.has(spec.workload.bundle):
             raise NotFound(
                 f"bundle {spec.workload.bundle[:12]}… has not been uploaded",
@@ -167,6 +185,8 @@ class ControlPlane:
                 code="bundle_not_found",
             )
         change = self.jobs.add(spec)
+        if added is not None:
+            added(change.after)
         self.tails.open(change.after.id)  # before any await: its first line is numbered 1
         self.scheduling.fresh.add(change.after.id)  # its first pass decides if it can ever fit
         await self.jobs.flush([change])
@@ -246,6 +266,51 @@ class ControlPlane:
 
     async def delete_secret(self, name: str) -> bool:
         return await self.store.delete_secret(name)
+
+    # -- sessions (ADR 0019): the sessions part does the work -----------------------------------
+
+    async def start_session(self, spec: SessionSpec) -> SessionInfo:
+        """Queue a session: a job that holds its GPUs and runs cells until stopped or idle."""
+        return await self.sessions.start(spec)
+
+    async def list_sessions(self, *, include_ended: bool = False) -> builtins.list[SessionInfo]:
+        return self.sessions.all() if include_ended else self.sessions.live()
+
+    async def get_session(self, ref: str) -> SessionInfo:
+        """A session by name or by its job's id (or a unique prefix of it)."""
+        s, job = await self.sessions.find(ref)
+        return self.sessions.info(s, job)
+
+    async def run_cell(self, ref: str, request: CellRequest, wait: float = 0.0) -> CellPage:
+        """Run a cell in a session; within ``wait`` s the answer carries its output and end."""
+        if request.inputs_blob is not None and not self.artifacts.has(request.inputs_blob):
+            raise NotFound(
+                f"blob {request.inputs_blob[:12]}… (the cell's inputs) has not been uploaded",
+                hint="upload it with put_blob first (the magics do this for you)",
+                code="blob_not_found",
+            )
+        return await self.sessions.run(ref, request, wait)
+
+    async def follow_cell(
+        self, ref: str, number: int, since: int = 0, wait: float = 0.0
+    ) -> CellPage:
+        """A cell and its output records after ``since``, long-polled with ``wait``."""
+        return await self.sessions.follow(ref, number, since, wait)
+
+    async def session_cells(self, ref: str, limit: int = 100) -> builtins.list[CellRun]:
+        return await self.sessions.cells(ref, limit)
+
+    async def interrupt_session(self, ref: str) -> SessionInfo:
+        return await self.sessions.interrupt(ref)
+
+    async def restart_session(self, ref: str) -> SessionInfo:
+        return await self.sessions.restart(ref)
+
+    async def stop_session(self, ref: str) -> SessionInfo:
+        return await self.sessions.stop(ref)
+
+    async def attach_session(self, ref: str, holder: SessionHolder) -> SessionInfo:
+        return await self.sessions.attach(ref, holder)
 
     # -- worker side -----------------------------------------------------------------------------
 
@@ -328,6 +393,15 @@ class ControlPlane:
                 return stored  # a retried report after a reconnect: recorded once already
         job = self._owned(worker_id, job_id, report.attempt)
         return await self.outcomes.finished(worker_id, job, report)
+
+    async def report_cell(self, worker_id: str, job_id: str, report: CellReport) -> None:
+        """A session cell's end on one worker's ranks (idempotent: a repeat changes nothing)."""
+        job = self._owned(worker_id, job_id, report.attempt)
+        await self.sessions.report_cell(worker_id, job, report)
+
+    async def report_session(self, worker_id: str, job_id: str, report: SessionReport) -> None:
+        job = self._owned(worker_id, job_id, report.attempt)
+        await self.sessions.report_session(worker_id, job, report)
 
     async def publish_rendezvous(self, worker_id: str, job_id: str, rdzv: Rendezvous) -> None:
         self._owned(worker_id, job_id, rdzv.attempt)

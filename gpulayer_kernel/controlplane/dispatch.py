@@ -18,7 +18,15 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..contracts import AttemptRef, Job, JobAssignment, JobState, Rendezvous, Work
+from ..contracts import (
+    AttemptRef,
+    CellAssignment,
+    Job,
+    JobAssignment,
+    JobState,
+    Rendezvous,
+    Work,
+)
 from ..errors import Conflict
 from .signals import Signals
 
@@ -43,6 +51,10 @@ class Dispatcher:
         self._started: dict[str, set[str]] = {}  # job -> workers that reported it started
         self._holders: OrderedDict[str, set[str]] = OrderedDict()  # job -> workers ever given it
         self._rendezvous: dict[str, Rendezvous] = {}
+        # Sessions (ADR 0019): cells to run, and interrupts and restarts, per worker.
+        self._cells: dict[str, list[CellAssignment]] = {}
+        self._interrupts: dict[str, set[str]] = {}
+        self._restarts: dict[str, set[str]] = {}
         self._workers = Signals(clock)  # by worker id: new work or cancels
         self._jobs = Signals(clock)  # by job id: a rendezvous or a change of the job
         # Until the control plane starts (and after it stops) a long-poll answers at once.
@@ -124,11 +136,29 @@ class Dispatcher:
                 self._cancels.setdefault(worker_id, set()).add(job.id)
                 self._workers.fire(worker_id)
 
+    def cell(self, worker_id: str, cell: CellAssignment) -> None:
+        """Hand a session's cell to one of its workers (it runs it on its ranks)."""
+        self._cells.setdefault(worker_id, []).append(cell)
+        self._workers.fire(worker_id)
+
+    def interrupt(self, worker_id: str, session_id: str) -> None:
+        self._interrupts.setdefault(worker_id, set()).add(session_id)
+        self._workers.fire(worker_id)
+
+    def restart(self, worker_id: str, session_id: str) -> None:
+        """Restart a session's ranks on one worker; a multi-node session meets anew."""
+        self._rendezvous.pop(session_id, None)
+        self._restarts.setdefault(worker_id, set()).add(session_id)
+        self._workers.fire(worker_id)
+
     def forget_worker(self, worker_id: str) -> None:
         """The worker is gone: drop what waited for it and end its long-poll."""
         self._inbox.pop(worker_id, None)
         self._cancels.pop(worker_id, None)
         self._stops.pop(worker_id, None)
+        self._cells.pop(worker_id, None)
+        self._interrupts.pop(worker_id, None)
+        self._restarts.pop(worker_id, None)
         self._workers.fire(worker_id)
 
     def return_work(
@@ -144,6 +174,13 @@ class Dispatcher:
             self._stops.setdefault(worker_id, set()).update(
                 (s.job_id, s.attempt) for s in work.stop
             )
+        if work.cells:
+            cells = self._cells.setdefault(worker_id, [])
+            cells[:0] = [c for c in work.cells if active is None or active(c.session_id)]
+        if work.interrupts:
+            self._interrupts.setdefault(worker_id, set()).update(work.interrupts)
+        if work.restarts:
+            self._restarts.setdefault(worker_id, set()).update(work.restarts)
         self._workers.fire(worker_id)
 
     async def next_work(self, worker_id: str, wait: float, touch: Callable[[], object]) -> Work:
@@ -157,13 +194,20 @@ class Dispatcher:
             inbox = [a for a in self._inbox.pop(worker_id, []) if self.deliverable(a, worker_id)]
             cancels = self._cancels.pop(worker_id, set())
             stops = self._stops.pop(worker_id, set())
+            cells = self._cells.pop(worker_id, [])
+            interrupts = self._interrupts.pop(worker_id, set())
+            restarts = self._restarts.pop(worker_id, set())
             left = deadline - self.clock.monotonic()
-            if inbox or cancels or stops or left <= 0 or not self.open:
-                return Work(
-                    assignments=inbox,
-                    cancel=sorted(cancels),
-                    stop=[AttemptRef(job_id=j, attempt=n) for j, n in sorted(stops)],
-                )
+            work = Work(
+                assignments=inbox,
+                cancel=sorted(cancels),
+                stop=[AttemptRef(job_id=j, attempt=n) for j, n in sorted(stops)],
+                cells=cells,
+                interrupts=sorted(interrupts),
+                restarts=sorted(restarts),
+            )
+            if not work.empty or left <= 0 or not self.open:
+                return work
             await self._workers.wait(worker_id, left)
 
     # -- rendezvous ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The event log: job and worker changes for UIs, in a ring, followed with a cursor.
+"""The event log: job, worker and session changes for UIs, in a ring, followed with a cursor.
 
 A cursor is ``"<epoch>:<seq>"``. The epoch is new random hex each time a control plane starts, so a
 cursor kept across a restart (where numbering starts again) is recognised as such and answered
@@ -13,7 +13,7 @@ import secrets
 from collections import deque
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..contracts import Event, EventPage, Job, WorkerInfo
+from ..contracts import Event, EventPage, Job, SessionInfo, WorkerInfo
 from ..errors import InvalidInput
 from .signals import Signal
 
@@ -37,6 +37,9 @@ class EventLog:
 
     def worker(self, worker: WorkerInfo) -> None:
         self._emit(Event(seq=self.seq + 1, time=self.clock.now(), kind="worker", worker=worker))
+
+    def session(self, session: SessionInfo) -> None:
+        self._emit(Event(seq=self.seq + 1, time=self.clock.now(), kind="session", session=session))
 
     def _emit(self, event: Event) -> None:
         self.seq = event.seq

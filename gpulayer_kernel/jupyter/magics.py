@@ -28,6 +28,7 @@ from .. import render
 from ..contracts import Job, JobSpec, JobState, parse
 from ..errors import GPUlayerError
 from ..runner import SHOWN_KEY
+from ..sessions import SessionCellError
 from .bridge import Bridge, Target, get_bridge, reconnect
 from .cellspec import (
     CELL_FILE,
@@ -40,6 +41,8 @@ from .cellspec import (
     notebook_path,
 )
 from .handle import CellError, JobHandle, NoResult, follow, result_of
+from .sessioncells import run_session_cell
+from .sessionkernel import kernel_sessions, pull_command, push_command, session_command
 
 DISPLAY_ENV = "GPULAYER_DISPLAY"
 DISPLAY_MODES = ("auto", "widget", "text")
@@ -180,6 +183,22 @@ class GPUlayerMagics(Magics):
         help="return a JobHandle at once: .result(), .logs(), .cancel(), .wait(), .job",
     )
     @argument("--handle", default=None, metavar="NAME", help="also bind the JobHandle to NAME")
+    @argument(
+        "--session",
+        default=None,
+        metavar="NAME",
+        help="run the cell in this session (default: the kernel's current one, if any)",
+    )
+    @argument(
+        "--fresh",
+        action="store_true",
+        help="run the cell as a one-shot job even though the kernel has a session",
+    )
+    @argument(
+        "--all-ranks",
+        action="store_true",
+        help="in a multi-rank session, show every rank's value (a list), not rank 0's",
+    )
     @cell_magic("gpulayer")
     def gpulayer_cell(self, line: str, cell: str) -> Any:
         """Run this cell as a GPUlayer job and bring its logs and result back.
@@ -202,13 +221,29 @@ class GPUlayerMagics(Magics):
             return None
         try:
             return self._run_cell(args, cell)
-        except CellError:
-            raise
+        except (CellError, SessionCellError):
+            raise  # they render themselves (a remote traceback, a message and a hint)
         except GPUlayerError as exc:
             raise cell_error(exc) from None
 
     def _run_cell(self, args: Any, cell: str) -> Any:
         global _last
+        sessions = kernel_sessions()
+        if args.session is not None and args.fresh:
+            raise CellError("--session and --fresh contradict each other: pick one")
+        if args.out is not None and not args.out.isidentifier():
+            raise CellError(f"--out {args.out!r} is not a valid Python variable name")
+        if not args.fresh and (args.session is not None or sessions.current is not None):
+            if not cell.strip():
+                raise CellError("the cell is empty", hint="write the code to run below %%gpulayer")
+            assert self.shell is not None
+            session = sessions.handle(args.session)
+            return run_session_cell(session, args, cell, self.ns, self.shell.execution_count)
+        if args.all_ranks:
+            raise CellError(
+                "--all-ranks is for session cells",
+                hint="a one-shot job's value is rank 0's; start a session to see every rank's",
+            )
         if args.out is not None and args.no_wait:
             raise CellError(
                 "--out needs the cell to wait for its result",
@@ -313,7 +348,8 @@ class GPUlayerMagics(Magics):
         try:
             return handler(self, words[1:])
         except GPUlayerError as exc:
-            raise exc if isinstance(exc, CellError) else cell_error(exc) from None
+            shown = isinstance(exc, (CellError, SessionCellError))
+            raise exc if shown else cell_error(exc) from None
 
     def _status(self, argv: list[str]) -> None:
         _parser("status").parse_args(argv)
@@ -403,6 +439,15 @@ class GPUlayerMagics(Magics):
         print(f"using the {bridge.describe()}")
         print(render.workers_table(workers))
 
+    def _session(self, argv: list[str]) -> None:
+        session_command(argv, self.ns, widget=display_mode() == "widget")
+
+    def _push(self, argv: list[str]) -> None:
+        push_command(argv, self.ns)
+
+    def _pull(self, argv: list[str]) -> None:
+        pull_command(argv, self.ns)
+
     def _display(self, argv: list[str]) -> None:
         global _display_mode
         p = _parser("display")
@@ -432,6 +477,9 @@ _LINE_COMMANDS: dict[str, Callable[[GPUlayerMagics, list[str]], Any]] = {
     "connect": GPUlayerMagics._connect,
     "local": GPUlayerMagics._local,
     "display": GPUlayerMagics._display,
+    "session": GPUlayerMagics._session,
+    "push": GPUlayerMagics._push,
+    "pull": GPUlayerMagics._pull,
 }
 
 _LINE_HELP = """\
@@ -447,6 +495,15 @@ _LINE_HELP = """\
   local [--home DIR] [--simulate-gpus N] [--simulate-kind KIND]
                               use an embedded control plane in this kernel
   display auto|widget|text    how %%gpulayer cells show jobs
+  session start [--gpus N] [--nodes M] [--gpu-kind K] [--fallback cpu] [--idle-timeout 30m]
+          [--name NAME]       a GPU that keeps state: the %%gpulayer cells below run in it
+  session list [--all]        sessions (* marks this kernel's current one)
+  session show [NAME]         a session and its last cells
+  session stop|restart|interrupt [NAME]
+                              end it (GPUs freed), start its ranks again, or interrupt its cell
+  session attach NAME         take a session over (a restarted kernel gets its session back)
+  push x,y [--session S]      send kernel variables into the session (tensors: safetensors)
+  pull x,y [--session S]      bring session variables (rank 0's) into the kernel
 Run a cell as a job with %%gpulayer; see its options with %%gpulayer --help."""
 
 

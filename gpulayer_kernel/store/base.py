@@ -1,4 +1,4 @@
-"""The metadata store interface (ADR 0008): jobs, logs, workers, tokens, secrets."""
+"""The metadata store interface (ADR 0008): jobs, logs, sessions, workers, tokens, secrets."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..contracts import Job, JobState, LogRecord, WorkerInfo
+from ..contracts import CellRun, Job, JobState, LogRecord, SessionRecord, WorkerInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +72,26 @@ class MetadataStore(abc.ABC):
         for job in await self.list_jobs(JobQuery(limit=1 << 62)):
             counts[job.state.value] = counts.get(job.state.value, 0) + 1
         return counts
+
+    # sessions (ADR 0019): their state beside their job, and each cell run in them
+
+    @abc.abstractmethod
+    async def save_cells(self, cells: Sequence[CellRun]) -> None: ...
+
+    @abc.abstractmethod
+    async def get_cell(self, session_id: str, number: int) -> CellRun | None: ...
+
+    @abc.abstractmethod
+    async def list_cells(
+        self, session_id: str, limit: int = 100, before: int | None = None
+    ) -> list[CellRun]:
+        """A session's cells, newest first (numbers below ``before``)."""
+
+    @abc.abstractmethod
+    async def save_sessions(self, sessions: Sequence[SessionRecord]) -> None: ...
+
+    @abc.abstractmethod
+    async def load_sessions(self, ids: Sequence[str]) -> list[SessionRecord]: ...
 
     @abc.abstractmethod
     async def save_workers(self, workers: Sequence[WorkerInfo]) -> None: ...

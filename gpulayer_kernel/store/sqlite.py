@@ -8,6 +8,7 @@ one shared transaction that carries every write queued while the previous one ra
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import sqlite3
@@ -20,7 +21,7 @@ from typing import Any, TypeVar
 import aiosqlite
 from pydantic import ValidationError
 
-from ..contracts import Job, LogRecord, WorkerInfo
+from ..contracts import CellRun, Job, LogRecord, SessionRecord, WorkerInfo
 from ..errors import SchemaTooNew, StoreError, Unavailable
 from .base import JobQuery, MetadataStore, TokenRecord
 
@@ -56,6 +57,18 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         CREATE TABLE secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL, updated_at REAL NOT NULL);
         """,
     ),
+    (
+        3,
+        "sessions, their cells, cell output in logs",
+        """
+        ALTER TABLE logs ADD COLUMN cell INTEGER;
+        ALTER TABLE logs ADD COLUMN data TEXT;
+        CREATE TABLE sessions (id TEXT PRIMARY KEY, body TEXT NOT NULL);
+        CREATE TABLE cells (
+            session_id TEXT NOT NULL, number INTEGER NOT NULL, state TEXT NOT NULL,
+            body TEXT NOT NULL, PRIMARY KEY (session_id, number)) WITHOUT ROWID;
+        """,
+    ),
 ]
 LATEST_SCHEMA = MIGRATIONS[-1][0]
 T = TypeVar("T")
@@ -66,7 +79,15 @@ _UPSERT_JOB = (
     "updated_at=excluded.updated_at"
 )
 _INSERT_LOG = (
-    "INSERT OR IGNORE INTO logs (job_id, seq, time, stream, rank, text) VALUES (?, ?, ?, ?, ?, ?)"
+    "INSERT OR IGNORE INTO logs (job_id, seq, time, stream, rank, text, cell, data) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_UPSERT_CELL = (
+    "INSERT INTO cells (session_id, number, state, body) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT(session_id, number) DO UPDATE SET state=excluded.state, body=excluded.body"
+)
+_UPSERT_SESSION = (
+    "INSERT INTO sessions (id, body) VALUES (?, ?) ON CONFLICT(id) DO UPDATE SET body=excluded.body"
 )
 _UPSERT_WORKER = (
     "INSERT INTO workers (id, name, body) VALUES (?, ?, ?) "
@@ -302,17 +323,38 @@ class SqliteStore(MetadataStore):
 
     async def append_logs(self, job_id: str, records: Sequence[LogRecord]) -> None:
         await self._write(
-            _INSERT_LOG, [(job_id, r.seq, r.time, r.stream, r.rank, r.text) for r in records]
+            _INSERT_LOG,
+            [
+                (
+                    job_id,
+                    r.seq,
+                    r.time,
+                    r.stream,
+                    r.rank,
+                    r.text,
+                    r.cell,
+                    None if r.data is None else json.dumps(r.data),
+                )
+                for r in records
+            ],
         )
 
     async def read_logs(self, job_id: str, since: int, limit: int) -> list[LogRecord]:
         rows = await self._fetchall(
-            "SELECT seq, time, stream, rank, text FROM logs WHERE job_id = ? AND seq > ? "
-            "ORDER BY seq LIMIT ?",
+            "SELECT seq, time, stream, rank, text, cell, data FROM logs WHERE job_id = ? "
+            "AND seq > ? ORDER BY seq LIMIT ?",
             (job_id, since, limit),
         )
         return [
-            LogRecord.model_construct(seq=r[0], time=r[1], stream=r[2], rank=r[3], text=r[4])
+            LogRecord.model_construct(
+                seq=r[0],
+                time=r[1],
+                stream=r[2],
+                rank=r[3],
+                text=r[4],
+                cell=r[5],
+                data=None if r[6] is None else json.loads(r[6]),
+            )
             for r in rows
         ]
 
@@ -321,6 +363,41 @@ class SqliteStore(MetadataStore):
             "SELECT COALESCE(MAX(seq), 0) FROM logs WHERE job_id = ?", (job_id,)
         )
         return int(row[0]) if row else 0
+
+    # -- sessions (ADR 0019) -------------------------------------------------------------------
+
+    async def save_cells(self, cells: Sequence[CellRun]) -> None:
+        await self._write(
+            _UPSERT_CELL,
+            [(c.session_id, c.number, c.state.value, c.model_dump_json()) for c in cells],
+        )
+
+    async def get_cell(self, session_id: str, number: int) -> CellRun | None:
+        row = await self._fetchone(
+            "SELECT body FROM cells WHERE session_id = ? AND number = ?", (session_id, number)
+        )
+        return CellRun.model_validate_json(row[0]) if row else None
+
+    async def list_cells(
+        self, session_id: str, limit: int = 100, before: int | None = None
+    ) -> list[CellRun]:
+        rows = await self._fetchall(
+            "SELECT body FROM cells WHERE session_id = ? AND number < ? "
+            "ORDER BY number DESC LIMIT ?",
+            (session_id, before if before is not None else 1 << 62, limit),
+        )
+        return [CellRun.model_validate_json(r[0]) for r in rows]
+
+    async def save_sessions(self, sessions: Sequence[SessionRecord]) -> None:
+        await self._write(_UPSERT_SESSION, [(s.id, s.model_dump_json()) for s in sessions])
+
+    async def load_sessions(self, ids: Sequence[str]) -> list[SessionRecord]:
+        if not ids:
+            return []
+        rows = await self._fetchall(
+            f"SELECT body FROM sessions WHERE id IN ({','.join('?' * len(ids))})", list(ids)
+        )
+        return [SessionRecord.model_validate_json(r[0]) for r in rows]
 
     # -- workers --------------------------------------------------------------------------------
 

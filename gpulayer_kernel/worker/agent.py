@@ -33,8 +33,9 @@ from .config import ExecutorConfig
 from .executor import JobExecutor
 from .ports import PortReservations
 from .processes import reap_leftovers
+from .session import SessionExecutor
 from .transport import AttemptTransport, Transport
-from .zygote_client import WarmRunner
+from .zygote_client import WarmRunner, session_preload
 
 __all__ = ["WorkerAgent", "backoff"]  # backoff: re-exported for the CLI's join loop
 
@@ -67,10 +68,13 @@ class WorkerAgent:
         # What this worker's jobs share, owned here so that two workers in one process (tests,
         # the embedded default beside a served one) never share a zygote or a port.
         self.warm_runner = WarmRunner(config, clock)
+        # Sessions fork from a zygote of their own, with IPython (and torch) imported: forking a
+        # torch-loaded process costs one-shot jobs ~40 ms they need not pay (ADR 0019).
+        self.session_runner = WarmRunner(config, clock, preload=session_preload)
         self.ports = PortReservations()
         self.bundles = BundleCache(config.work_root / "bundles", config.bundle_cache_bytes)
         self.info: WorkerInfo | None = None
-        self.running: dict[Attempt, JobExecutor] = {}
+        self.running: dict[Attempt, JobExecutor | SessionExecutor] = {}
         self._done: OrderedDict[Attempt, None] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
@@ -111,7 +115,8 @@ class WorkerAgent:
                 finishing = asyncio.gather(*self._tasks, return_exceptions=True)
                 await self.clock.wait_for(finishing, self.config.kill_grace + 10)
         finally:
-            self.warm_runner.close()  # the warm runner goes with its worker
+            self.warm_runner.close()  # the warm runners go with their worker
+            self.session_runner.close()
         with contextlib.suppress(Exception):
             await self.transport.deregister()
         await self.transport.close()
@@ -171,6 +176,26 @@ class WorkerAgent:
                     ex.cancel(ex.job.reason or "cancelled")
         for ref in work.stop:
             self._stale((ref.job_id, ref.attempt))
+        for cell in work.cells:
+            session = self._session(cell.session_id)
+            if session is not None:
+                session.submit(cell)
+            else:
+                log.warning(
+                    "cell %s for session %s, which does not run here", cell.number, cell.session_id
+                )
+        for session_id in work.interrupts:
+            if (s := self._session(session_id)) is not None:
+                s.interrupt()
+        for session_id in work.restarts:
+            if (s := self._session(session_id)) is not None:
+                s.restart()
+
+    def _session(self, job_id: str) -> SessionExecutor | None:
+        """The newest attempt of a session running here."""
+        found = [(a, ex) for (j, a), ex in self.running.items() if j == job_id]
+        ex = max(found, key=lambda p: p[0])[1] if found else None
+        return ex if isinstance(ex, SessionExecutor) else None
 
     def _stale(self, key: Attempt) -> None:
         """The control plane moved on from this attempt: stop its process; its reports drop."""
@@ -188,21 +213,33 @@ class WorkerAgent:
             if attempt > a.attempt:
                 return  # an older attempt than the one running here: stale on arrival
             old.cancel(f"superseded by attempt {a.attempt}")
-        ex = JobExecutor(
-            a,
-            AttemptTransport(self.transport, a.attempt, lambda: self._stale(key)),
-            self.config,
-            ports=self.ports,
-            warm=self.warm_runner,
-            bundles=self.bundles,
-            clock=self.clock,
-        )
+        transport = AttemptTransport(self.transport, a.attempt, lambda: self._stale(key))
+        ex: JobExecutor | SessionExecutor
+        if a.job.spec.is_session:
+            ex = SessionExecutor(
+                a,
+                transport,
+                self.config,
+                ports=self.ports,
+                warm=self.session_runner,
+                clock=self.clock,
+            )
+        else:
+            ex = JobExecutor(
+                a,
+                transport,
+                self.config,
+                ports=self.ports,
+                warm=self.warm_runner,
+                bundles=self.bundles,
+                clock=self.clock,
+            )
         self.running[key] = ex
         task = asyncio.create_task(self._run_job(key, ex))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run_job(self, key: Attempt, ex: JobExecutor) -> None:
+    async def _run_job(self, key: Attempt, ex: JobExecutor | SessionExecutor) -> None:
         try:
             report = await ex.run()
             await self._deliver(key[0], report.model_copy(update={"attempt": key[1]}))

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..contracts import Artifact, FinishReport, JobAssignment, PythonWorkload
+from ..contracts import Artifact, CommandWorkload, FinishReport, JobAssignment, PythonWorkload
 from ..errors import BundleError, GPUlayerError
 from ..job import ARGS_ENV, CONTROL_ENV, JOB_ID_ENV, OUTPUT_ENV, RESULT_ENV
 from ..redact import Redactor
@@ -177,6 +177,7 @@ class JobExecutor:
             argv = [self.config.python, "-m", "gpulayer_kernel.runner", workload.entrypoint]
             cwd = src
         else:
+            assert isinstance(workload, CommandWorkload)  # sessions run in SessionExecutor
             argv = list(workload.argv)
             if workload.bundle is not None:
                 # `gpulayer run --files`: the command runs among its shipped files.

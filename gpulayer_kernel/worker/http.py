@@ -32,7 +32,16 @@ import httpx
 
 from ..client import error_from, http_client, unreachable
 from ..clock import SYSTEM_CLOCK, Clock
-from ..contracts import FinishReport, LogLine, Rendezvous, Work, WorkerInfo, WorkerRegistration
+from ..contracts import (
+    CellReport,
+    FinishReport,
+    LogLine,
+    Rendezvous,
+    SessionReport,
+    Work,
+    WorkerInfo,
+    WorkerRegistration,
+)
 from ..errors import Conflict, Unauthorized, Unavailable
 from .backoff import backoff
 from .transport import Transport
@@ -168,7 +177,7 @@ class HttpTransport(Transport):
     ) -> None:
         named = "" if attempt is None else f'"attempt":{int(attempt)},'
         for chunk in _chunks(lines, MAX_LOG_REQUEST_BYTES):
-            body = "{" + named + '"lines":[' + ",".join(x.model_dump_json() for x in chunk) + "]}"
+            body = "{" + named + '"lines":[' + ",".join(_line_json(x) for x in chunk) + "]}"
             await self._retrying(
                 f"sending logs of job {job_id}",
                 lambda body=body: self._request(  # type: ignore[misc]
@@ -189,6 +198,23 @@ class HttpTransport(Transport):
         # Not retried here: the agent retries delivery until the control plane has the result.
         await self._request(
             "POST", f"/worker/jobs/{job_id}/finished", body=report.model_dump_json()
+        )
+
+    async def report_cell(self, job_id: str, report: CellReport) -> None:
+        # Not retried here: the session executor retries delivery until it is taken.
+        body = report.model_dump_json(exclude_none=True)
+        if len(body) > MAX_LOG_REQUEST_BYTES and report.lines:
+            # Large output (figures) goes first as log batches that fit the server's limit.
+            await self.append_logs(job_id, report.lines, report.attempt)
+            body = report.model_copy(update={"lines": []}).model_dump_json(exclude_none=True)
+        await self._request("POST", f"/worker/jobs/{job_id}/cell", body=body)
+
+    async def report_session(self, job_id: str, report: SessionReport) -> None:
+        await self._retrying(
+            f"reporting session {job_id}",
+            lambda: self._request(
+                "POST", f"/worker/jobs/{job_id}/session", body=report.model_dump_json()
+            ),
         )
 
     async def fetch_blob(self, digest: str) -> bytes:
@@ -242,6 +268,11 @@ class HttpTransport(Transport):
         await self._http.aclose()
 
 
+def _line_json(line: LogLine) -> str:
+    # Unset fields (rank, cell, data) left out: smaller, and what older servers expect.
+    return line.model_dump_json(exclude_none=True)
+
+
 def _chunks(lines: list[LogLine], max_bytes: int) -> list[list[LogLine]]:
     """Split a batch so no request is near the server's body limit (lines are ≤ 64 KiB)."""
     out: list[list[LogLine]] = []
@@ -249,6 +280,8 @@ def _chunks(lines: list[LogLine], max_bytes: int) -> list[list[LogLine]]:
     size = 0
     for line in lines:
         n = len(line.text) * 2 + 100  # JSON escaping at most doubles most text
+        if line.data is not None:  # a display (≤ display.max_bytes): base64 needs no escaping
+            n += len(json.dumps(line.data))
         if current and (size + n > max_bytes or len(current) >= 10_000):
             out.append(current)
             current, size = [], 0

@@ -136,27 +136,7 @@ class Launch:
             env.setdefault("LOCAL_RANK", "0")
             return argv
         a, config = self.a, self.config
-        if a.nnodes == 1:
-            addr = "127.0.0.1"
-            port = self._reserve(addr)
-        elif a.node.node_rank == 0:
-            addr = config.advertise_addr
-            port = self._reserve(addr)
-            await self.transport.publish_rendezvous(
-                a.job.id, Rendezvous(master_addr=addr, master_port=port)
-            )
-        else:
-            rdzv = await self._await_rendezvous()
-            addr, port = rdzv.master_addr, rdzv.master_port
-        self.master = (addr, port)
-        if a.nnodes > 1:
-            # gloo and NCCL pick their interface from the hostname, which inside a container or
-            # network namespace may name an unreachable address (or fall back to loopback):
-            # point them at the interface that holds the address this worker advertises.
-            ifname = interface_for(config.advertise_addr)
-            if ifname is not None:
-                env.setdefault("GLOO_SOCKET_IFNAME", ifname)
-                env.setdefault("NCCL_SOCKET_IFNAME", ifname)
+        addr, port = await self.meet(env)
         # When a rank fails, torchrun SIGTERMs the others and SIGKILLs them after this long
         # (default 30 s): fail fast within the same grace the worker gives a cancelled job.
         env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", f"{max(1, int(config.kill_grace))}")
@@ -199,6 +179,34 @@ class Launch:
             f"{a.nnodes}), rendezvous at {addr}:{port}"
         )
         return [*launcher, "/bin/sh", "-c", _RANK_SHIM, "gpulayer-rank", *deathsig, *argv]
+
+    async def meet(self, env: dict[str, str]) -> tuple[str, int]:
+        """Where the ranks meet (static rendezvous): a port reserved here on one host; on
+        several, the rank-0 worker's (published by it, long-polled by the others). Sets the
+        NIC variables in ``env`` for a multi-node gang. Also used by sessions (ADR 0019)."""
+        a, config = self.a, self.config
+        if a.nnodes == 1:
+            addr = "127.0.0.1"
+            port = self._reserve(addr)
+        elif a.node.node_rank == 0:
+            addr = config.advertise_addr
+            port = self._reserve(addr)
+            await self.transport.publish_rendezvous(
+                a.job.id, Rendezvous(master_addr=addr, master_port=port)
+            )
+        else:
+            rdzv = await self._await_rendezvous()
+            addr, port = rdzv.master_addr, rdzv.master_port
+        self.master = (addr, port)
+        if a.nnodes > 1:
+            # gloo and NCCL pick their interface from the hostname, which inside a container or
+            # network namespace may name an unreachable address (or fall back to loopback):
+            # point them at the interface that holds the address this worker advertises.
+            ifname = interface_for(config.advertise_addr)
+            if ifname is not None:
+                env.setdefault("GLOO_SOCKET_IFNAME", ifname)
+                env.setdefault("NCCL_SOCKET_IFNAME", ifname)
+        return addr, port
 
     def _reserve(self, host: str) -> int:
         try:

@@ -14,8 +14,9 @@ import codecs
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Literal
+from typing import Any, Literal, Protocol
 
+from .. import display
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import LogLine
 from ..errors import Conflict, NotFound
@@ -54,14 +55,45 @@ class LogShipper:
         self.sent = 0
         self.dropped = 0
 
-    def add(self, stream: Stream, text: str, rank: int | None = None) -> None:
-        self._buf.append(
-            LogLine.model_construct(
-                time=self._clock.now(), stream=stream, rank=rank, text=self._redact(text)
-            )
+    def add(
+        self, stream: Stream, text: str, rank: int | None = None, cell: int | None = None
+    ) -> None:
+        self.add_line(self.line(stream, text, rank, cell))
+
+    def line(
+        self,
+        stream: Stream | Literal["display"],
+        text: str,
+        rank: int | None = None,
+        cell: int | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> LogLine:
+        """A line as it goes out: redacted (a display's text entries too) and stamped now."""
+        if data is not None:
+            data = display.redact(data, self._redact)
+        return LogLine.model_construct(
+            time=self._clock.now(),
+            stream=stream,
+            rank=rank,
+            text=self._redact(text),
+            cell=cell,
+            data=data,
         )
+
+    def add_line(self, line: LogLine) -> None:
+        """Queue a line made by :meth:`line`; it goes out at once unless a send is in flight."""
+        self._buf.append(line)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._pump())
+
+    async def settle(self) -> list[LogLine]:
+        """Wait for the send in flight, then take (and no longer send) what is still queued:
+        a session cell's last lines travel in its report instead, after all earlier ones."""
+        while self._task is not None and not self._task.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._task)
+        lines, self._buf = self._buf, []
+        return lines
 
     async def _pump(self) -> None:
         while self._buf:
@@ -100,10 +132,18 @@ class LogShipper:
             await self._pump()
 
 
+class LineSink(Protocol):
+    """Where a pipe's lines go: a :class:`LogShipper`, or a view of one (a session's rank)."""
+
+    redactor: Redactor
+
+    def add(self, stream: Stream, text: str, rank: int | None = None) -> None: ...
+
+
 async def pump_stream(
     reader: asyncio.StreamReader,
     stream: Stream,
-    shipper: LogShipper,
+    shipper: LineSink,
     split_rank: SplitRank | None = None,
 ) -> None:
     """Read a pipe to EOF and hand each complete line (without the newline) to the shipper.
@@ -137,7 +177,7 @@ async def pump_stream(
 class _Emitter:
     """Hands lines to the shipper; the pieces of one long line share its first piece's rank."""
 
-    def __init__(self, stream: Stream, shipper: LogShipper, split_rank: SplitRank | None) -> None:
+    def __init__(self, stream: Stream, shipper: LineSink, split_rank: SplitRank | None) -> None:
         self.stream = stream
         self.shipper = shipper
         self.split_rank = split_rank

@@ -42,12 +42,15 @@ class Spawned(Protocol):
     async def wait(self) -> int: ...
 
 
-async def spawn_cold(argv: list[str], cwd: Path, env: dict[str, str]) -> Spawned:
+async def spawn_cold(
+    argv: list[str], cwd: Path, env: dict[str, str], stdin: int | None = None
+) -> Spawned:
     """Start ``argv`` under its supervisor, in a session of its own, with piped stdout/stderr.
 
     The supervisor (:mod:`.reaper`, run by this interpreter without ``site``: ~15 ms) dies with
     this worker and takes everything the job started with it. A program that cannot be run
-    ends with 127 (not found) or 126 (not executable), as a shell reports it.
+    ends with 127 (not found) or 126 (not executable), as a shell reports it. ``stdin``: an fd
+    for the job's stdin (a session's socket); default /dev/null.
     """
     prefix = [sys.executable, "-I", "-S", REAPER, str(os.getpid()), "--"]
     return await asyncio.create_subprocess_exec(
@@ -55,7 +58,7 @@ async def spawn_cold(argv: list[str], cwd: Path, env: dict[str, str]) -> Spawned
         *argv,
         cwd=cwd,
         env=env,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL if stdin is None else stdin,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,

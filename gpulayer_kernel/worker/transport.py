@@ -18,9 +18,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..contracts import (
+    CellReport,
     FinishReport,
     LogLine,
     Rendezvous,
+    SessionReport,
     Work,
     WorkerInfo,
     WorkerRegistration,
@@ -62,6 +64,14 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     async def report_finished(self, job_id: str, report: FinishReport) -> None: ...
+
+    @abc.abstractmethod
+    async def report_cell(self, job_id: str, report: CellReport) -> None:
+        """A session cell's end on this worker's ranks (ADR 0019)."""
+
+    @abc.abstractmethod
+    async def report_session(self, job_id: str, report: SessionReport) -> None:
+        """A session's processes changed outside a cell: up again, or broken."""
 
     @abc.abstractmethod
     async def fetch_blob(self, digest: str) -> bytes: ...
@@ -121,6 +131,12 @@ class InProcessTransport(Transport):
 
     async def report_finished(self, job_id: str, report: FinishReport) -> None:
         await self.cp.report_finished(self._id(), job_id, report)
+
+    async def report_cell(self, job_id: str, report: CellReport) -> None:
+        await self.cp.report_cell(self._id(), job_id, report)
+
+    async def report_session(self, job_id: str, report: SessionReport) -> None:
+        await self.cp.report_session(self._id(), job_id, report)
 
     async def fetch_blob(self, digest: str) -> bytes:
         return await self.cp.get_blob(digest)
@@ -186,6 +202,14 @@ class AttemptTransport(Transport):
     async def report_finished(self, job_id: str, report: FinishReport) -> None:
         named = report.model_copy(update={"attempt": self.attempt})
         await self._call(self.inner.report_finished(job_id, named))
+
+    async def report_cell(self, job_id: str, report: CellReport) -> None:
+        named = report.model_copy(update={"attempt": self.attempt})
+        await self._call(self.inner.report_cell(job_id, named))
+
+    async def report_session(self, job_id: str, report: SessionReport) -> None:
+        named = report.model_copy(update={"attempt": self.attempt})
+        await self._call(self.inner.report_session(job_id, named))
 
     async def fetch_blob(self, digest: str) -> bytes:
         return await self._call(self.inner.fetch_blob(digest))

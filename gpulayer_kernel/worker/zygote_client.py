@@ -203,15 +203,21 @@ class ZygoteClient:
             proc.kill()
         proc.wait()
 
-    async def spawn(self, entrypoint: str, cwd: Path, env: dict[str, str]) -> ZygoteChild:
-        """Fork one Python job: stdout/stderr come back as StreamReaders, as with a cold spawn."""
-        return await self._launch({"entrypoint": entrypoint}, cwd, env)
+    async def spawn(
+        self, entrypoint: str, cwd: Path, env: dict[str, str], stdin: int | None = None
+    ) -> ZygoteChild:
+        """Fork one Python job: stdout/stderr come back as StreamReaders, as with a cold spawn.
+
+        ``stdin``: an fd the job gets as its stdin (a session's socket); default /dev/null."""
+        return await self._launch({"entrypoint": entrypoint}, cwd, env, stdin)
 
     async def exec(self, argv: list[str], cwd: Path, env: dict[str, str]) -> ZygoteChild:
         """Fork one job that execs ``argv`` (a command, or a launcher), supervised as the rest."""
         return await self._launch({"argv": argv}, cwd, env)
 
-    async def _launch(self, what: dict[str, object], cwd: Path, env: dict[str, str]) -> ZygoteChild:
+    async def _launch(
+        self, what: dict[str, object], cwd: Path, env: dict[str, str], stdin: int | None = None
+    ) -> ZygoteChild:
         if self.dead or self.sock is None:
             raise ZygoteUnavailable("not running")
         self._next_id += 1
@@ -220,7 +226,11 @@ class ZygoteClient:
         self._launches[rid] = fut
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        null = (
+            os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            if stdin is None
+            else os.dup(stdin)  # closed below like /dev/null: the caller keeps its own
+        )
         request = {"id": rid, **what, "cwd": str(cwd), "env": env}
         try:
             try:
@@ -278,6 +288,30 @@ class ZygoteClient:
                 self._fail_pending("it was closed")
 
 
+def env_preload() -> tuple[str, ...]:
+    """The modules ``GPULAYER_ZYGOTE_PRELOAD`` names (comma-separated; none by default)."""
+    return tuple(m.strip() for m in os.environ.get(PRELOAD_ENV, "").split(",") if m.strip())
+
+
+SESSION_PRELOAD_ENV = "GPULAYER_SESSION_PRELOAD"
+"""Worker setting: the modules a session's zygote imports besides IPython (default: torch and
+numpy where installed; set it empty for IPython alone)."""
+
+
+def session_preload() -> tuple[str, ...]:
+    """What a session's zygote imports: IPython's shell and the session host, then torch and
+    numpy where this interpreter has them (``GPULAYER_SESSION_PRELOAD`` overrides the two)."""
+    import importlib.util
+
+    base = ("IPython.core.interactiveshell", "gpulayer_kernel.worker.session_host")
+    configured = os.environ.get(SESSION_PRELOAD_ENV)
+    if configured is not None:
+        extra = tuple(m.strip() for m in configured.split(",") if m.strip())
+    else:
+        extra = tuple(m for m in ("torch", "numpy") if importlib.util.find_spec(m) is not None)
+    return base + extra
+
+
 def _kill_launched(fut: asyncio.Future[int]) -> None:
     if not fut.cancelled() and fut.exception() is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -291,9 +325,16 @@ class WarmRunner:
     its own ``python`` and allow-listed environment), and stopping a worker stops its zygote.
     """
 
-    def __init__(self, config: ExecutorConfig, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        config: ExecutorConfig,
+        clock: Clock = SYSTEM_CLOCK,
+        preload: Callable[[], tuple[str, ...]] | None = None,
+    ) -> None:
+        """``preload``: the modules its zygote imports up front (default: ``PRELOAD_ENV``'s)."""
         self.config = config
         self.clock = clock
+        self._preload = preload or env_preload
         self._client: ZygoteClient | None = None
         self._finalizer: weakref.finalize[[], WarmRunner] | None = None
         self._broken = False  # a failed start is likely to fail again: stop trying
@@ -306,11 +347,13 @@ class WarmRunner:
         client = self._client
         return client.zygote_pid if client is not None and not client.dead else None
 
-    async def spawn(self, entrypoint: str, cwd: Path, env: dict[str, str]) -> ZygoteChild | None:
+    async def spawn(
+        self, entrypoint: str, cwd: Path, env: dict[str, str], stdin: int | None = None
+    ) -> ZygoteChild | None:
         """Launch a Python job through the zygote; None means "use the cold spawn"."""
         if any(k in STARTUP_VARS for k in env):
             return None
-        return await self._launch(lambda c: c.spawn(entrypoint, cwd, env))
+        return await self._launch(lambda c: c.spawn(entrypoint, cwd, env, stdin))
 
     async def exec(self, argv: list[str], cwd: Path, env: dict[str, str]) -> ZygoteChild | None:
         """Launch a command through the zygote (no interpreter start-up in the way of its
@@ -342,7 +385,7 @@ class WarmRunner:
     async def _running(self) -> ZygoteClient:
         if self._broken:
             raise ZygoteUnavailable("it failed to start before")
-        preload = tuple(m for m in os.environ.get(PRELOAD_ENV, "").split(",") if m.strip())
+        preload = self._preload()
         client = self._client
         if client is not None and not (
             client.dead
