@@ -22,7 +22,8 @@ DEFAULT_IDLE_TIMEOUT = 1800.0  # seconds (30 min): an idle session frees its GPU
 MAX_IDLE_TIMEOUT = 7 * 24 * 3600.0
 
 MimeBundle = dict[str, JsonValue]
-"""``{"text/plain": "...", "image/png": "<base64>", ...}``: one display, as Jupyter's."""
+"""One display as Jupyter's display content: ``{"data": {"text/plain": "...", "image/png":
+"<base64>", ...}, "metadata": {...}}`` (``transient`` and ``update`` when set)."""
 
 
 class JobState(StrEnum):

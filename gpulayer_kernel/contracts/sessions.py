@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, JsonValue, field_validator, model_validator
 
+from .. import display
 from ._base import SHA256_PATTERN, Contract, ensure_json
 from .jobs import (
     DEFAULT_IDLE_TIMEOUT,
@@ -237,7 +238,9 @@ class RankOutcome(Contract):
     status: Literal["ok", "error", "aborted"]
     error: CellError | None = None
     value: MimeBundle | None = Field(
-        None, description="the cell's displayed value (Out[n]) as a MIME bundle"
+        None,
+        description="the cell's displayed value (Out[n]) as Jupyter's display content: "
+        '{"data": {mime: ...}, "metadata": {...}}',
     )
     duration: float = Field(0.0, ge=0)
 
@@ -287,8 +290,7 @@ class CellRun(Contract):
             return f"{self.error.ename}{where}: {self.error.evalue}"[:300]
         if self.reason:
             return self.reason[:300]
-        text = (self.value or {}).get("text/plain")
-        return str(text)[:300] if text is not None else ""
+        return display.text_of(self.value)[:300]
 
 
 class CellList(Contract):

@@ -104,7 +104,7 @@ class ControlPlane:
         self.sessions = SessionTable(
             store, self.jobs, self.dispatch, self.tails, self.event_log, self.redactor, clock=clock
         )
-        self.sessions.submit, self.sessions.cancel = self.submit, self.cancel
+        self.sessions.submit, self.sessions.cancel = self.enqueue, self.cancel
         self.registry.on_change = self.scheduling.kick  # a worker under suspicion, or back
 
     # Settings live in the part that uses them; tests and hosts read (and tune) them here.
@@ -174,9 +174,13 @@ class ControlPlane:
 
     # -- client side -----------------------------------------------------------------------------
 
-    async def submit(self, spec: JobSpec, added: Callable[[Job], None] | None = None) -> Job:
-        """Queue a job. A Python workload's bundle must already be uploaded. ``added`` sees the
-        job the moment it exists, before any of its changes (the sessions part uses it)."""
+    async def submit(self, spec: JobSpec) -> Job:
+        """Queue a job. A Python workload's bundle must already be uploaded."""
+        return await self.enqueue(spec)
+
+    async def enqueue(self, spec: JobSpec, added: Callable[[Job], None] | None = None) -> Job:
+        """``submit``, telling ``added`` of the job the moment it exists, before any of its
+        changes can reach the wiring (the sessions part registers its session there)."""
         if spec.workload.kind == "python" and not self.artifacts.has(spec.workload.bundle):
             raise NotFound(
                 f"bundle {spec.workload.bundle[:12]}… has not been uploaded",

@@ -431,6 +431,9 @@ class SessionTable:
             state = CellState.ERROR
         elif broken or any(r.status == "aborted" for r in ranks):
             state = CellState.ABORTED
+            job = self.jobs.active_job(s.id)
+            if job is not None and job.cancel_requested:  # its worker knows no why: we do
+                reason = f"the session ended while this cell ran: {job.reason}"
             reason = reason or broken
         else:
             state = CellState.OK

@@ -31,6 +31,7 @@ from ..errors import GPUlayerError
 from ..sessions import POLL, CellResult, SessionHandle, follow_call
 from .handle import CellError, CellInterrupted
 
+SESSION_HEADER = "# %%gpulayer\n"  # stands for the magic line: tracebacks say the cell's line
 SECOND_INTERRUPT = 5.0  # seconds: a second interrupt within this restarts the session
 # Options of %%gpulayer that shape a one-shot job; a session cell refuses them by name.
 ONE_SHOT_OPTIONS = {
@@ -91,10 +92,11 @@ def run_session_cell(
     inputs = {n.strip(): kernel_value(ns, n.strip()) for s in args.inputs for n in s.split(",")}
     inputs = {k: v for k, v in inputs.items() if k}
     outputs = [args.out] if args.out else []
-    # Line 1 of a notebook cell is the %%gpulayer line: tracebacks count lines as it does.
+    # Line 1 of a notebook cell is the %%gpulayer line: tracebacks count lines as it does
+    # (a comment, not a blank line: IPython drops leading blank lines).
     result = drive(
         handle,
-        "\n" + code,
+        SESSION_HEADER + code,
         inputs=inputs,
         outputs=outputs,
         all_ranks=args.all_ranks,

@@ -453,6 +453,8 @@ class SessionExecutor:
             frames = await self._await_ranks()
             if self._restarting.is_set():
                 reason = "the session was restarted while this cell ran; its state is gone"
+            elif self._cancel.is_set():
+                reason = "the session was stopped while this cell ran"
         self.cell = None
         report = await self._report_of(n, frames, started, reason)
         await self._report_cell(report)
@@ -656,8 +658,17 @@ async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
 
 
 async def _within(clock: Clock, aw: Any, timeout: float) -> bool:
-    task = asyncio.ensure_future(aw)
+    """Await ``aw`` for at most ``timeout`` seconds of ``clock``; stop it when time runs out."""
+    fut = asyncio.ensure_future(aw)
     try:
-        return await clock.wait_for(task, timeout)
+        return await clock.wait_for(fut, timeout)
     finally:
-        task.cancel()
+        fut.cancel()
+        fut.add_done_callback(_retrieved)
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    # A cancelled gather ends with CancelledError as its exception: read it, so asyncio does
+    # not log "exception was never retrieved".
+    if not fut.cancelled():
+        fut.exception()

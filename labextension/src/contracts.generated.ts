@@ -14,6 +14,11 @@
  */
 export type AnyContract =
   | IArtifact
+  | IAttachRequest
+  | ICellList
+  | ICellPage
+  | ICellReport
+  | ICellRequest
   | IEvent
   | IEventCursor
   | IEventPage
@@ -29,10 +34,17 @@ export type AnyContract =
   | IPlacementReport
   | IProgressReport
   | IRendezvous
+  | ISessionInfo
+  | ISessionList
+  | ISessionReport
+  | ISessionSpec
   | IWork
   | IWorkerCapabilities
   | IWorkerInfo
   | IWorkerRegistration;
+export type JsonValue =
+  null | boolean | number | string | JsonValue[] | { [key: string]: JsonValue };
+export type CellState = 'queued' | 'running' | 'ok' | 'error' | 'aborted';
 /**
  * Stable reason codes. ``filtered`` ones never clear by waiting; ``exhausted`` ones may.
  */
@@ -56,8 +68,6 @@ export type Reason =
   | 'cpus_busy'
   | 'not_enough_nodes'
   | 'worker_suspect';
-export type JsonValue =
-  null | boolean | number | string | JsonValue[] | { [key: string]: JsonValue };
 export type JobState =
   | 'queued'
   | 'placed'
@@ -66,6 +76,10 @@ export type JobState =
   | 'failed'
   | 'cancelled'
   | 'lost';
+/**
+ * Where a session is in its life (its job's state says where the job is).
+ */
+export type SessionStatus = 'waiting' | 'idle' | 'busy' | 'broken' | 'ended';
 export type WorkerState =
   'ready' | 'busy' | 'draining' | 'cordoned' | 'lost' | 'offline';
 
@@ -77,13 +91,238 @@ export interface IArtifact {
   size: number;
 }
 /**
+ * Take a session over: its cells are this client's from now on (a restarted kernel).
+ */
+export interface IAttachRequest {
+  api_version: 'gpulayer/v1';
+  holder: ISessionHolder;
+}
+/**
+ * Who holds a session: the client (one kernel's connection) that may run cells in it.
+ */
+export interface ISessionHolder {
+  api_version: 'gpulayer/v1';
+  /**
+   * an opaque id of the holding client (each kernel makes its own); only it (and an admin) may run cells, until another client attaches
+   */
+  client: string;
+  /**
+   * the holder's kernel id
+   */
+  kernel: string | null;
+  /**
+   * the holder's notebook path
+   */
+  notebook: string | null;
+}
+export interface ICellList {
+  api_version: 'gpulayer/v1';
+  cells: ICellRun[];
+}
+/**
+ * One cell run in a session: recorded like a job (code digest, logs, outcome, duration).
+ */
+export interface ICellRun {
+  all_ranks: boolean;
+  api_version: 'gpulayer/v1';
+  /**
+   * the cell's source (redacted)
+   */
+  code: string;
+  code_sha256: string;
+  /**
+   * the root cause: the first rank to fail
+   */
+  error: ICellError | null;
+  finished_at: number | null;
+  /**
+   * the session log seq before this cell's records
+   */
+  first_seq: number;
+  history: boolean;
+  number: number;
+  /**
+   * --out/pull values that are plain JSON
+   */
+  outputs: {
+    [k: string]: JsonValue;
+  };
+  /**
+   * --out/pull values as a tensor-safe blob
+   */
+  outputs_blob: string | null;
+  ranks: IRankOutcome[];
+  ranks_expected: number;
+  /**
+   * why it was aborted, or what else went wrong
+   */
+  reason: string | null;
+  session_id: string;
+  started_at: number | null;
+  state: CellState;
+  submitted_at: number;
+  /**
+   * rank 0's displayed value
+   */
+  value: {
+    [k: string]: JsonValue;
+  } | null;
+}
+/**
+ * An exception raised in a cell, as IPython shows it (the traceback's lines, ANSI colours).
+ */
+export interface ICellError {
+  api_version: 'gpulayer/v1';
+  ename: string;
+  evalue: string;
+  rank: number | null;
+  /**
+   * @maxItems 2000
+   */
+  traceback: string[];
+}
+/**
+ * How one rank ran one cell.
+ */
+export interface IRankOutcome {
+  api_version: 'gpulayer/v1';
+  duration: number;
+  error: ICellError | null;
+  rank: number;
+  status: 'ok' | 'error' | 'aborted';
+  /**
+   * the cell's displayed value (Out[n]) as a MIME bundle
+   */
+  value: {
+    [k: string]: JsonValue;
+  } | null;
+}
+/**
+ * A cell as it is now, with its log records after ``since`` (the answer to a run or a
+ * follow: one request carries the result and the output of a short cell).
+ */
+export interface ICellPage {
+  api_version: 'gpulayer/v1';
+  cell: ICellRun;
+  /**
+   * follow on from here
+   */
+  next_since: number;
+  records: ILogRecord[];
+}
+export interface ILogRecord {
+  api_version: 'gpulayer/v1';
+  /**
+   * the session cell this record belongs to (None: not a session cell's)
+   */
+  cell: number | null;
+  /**
+   * a display's MIME bundle (stream "display"; `text` is its text/plain form), as Jupyter's
+   */
+  data: {
+    [k: string]: JsonValue;
+  } | null;
+  rank: number | null;
+  seq: number;
+  stream: 'stdout' | 'stderr' | 'system' | 'display';
+  text: string;
+  time: number;
+}
+/**
+ * One worker's ranks' outcome of one cell, with the output records not yet shipped.
+ */
+export interface ICellReport {
+  api_version: 'gpulayer/v1';
+  attempt: number | null;
+  /**
+   * the session broke during this cell (why): it needs a restart
+   */
+  broken: string | null;
+  finished_at: number | null;
+  /**
+   * @maxItems 10000
+   */
+  lines: ILogLine[];
+  number: number;
+  outputs: {
+    [k: string]: JsonValue;
+  };
+  outputs_blob: string | null;
+  ranks: IRankOutcome[];
+  /**
+   * what else went wrong: a rank that exited, --out values that could not move
+   */
+  reason: string | null;
+  started_at: number | null;
+}
+/**
+ * A log line as a worker sends it, before the control plane numbers it.
+ */
+export interface ILogLine {
+  api_version: 'gpulayer/v1';
+  /**
+   * the session cell this record belongs to (None: not a session cell's)
+   */
+  cell: number | null;
+  /**
+   * a display's MIME bundle (stream "display"; `text` is its text/plain form), as Jupyter's
+   */
+  data: {
+    [k: string]: JsonValue;
+  } | null;
+  rank: number | null;
+  stream: 'stdout' | 'stderr' | 'system' | 'display';
+  text: string;
+  time: number;
+}
+/**
+ * One cell to run in a session, on every rank.
+ */
+export interface ICellRequest {
+  /**
+   * show every rank's value, not rank 0's only
+   */
+  all_ranks: boolean;
+  api_version: 'gpulayer/v1';
+  /**
+   * the requesting client (see SessionHolder.client)
+   */
+  client: string | null;
+  code: string;
+  /**
+   * the kernel's execution count: tracebacks say In[n]
+   */
+  count: number | null;
+  /**
+   * False: a push/pull, not a cell of the history
+   */
+  history: boolean;
+  /**
+   * JSON values bound before the cell runs (--in)
+   */
+  inputs: {
+    [k: string]: JsonValue;
+  };
+  /**
+   * a tensor-safe blob (safetensors) of values bound before the cell (push, --in)
+   */
+  inputs_blob: string | null;
+  /**
+   * variables sent back after the cell (--out, pull), from rank 0
+   *
+   * @maxItems 64
+   */
+  outputs: string[];
+}
+/**
  * A change a UI should show: a job or a worker, as it is now.
  */
 export interface IEvent {
   api_version: 'gpulayer/v1';
   job: IJob | null;
-  kind: 'job' | 'worker';
+  kind: 'job' | 'worker' | 'session';
   seq: number;
+  session: ISessionInfo | null;
   time: number;
   worker: IWorkerInfo | null;
 }
@@ -220,7 +459,7 @@ export interface IJobSpec {
    * directory on the worker to run a command in (it must exist there); default: the job's own scratch directory
    */
   workdir: string | null;
-  workload: ICommandWorkload | IPythonWorkload;
+  workload: ICommandWorkload | IPythonWorkload | ISessionWorkload;
 }
 /**
  * What a job needs. ``gpus`` is per node; ``nodes`` > 1 makes a multi-node gang.
@@ -284,6 +523,56 @@ export interface IPythonWorkload {
   bundle: string;
   entrypoint: string;
   kind: 'python';
+}
+/**
+ * The workload of a session's job: processes that keep state until stopped or idle.
+ */
+export interface ISessionWorkload {
+  api_version: 'gpulayer/v1';
+  /**
+   * seconds without a running cell after which the session ends and frees its GPUs
+   */
+  idle_timeout: number;
+  kind: 'session';
+}
+/**
+ * A session as the API, the CLI and the panel show it.
+ */
+export interface ISessionInfo {
+  api_version: 'gpulayer/v1';
+  /**
+   * the cell running now
+   */
+  busy_cell: number | null;
+  /**
+   * cells run so far
+   */
+  cells: number;
+  /**
+   * computed by the server: when an idle session ends unless a cell runs first (idle_since + idle_timeout); clients read it rather than repeat the rule
+   */
+  ends_at: number | null;
+  holder: ISessionHolder;
+  /**
+   * the session's job id
+   */
+  id: string;
+  /**
+   * when the last cell ended (or it came up)
+   */
+  idle_since: number | null;
+  idle_timeout: number;
+  job: IJob;
+  name: string;
+  /**
+   * processes: one per GPU of each node (one on CPU)
+   */
+  ranks: number;
+  /**
+   * why it is broken or ended
+   */
+  reason: string | null;
+  status: SessionStatus;
 }
 export interface IWorkerInfo {
   /**
@@ -475,30 +764,12 @@ export interface ILogBatch {
    */
   lines: ILogLine[];
 }
-/**
- * A log line as a worker sends it, before the control plane numbers it.
- */
-export interface ILogLine {
-  api_version: 'gpulayer/v1';
-  rank: number | null;
-  stream: 'stdout' | 'stderr' | 'system';
-  text: string;
-  time: number;
-}
 export interface ILogPage {
   api_version: 'gpulayer/v1';
   job_id: string;
   next_since: number;
   records: ILogRecord[];
   state: JobState;
-}
-export interface ILogRecord {
-  api_version: 'gpulayer/v1';
-  rank: number | null;
-  seq: number;
-  stream: 'stdout' | 'stderr' | 'system';
-  text: string;
-  time: number;
 }
 export interface IProgressReport {
   api_version: 'gpulayer/v1';
@@ -522,6 +793,40 @@ export interface IRendezvous {
   master_addr: string;
   master_port: number;
 }
+export interface ISessionList {
+  api_version: 'gpulayer/v1';
+  sessions: ISessionInfo[];
+}
+/**
+ * A change of a session's processes outside a cell: up again after a restart, or broken.
+ */
+export interface ISessionReport {
+  api_version: 'gpulayer/v1';
+  attempt: number | null;
+  reason: string | null;
+  status: 'ready' | 'broken';
+}
+/**
+ * What ``%gpulayer session start`` asks for; the control plane makes it a session's job.
+ */
+export interface ISessionSpec {
+  api_version: 'gpulayer/v1';
+  env: {
+    [k: string]: string;
+  };
+  holder: ISessionHolder;
+  idle_timeout: number;
+  labels: {
+    [k: string]: string;
+  };
+  /**
+   * unique among live sessions
+   */
+  name: string;
+  resources: IResources;
+  secrets: string[];
+  wait_for_capacity: boolean;
+}
 /**
  * The answer to a worker's long-poll: new jobs to start and jobs to stop.
  */
@@ -533,9 +838,30 @@ export interface IWork {
    */
   cancel: string[];
   /**
+   * session cells to run (ADR 0019), in order
+   */
+  cells: ICellAssignment[];
+  /**
+   * sessions whose running cell to interrupt (KeyboardInterrupt on every rank)
+   */
+  interrupts: string[];
+  /**
+   * sessions whose processes to kill and start again (their state is lost)
+   */
+  restarts: string[];
+  /**
    * stale attempts to stop and drop: the job moved on (it was retried, or ended), so their reports are refused; a current attempt of the same job keeps running
    */
   stop: IAttemptRef[];
+}
+/**
+ * A cell for one worker of a session to run on its ranks.
+ */
+export interface ICellAssignment {
+  api_version: 'gpulayer/v1';
+  number: number;
+  request: ICellRequest;
+  session_id: string;
 }
 /**
  * One attempt of one job (a job's attempts share its id).

@@ -16,20 +16,15 @@ import pytest
 
 from gpulayer_kernel.clock import SYSTEM_CLOCK, Clock
 from gpulayer_kernel.contracts import (
-    FinishReport,
     Job,
     JobAssignment,
     JobSpec,
-    LogLine,
     NodePlacement,
     Rendezvous,
-    Work,
-    WorkerInfo,
-    WorkerRegistration,
 )
-from gpulayer_kernel.errors import Conflict, GPUlayerError
+from gpulayer_kernel.errors import GPUlayerError
 from gpulayer_kernel.job import OUTPUT_ENV
-from gpulayer_kernel.testing import FakeClock, until
+from gpulayer_kernel.testing import FakeClock, NullTransport, until
 from gpulayer_kernel.worker import launch, ports
 from gpulayer_kernel.worker.config import ExecutorConfig
 from gpulayer_kernel.worker.exits import describe_exit
@@ -39,13 +34,13 @@ from gpulayer_kernel.worker.transport import Transport
 from .conftest import needs_torch
 
 
-class FakeTransport(Transport):
+class FakeTransport(NullTransport):
     """Records rendezvous calls; ``get_rendezvous`` answers ``record`` or times out."""
 
     def __init__(self, record: Rendezvous | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+        super().__init__(clock)
         self.published: list[tuple[str, Rendezvous]] = []
         self.record = record
-        self.clock = clock
         self.waits: list[float] = []
 
     async def publish_rendezvous(self, job_id: str, rdzv: Rendezvous) -> None:
@@ -55,27 +50,7 @@ class FakeTransport(Transport):
         self.waits.append(wait)
         if self.record is not None:
             return self.record
-        await self.clock.sleep(wait)  # a long-poll that runs out
-        raise Conflict("no rendezvous yet", code="rendezvous_pending")
-
-    async def register(self, reg: WorkerRegistration) -> WorkerInfo:
-        raise NotImplementedError
-
-    async def heartbeat(self) -> None: ...
-    async def next_work(self, wait: float) -> Work:
-        raise NotImplementedError
-
-    async def report_started(self, job_id: str) -> None: ...
-    async def append_logs(self, job_id: str, lines: list[LogLine]) -> None: ...
-    async def report_progress(self, job_id: str, fields: dict[str, Any]) -> None: ...
-    async def report_finished(self, job_id: str, report: FinishReport) -> None: ...
-    async def fetch_blob(self, digest: str) -> bytes:
-        raise NotImplementedError
-
-    async def put_blob(self, data: bytes) -> str:
-        raise NotImplementedError
-
-    async def deregister(self) -> None: ...
+        return await super().get_rendezvous(job_id, wait)
 
 
 def assignment(

@@ -118,6 +118,8 @@ def fill(template: str, w: World) -> str:
         "worker_id": w.worker_a,
         "name": "API_KEY",
         "token_id": w.api.join_token.split("_")[2],
+        "session": w.job_a,
+        "number": "1",
     }
     return re.sub(r"\{(\w+)(?::path)?\}", lambda m: values[m.group(1)], template)
 

@@ -4,35 +4,30 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gpulayer_kernel.contracts import (
-    FinishReport,
-    LogLine,
-    Rendezvous,
     Work,
     WorkerInfo,
     WorkerRegistration,
 )
 from gpulayer_kernel.errors import NotFound, Unavailable
-from gpulayer_kernel.testing import FakeClock
+from gpulayer_kernel.testing import FakeClock, NullTransport
 from gpulayer_kernel.worker import agent as agent_module
 from gpulayer_kernel.worker.agent import WorkerAgent
 from gpulayer_kernel.worker.backoff import backoff
 from gpulayer_kernel.worker.config import ExecutorConfig
-from gpulayer_kernel.worker.transport import Transport
 
 
-class ScriptedTransport(Transport):
+class ScriptedTransport(NullTransport):
     """A control plane that only counts: long-polls run out on the fake clock with no work.
 
     ``poll_errors`` and ``join_errors`` are raised, in order, by the next polls and joins.
     """
 
     def __init__(self, clock: FakeClock) -> None:
-        self.clock = clock
+        super().__init__(clock)
         self.heartbeats: list[float] = []
         self.polls: list[float] = []
         self.joins: list[float] = []
@@ -43,15 +38,7 @@ class ScriptedTransport(Transport):
         self.joins.append(self.clock.monotonic())
         if self.join_errors:
             raise self.join_errors.pop(0)
-        self.worker_id = "w-1"
-        now = self.clock.now()
-        return WorkerInfo(
-            id="w-1",
-            name=reg.name,
-            capabilities=reg.capabilities,
-            registered_at=now,
-            last_heartbeat=now,
-        )
+        return await super().register(reg)
 
     async def heartbeat(self) -> None:
         self.heartbeats.append(self.clock.monotonic())
@@ -60,24 +47,7 @@ class ScriptedTransport(Transport):
         self.polls.append(self.clock.monotonic())
         if self.poll_errors:
             raise self.poll_errors.pop(0)
-        await self.clock.sleep(wait)  # a long-poll that runs out: no work
-        return Work()
-
-    async def report_started(self, job_id: str) -> None: ...
-    async def append_logs(self, job_id: str, lines: list[LogLine]) -> None: ...
-    async def report_progress(self, job_id: str, fields: dict[str, Any]) -> None: ...
-    async def report_finished(self, job_id: str, report: FinishReport) -> None: ...
-    async def fetch_blob(self, digest: str) -> bytes:
-        raise NotImplementedError
-
-    async def put_blob(self, data: bytes) -> str:
-        raise NotImplementedError
-
-    async def publish_rendezvous(self, job_id: str, rdzv: Rendezvous) -> None: ...
-    async def get_rendezvous(self, job_id: str, wait: float) -> Rendezvous:
-        raise NotImplementedError
-
-    async def deregister(self) -> None: ...
+        return await super().next_work(wait)
 
 
 Start = Callable[[ScriptedTransport], Awaitable[WorkerAgent]]
