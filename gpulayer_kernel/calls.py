@@ -290,8 +290,9 @@ class Calls:
     def restart_session(self, ref: str) -> Call[SessionInfo]:
         return self._session_post(ref, "restart")
 
-    def stop_session(self, ref: str) -> Call[SessionInfo]:
-        return self._session_post(ref, "stop")
+    def stop_session(self, ref: str, reason: str = "stopped by the user") -> Call[SessionInfo]:
+        path = f"/sessions/{_pid(ref)}/stop"
+        return _model(SessionInfo, (yield Req("POST", path, params=[("reason", reason)])))
 
     def attach_session(self, ref: str, holder: SessionHolder) -> Call[SessionInfo]:
         body = {"holder": holder.model_dump(mode="json")}

@@ -316,8 +316,8 @@ class AsyncClient(_Base):
     async def restart_session(self, ref: str) -> SessionInfo:
         return await self._run(self._calls.restart_session(ref))
 
-    async def stop_session(self, ref: str) -> SessionInfo:
-        return await self._run(self._calls.stop_session(ref))
+    async def stop_session(self, ref: str, reason: str = "stopped by the user") -> SessionInfo:
+        return await self._run(self._calls.stop_session(ref, reason))
 
     async def attach_session(self, ref: str, holder: SessionHolder) -> SessionInfo:
         return await self._run(self._calls.attach_session(ref, holder))
@@ -472,8 +472,8 @@ class Client(_Base):
     def restart_session(self, ref: str) -> SessionInfo:
         return self._run(self._calls.restart_session(ref))
 
-    def stop_session(self, ref: str) -> SessionInfo:
-        return self._run(self._calls.stop_session(ref))
+    def stop_session(self, ref: str, reason: str = "stopped by the user") -> SessionInfo:
+        return self._run(self._calls.stop_session(ref, reason))
 
     def attach_session(self, ref: str, holder: SessionHolder) -> SessionInfo:
         return self._run(self._calls.attach_session(ref, holder))

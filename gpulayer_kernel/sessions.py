@@ -286,9 +286,9 @@ class SessionHandle:
         self.bridge.call(lambda s: s.restart_session(self.id))
         return self.wait_ready(wait)
 
-    def stop(self) -> SessionInfo:
-        """End the session and free its GPUs."""
-        return self.bridge.call(lambda s: s.stop_session(self.id))
+    def stop(self, reason: str = "stopped by the user") -> SessionInfo:
+        """End the session and free its GPUs (``reason`` is what its job and cells say)."""
+        return self.bridge.call(lambda s: s.stop_session(self.id, reason))
 
     def attach(self, holder: SessionHolder | None = None) -> SessionInfo:
         holder = holder or SessionHolder(client=self.client)

@@ -120,9 +120,21 @@ class SessionRestartHandler(GLMixin):
 class SessionStopHandler(GLMixin):
     route = "/sessions/{session}/stop"
 
-    @op("end the session and free its GPUs (its job is cancelled)", answer=SessionInfo)
-    async def post(self, session: str) -> SessionInfo:
-        return await self.cp.stop_session(session)
+    @op(
+        "end the session and free its GPUs (its job is cancelled)",
+        answer=SessionInfo,
+        query=(
+            Param(
+                "reason",
+                "string",
+                "stopped by the user",
+                description="what the session's job and cells will say",
+                max_length=200,
+            ),
+        ),
+    )
+    async def post(self, session: str, reason: str) -> SessionInfo:
+        return await self.cp.stop_session(session, reason)
 
 
 class SessionAttachHandler(GLMixin):

@@ -286,8 +286,10 @@ class CellRun(Contract):
     def summary(self) -> str:
         """One line: how it ended and what it showed."""
         if self.error is not None:
-            where = f" on rank {self.error.rank}" if self.error.rank is not None else ""
-            return f"{self.error.ename}{where}: {self.error.evalue}"[:300]
+            ranked = self.error.rank is not None and self.ranks_expected > 1
+            where = f" on rank {self.error.rank}" if ranked else ""
+            value = f": {self.error.evalue}" if self.error.evalue else ""
+            return f"{self.error.ename}{where}{value}"[:300]
         if self.reason:
             return self.reason[:300]
         return display.text_of(self.value)[:300]

@@ -310,8 +310,9 @@ class ControlPlane:
     async def restart_session(self, ref: str) -> SessionInfo:
         return await self.sessions.restart(ref)
 
-    async def stop_session(self, ref: str) -> SessionInfo:
-        return await self.sessions.stop(ref)
+    async def stop_session(self, ref: str, reason: str = "stopped by the user") -> SessionInfo:
+        """End a session and free its GPUs; ``reason`` is what its job and cells say."""
+        return await self.sessions.stop(ref, reason)
 
     async def attach_session(self, ref: str, holder: SessionHolder) -> SessionInfo:
         return await self.sessions.attach(ref, holder)

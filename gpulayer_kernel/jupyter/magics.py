@@ -238,7 +238,7 @@ class GPUlayerMagics(Magics):
                 raise CellError("the cell is empty", hint="write the code to run below %%gpulayer")
             assert self.shell is not None
             session = sessions.handle(args.session)
-            return run_session_cell(session, args, cell, self.ns, self.shell.execution_count)
+            return run_session_cell(session, args, cell, self.ns, _running_count(self.shell))
         if args.all_ranks:
             raise CellError(
                 "--all-ranks is for session cells",
@@ -454,6 +454,13 @@ class GPUlayerMagics(Magics):
         p.add_argument("mode", choices=DISPLAY_MODES)
         _display_mode = p.parse_args(argv).mode
         print(f"display: {display_mode()}")
+
+
+def _running_count(shell: InteractiveShell) -> int | None:
+    """The number of the cell running now (In[n]): IPython counts it before it runs it."""
+    running = getattr(shell.displayhook, "exec_result", None)
+    count = getattr(running, "execution_count", None)
+    return count if isinstance(count, int) else shell.execution_count
 
 
 def _cell_parser() -> MagicArgumentParser:

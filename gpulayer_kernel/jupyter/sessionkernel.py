@@ -122,7 +122,7 @@ class KernelSessions:
             return
         for handle in list(self.started.values()):
             with contextlib.suppress(Exception):
-                handle.stop()
+                handle.stop("stopped: the notebook's kernel shut down")
         self.started.clear()
 
 

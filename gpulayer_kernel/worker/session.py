@@ -340,7 +340,8 @@ class SessionExecutor:
         r.exited = describe_exit(code, subject=f"rank {r.rank}")
         if r.done is not None and not r.done.done():
             r.done.set_result({"done": self.cell, "status": "aborted", "exited": r.exited})
-        if not self._cancel.is_set() and self.broken is None:
+        stopped_by_us = r not in self.ranks  # ``_stop_ranks`` took it: a stop or a restart
+        if not (self._cancel.is_set() or stopped_by_us) and self.broken is None:
             self._broke(f"{r.exited}; the session's state is gone with it")
             if self.cell is None:
                 await self._report_session("broken", self.broken)

@@ -1,0 +1,56 @@
+"""Sessions across real processes: `gpulayer serve`, an HTTP `gpulayer worker`, the sync client.
+A control-plane restart leaves the session running on its live worker, state and all."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpulayer_kernel.contracts import CellRequest, CellState, SessionStatus
+from gpulayer_kernel.testing import ServeProcess, WorkerProcess, wait_until
+
+from .conftest import HOLDER, spec
+
+pytestmark = pytest.mark.slow
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
+    env["GPULAYER_SESSION_PRELOAD"] = ""
+    return env
+
+
+def _run(client: object, code: str) -> object:
+    c = client
+    page = c.run_cell("s1", CellRequest(code=code, client=HOLDER.client), wait=30)  # type: ignore[attr-defined]
+    while not page.cell.state.done:
+        page = c.follow_cell("s1", page.cell.number, page.next_since, wait=30)  # type: ignore[attr-defined]
+    return page
+
+
+def test_a_session_over_http_survives_a_control_plane_restart(tmp_path: Path) -> None:
+    env = _env()
+    with ServeProcess(tmp_path / "home", heartbeat_timeout=20, env=env) as server:
+        join = server.create_token("join", ttl=600)
+        with WorkerProcess(server.url, join, name="w1", home=tmp_path / "w1", env=env):
+            with server.client() as c:
+                info = c.start_session(spec())
+                wait_until(lambda: c.get_session("s1").status == SessionStatus.IDLE, 60)
+                first = _run(c, "y = 41\nprint('hello over http')\ny + 1")
+                assert first.cell.value["data"]["text/plain"] == "42"  # type: ignore[attr-defined]
+                assert first.records[0].text == "hello over http"  # type: ignore[attr-defined]
+                failed = _run(c, "1 / 0")
+                assert failed.cell.state == CellState.ERROR  # type: ignore[attr-defined]
+            server.restart()
+            with server.client() as c:
+                # The worker re-joins as itself; its session (a running job) is still there.
+                wait_until(lambda: c.get_session("s1").status == SessionStatus.IDLE, 60)
+                again = _run(c, "y")
+                assert again.cell.value["data"]["text/plain"] == "41"  # type: ignore[attr-defined]
+                assert again.cell.number == 3  # type: ignore[attr-defined]
+                assert [x.number for x in c.session_cells("s1")] == [3, 2, 1]
+                c.stop_session("s1")
+                job = c.wait(info.id, timeout=30)
+                assert job.state.value == "cancelled"
