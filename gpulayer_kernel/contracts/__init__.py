@@ -34,7 +34,7 @@ from .protocol import (
     Rendezvous,
     Work,
 )
-from .scheduling import PlacementReport, Reason, ReasonCount
+from .scheduling import PlacementReport, Reason, ReasonCount, SessionHold
 from .sessions import (
     AttachRequest,
     CellAssignment,
@@ -107,6 +107,7 @@ __all__ = [
     "Rendezvous",
     "Resources",
     "SessionHolder",
+    "SessionHold",
     "SessionInfo",
     "SessionList",
     "SessionRecord",

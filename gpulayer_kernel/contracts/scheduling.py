@@ -59,6 +59,17 @@ class ReasonCount(Contract):
     waiting_helps: bool
 
 
+class SessionHold(Contract):
+    """GPUs a session holds on a worker the waiting job could use (ADR 0019)."""
+
+    session_id: str
+    name: str
+    holder: str = Field(description="who holds it, as sentences name it (its notebook)")
+    worker: str
+    gpus: int = Field(ge=0)
+    idle_since: float | None = Field(None, description="None while a cell runs")
+
+
 class PlacementReport(Contract):
     """One report per placement attempt (nomad's AllocMetric, Kubernetes' FitError)."""
 
@@ -87,6 +98,10 @@ class PlacementReport(Contract):
     )
     largest_cpus: int | None = Field(
         None, description="jobs asking for CPUs: the most CPUs on any one worker"
+    )
+    sessions: list[SessionHold] = Field(
+        default_factory=list,
+        description="sessions holding GPUs on the workers that could run it once they free up",
     )
 
     @property

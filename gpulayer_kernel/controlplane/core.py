@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..clock import SYSTEM_CLOCK, Clock
@@ -32,6 +32,7 @@ from ..contracts import (
     LogLine,
     LogPage,
     Rendezvous,
+    SessionHold,
     SessionHolder,
     SessionInfo,
     SessionReport,
@@ -105,6 +106,7 @@ class ControlPlane:
             store, self.jobs, self.dispatch, self.tails, self.event_log, self.redactor, clock=clock
         )
         self.sessions.submit, self.sessions.cancel = self.enqueue, self.cancel
+        self.scheduling.session_holds = self._session_holds
         self.registry.on_change = self.scheduling.kick  # a worker under suspicion, or back
 
     # Settings live in the part that uses them; tests and hosts read (and tune) them here.
@@ -165,6 +167,28 @@ class ControlPlane:
         if after.state.terminal:
             self.tails.forget(after.id)
         self.scheduling.kick()
+
+    def _session_holds(self, worker_names: Sequence[str]) -> builtins.list[SessionHold]:
+        """Wiring: the sessions holding GPUs on these workers, for a waiting job's sentence."""
+        names = set(worker_names)
+        holds = []
+        for job in self.jobs.active():
+            if not job.spec.is_session or job.placement is None:
+                continue
+            held = self.sessions.hold(job.id)
+            for node in job.placement.nodes:
+                if node.worker_name in names and node.devices and held is not None:
+                    holds.append(
+                        SessionHold(
+                            session_id=job.id,
+                            name=job.spec.name,
+                            holder=held[0],
+                            worker=node.worker_name,
+                            gpus=len(node.devices),
+                            idle_since=held[1],
+                        )
+                    )
+        return holds
 
     async def _lose_worker(
         self, worker_id: str, why: str, state: WorkerState = WorkerState.LOST

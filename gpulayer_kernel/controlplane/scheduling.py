@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from ..clock import SYSTEM_CLOCK, Clock, Timer
@@ -32,6 +33,7 @@ from ..contracts import (
     Placement,
     PlacementReport,
     Reason,
+    SessionHold,
     WorkerCapabilities,
     WorkerInfo,
 )
@@ -46,6 +48,7 @@ from ..scheduler import (
     gc_paused,
     never_sentence,
     schedule,
+    with_sessions,
 )
 from ..store import MetadataStore
 from .dispatch import Dispatcher
@@ -85,6 +88,8 @@ class SchedulingLoop:
         # the Jupyter server extension) may turn this on, never a kernel running user code.
         self.pause_gc = False
         self.reservations: dict[str, Reservation] = {}
+        # Sessions holding GPUs on these workers (names), for waiting jobs' sentences (ADR 0019).
+        self.session_holds: Callable[[Sequence[str]], list[SessionHold]] = lambda _names: []
         self.fresh: set[str] = set()  # jobs submitted since the last pass: never-fit is decided
         self._pending = False
         self._timer: Timer | None = None
@@ -153,6 +158,8 @@ class SchedulingLoop:
     def explain(self, job: Job) -> str:
         """Why the job waits, where it was placed, or how it ended, in one sentence."""
         if job.pending is not None and job.state == JobState.QUEUED:
+            if job.pending.sessions:  # how long they have been idle: as of now
+                return with_sessions(job.pending, job.pending.sessions, self.clock.now()).sentence
             return job.pending.sentence
         if job.placement is not None:
             return job.placement.explanation
@@ -196,6 +203,7 @@ class SchedulingLoop:
                 await self.logs.system(job_id, sentence)
                 await self.jobs.commit(job_id, JobState.FAILED, reason=sentence)
                 continue
+            report = self._with_sessions(job, report, now)
             # A change of queue position alone is not announced: every finish would otherwise
             # emit one event per waiting job. Readers of the job see the current position.
             changed = job.pending is None or _reasons(job.pending) != _reasons(report)
@@ -224,6 +232,16 @@ class SchedulingLoop:
                     )
                 log.debug("scheduling pass failed", exc_info=exc)
         return schedule(self.snapshot(), self.cache)
+
+    def _with_sessions(self, job: Job, report: PlacementReport, now: float) -> PlacementReport:
+        """The report naming the sessions that hold the GPUs it waits for, if any do."""
+        busy = any(
+            rc.code in (Reason.GPUS_BUSY, Reason.NOT_ENOUGH_NODES) for rc in report.exhausted
+        )
+        if not busy or job.spec.resources.gpus == 0 or not report.candidates:
+            return report
+        holds = self.session_holds(report.candidates)
+        return with_sessions(report, holds, now) if holds else report
 
     def _never(self, job: Job, report: PlacementReport) -> bool:
         """Fail this waiting job now: nothing here can ever run it and it did not ask to wait."""
@@ -340,7 +358,8 @@ def _describe(p: Placement | None) -> str:
 
 def _reasons(report: PlacementReport) -> tuple[object, ...]:
     """What a waiting job's report says, without its queue position."""
-    return (report.filtered, report.exhausted, report.reserved_by, report.reservation)
+    sessions = tuple((h.session_id, h.gpus, h.idle_since is None) for h in report.sessions)
+    return (report.filtered, report.exhausted, report.reserved_by, report.reservation, sessions)
 
 
 def _log_task_error(task: asyncio.Task[None]) -> None:

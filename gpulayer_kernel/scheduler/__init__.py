@@ -8,7 +8,7 @@ Stages (see README.md beside this file): ``feasible`` → ``rank`` → ``plan`` 
 from __future__ import annotations
 
 from .cache import SchedulerCache
-from .explain import never_sentence, render
+from .explain import never_sentence, render, with_sessions
 from .model import Assignment, JobRequest, Plan, Reservation, RunningJob, Snapshot, WorkerView
 from .plan import gc_paused, schedule
 
@@ -25,4 +25,5 @@ __all__ = [
     "never_sentence",
     "render",
     "schedule",
+    "with_sessions",
 ]

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..capabilities.kinds import format_bytes
-from ..contracts import PlacementReport, Reason, ReasonCount, Resources
+from ..contracts import PlacementReport, Reason, ReasonCount, Resources, SessionHold
 from .cache import Memo
 from .feasible import Shape
 
@@ -138,8 +138,8 @@ def _position(position: int | None) -> str:
     return "" if position is None else f"; position {position} in the queue"
 
 
-def render(report: PlacementReport) -> str:
-    """The one sentence shape for a waiting job."""
+def render(report: PlacementReport, now: float | None = None) -> str:
+    """The one sentence shape for a waiting job (``now``: for how long sessions are idle)."""
     head = f"{report.workers_feasible}/{report.workers_total} workers can run job "
     head += short(report.job_id)
     if report.workers_total == 0:
@@ -153,7 +153,38 @@ def render(report: PlacementReport) -> str:
     tail = ""
     if report.reservation:
         tail = f"; GPUs are reserved for it on {', '.join(report.reservation)}"
+    if report.sessions:
+        tail += "; " + held_by_sessions(report.sessions, now)
     return f"{head}: {body}{tail}{_position(report.position)}"
+
+
+def held_by_sessions(holds: Sequence[SessionHold], now: float | None) -> str:
+    """``2 GPUs held by the idle session of `train.ipynb` for 12 min`` (the two largest)."""
+    parts = []
+    for h in sorted(holds, key=lambda h: (-h.gpus, h.name))[:2]:
+        if h.idle_since is None:
+            state = "the busy session"
+            since = ""
+        else:
+            state = "the idle session"
+            idle = max(0.0, (now if now is not None else h.idle_since) - h.idle_since)
+            since = f" for {_minutes(idle)}"
+        parts.append(f"{_gpus(h.gpus)} held by {state} of {h.holder} on {h.worker}{since}")
+    more = len(holds) - len(parts)
+    extra = f" (and {more} more session{'s' if more > 1 else ''})" if more > 0 else ""
+    return ", ".join(parts) + extra
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.0f} min"
+
+
+def with_sessions(
+    report: PlacementReport, holds: Sequence[SessionHold], now: float
+) -> PlacementReport:
+    """``report`` naming the sessions that hold GPUs it waits for (its sentence re-rendered)."""
+    held = report.model_copy(update={"sessions": list(holds)})
+    return held.model_copy(update={"sentence": render(held, now)})
 
 
 def make_report(

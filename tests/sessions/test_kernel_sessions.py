@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpulayer_kernel.contracts import SessionStatus
+from gpulayer_kernel.testing import ServeProcess, WorkerProcess, wait_until
 from tests.jupyter.conftest import Kernel, kernel_env
 
 pytestmark = pytest.mark.slow
@@ -163,3 +167,44 @@ def test_session_list_show_and_stop(kernel: Kernel) -> None:
     assert "* nb [idle]" in listed
     shown = kernel.run("%gpulayer session show").stream()
     assert "nb [idle]" in shown and "] error" in shown and "KeyboardInterrupt\n" in shown
+
+
+def test_a_kernel_restart_keeps_its_sessions_and_a_shutdown_stops_them(tmp_path: Path) -> None:
+    """On a served control plane (the kernel is a client): restart leaves the session for the
+    new kernel to attach; shutdown stops it, saying why."""
+    from jupyter_client.manager import start_new_kernel
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
+    env["GPULAYER_SESSION_PRELOAD"] = ""
+    with ServeProcess(tmp_path / "home", env=env) as server:
+        join = server.create_token("join", ttl=600)
+        with WorkerProcess(server.url, join, name="w1", home=tmp_path / "w1", env=env):
+            kenv = {**kernel_env(tmp_path / "k"), **server.client_env()}
+            kenv["GPULAYER_SESSION_PRELOAD"] = ""
+            km, kc = start_new_kernel(kernel_name="python3", env=kenv, cwd=str(tmp_path))
+            k = Kernel(km, kc)
+            try:
+                assert k.run("%load_ext gpulayer_kernel").ok
+                assert k.run("%gpulayer session start --name kept", timeout=120).ok
+                assert k.run("%%gpulayer\nx = 'from before the restart'").ok
+                km.restart_kernel(now=False)
+                kc.wait_for_ready(timeout=60)
+                assert k.run("%load_ext gpulayer_kernel").ok
+                held = k.run("%%gpulayer --session kept\nx")
+                assert "held by" in held.error["traceback"][0]
+                assert "attach" in held.error["traceback"][1]
+                assert "attached" in k.run("%gpulayer session attach kept").stream()
+                assert k.run("%%gpulayer\nx").result_text() == "'from before the restart'"
+                assert k.run("%gpulayer session start --name mine", timeout=120).ok
+            finally:
+                kc.stop_channels()
+                km.shutdown_kernel(now=False)
+                km.cleanup_resources()
+            with server.client() as c:
+                # "mine" was started by the kernel that shut down: stopped, saying why.
+                wait_until(lambda: c.get_session("mine").status == SessionStatus.ENDED, 30)
+                mine = c.get_session("mine")
+                assert mine.job.state.value == "cancelled"
+                assert "kernel shut down" in (mine.reason or "")
+                # "kept" was attached, not started, by it: it runs on for its starter.
+                assert c.get_session("kept").status == SessionStatus.IDLE

@@ -236,3 +236,29 @@ async def test_secrets_are_masked_in_session_output(
     assert "CANARY-SECRET-VALUE-123" not in text and "***" in text
     stored = (await gl_cp.session_cells("s1"))[0].model_dump_json()
     assert "CANARY-SECRET-VALUE-123" not in stored
+
+
+async def test_a_job_waiting_for_gpus_a_session_holds_is_told_so(
+    gl_cp: ControlPlane, gl_worker: WorkerFactory
+) -> None:
+    from gpulayer_kernel.contracts import CommandWorkload, JobSpec, Resources
+
+    await gl_worker(name="box", gpus=2)
+    await gl_cp.start_session(spec(gpus=2))
+    await up(gl_cp, "s1")
+    job = await gl_cp.submit(
+        JobSpec(workload=CommandWorkload(argv=["true"]), resources=Resources(gpus=2))
+    )
+
+    async def waiting() -> bool:
+        return (await gl_cp.get(job.id)).pending is not None
+
+    await until(waiting, what="the job's first pending report")
+    pending = (await gl_cp.get(job.id)).pending
+    assert pending is not None and [h.name for h in pending.sessions] == ["s1"]
+    sentence = await gl_cp.explain(job.id)
+    assert "2 GPUs held by the idle session of `train.ipynb` on box for" in sentence
+    assert "waiting helps" in sentence
+    await gl_cp.stop_session("s1")  # freeing them places the job
+    placed = await gl_cp.wait(job.id, timeout=60)
+    assert placed.state == JobState.SUCCEEDED
