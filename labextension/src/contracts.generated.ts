@@ -191,7 +191,7 @@ export interface IRankOutcome {
   rank: number;
   status: 'ok' | 'error' | 'aborted';
   /**
-   * the cell's displayed value (Out[n]) as a MIME bundle
+   * the cell's displayed value (Out[n]) as Jupyter's display content: {"data": {mime: ...}, "metadata": {...}}
    */
   value: {
     [k: string]: JsonValue;
@@ -395,6 +395,10 @@ export interface IPlacementReport {
    */
   reserved_by: string | null;
   sentence: string;
+  /**
+   * sessions holding GPUs on the workers that could run it once they free up
+   */
+  sessions: ISessionHold[];
   workers_feasible: number;
   workers_total: number;
 }
@@ -404,6 +408,24 @@ export interface IReasonCount {
   detail: string;
   waiting_helps: boolean;
   workers: number;
+}
+/**
+ * GPUs a session holds on a worker the waiting job could use (ADR 0019).
+ */
+export interface ISessionHold {
+  api_version: 'gpulayer/v1';
+  gpus: number;
+  /**
+   * who holds it, as sentences name it (its notebook)
+   */
+  holder: string;
+  /**
+   * None while a cell runs
+   */
+  idle_since: number | null;
+  name: string;
+  session_id: string;
+  worker: string;
 }
 export interface IPlacement {
   api_version: 'gpulayer/v1';
