@@ -14,6 +14,8 @@ import type {
   IJob,
   IJobList,
   ILogPage,
+  ISessionInfo,
+  ISessionList,
   IWorkerInfo,
   JobState
 } from './contracts.generated';
@@ -32,6 +34,8 @@ export type {
   ILogRecord,
   INodePlacement,
   IPlacementReport,
+  ISessionInfo,
+  ISessionList,
   IWorkerInfo,
   JobState,
   JsonValue,
@@ -264,6 +268,28 @@ export class GPUlayerAPI {
 
   cancel(id: string): Promise<IJob> {
     return this.request(`jobs/${encodeURIComponent(id)}/cancel`, {
+      method: 'POST'
+    });
+  }
+  /** Live sessions (ADR 0019): jobs that hold their GPUs and keep state across cells. */
+  sessions(): Promise<ISessionList> {
+    return this.request('sessions');
+  }
+
+  /** End a session: its job is cancelled and its GPUs freed. */
+  stopSession(id: string): Promise<ISessionInfo> {
+    const reason = encodeURIComponent('stopped from the GPUlayer panel');
+    return this.request(
+      `sessions/${encodeURIComponent(id)}/stop?reason=${reason}`,
+      {
+        method: 'POST'
+      }
+    );
+  }
+
+  /** KeyboardInterrupt in the session's running cell, on every rank (it keeps its state). */
+  interruptSession(id: string): Promise<ISessionInfo> {
+    return this.request(`sessions/${encodeURIComponent(id)}/interrupt`, {
       method: 'POST'
     });
   }

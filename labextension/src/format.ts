@@ -2,7 +2,14 @@
  * Pure formatting for the panel: ages, durations, sizes, placements, progress.
  * No DOM and no clock reads (callers pass `now`), so it is unit-tested in Node.
  */
-import type { IDevice, IJob, IWorkerInfo, JobState, JsonValue } from './api';
+import type {
+  IDevice,
+  IJob,
+  ISessionInfo,
+  IWorkerInfo,
+  JobState,
+  JsonValue
+} from './api';
 
 /** "now", "4s", "3m 05s", "2h 10m", "3d 4h": compact, for narrow sidebars. */
 export function formatDuration(seconds: number): string {
@@ -295,4 +302,40 @@ export function cancelDialogText(job: IJob): { body: string; keep: string } {
     body: `${who} is ${job.state}. Cancelling stops all its processes.`,
     keep: 'Keep it running'
   };
+}
+
+/**
+ * A session's idle clock: "idle 3m 05s · ends in 26m 55s" (the server's `ends_at`), "running
+ * cell 12", "broken", "starting". `now` is server seconds.
+ */
+export function formatSessionClock(session: ISessionInfo, now: number): string {
+  switch (session.status) {
+    case 'busy':
+      return session.busy_cell !== null && session.busy_cell !== undefined
+        ? `running cell ${session.busy_cell}`
+        : 'busy';
+    case 'idle': {
+      const since = session.idle_since ?? now;
+      const idle = `idle ${formatDuration(now - since)}`;
+      const ends = session.ends_at;
+      return ends === null || ends === undefined
+        ? idle
+        : `${idle} · ends in ${formatDuration(ends - now)}`;
+    }
+    case 'waiting':
+      return 'waiting for its GPUs';
+    case 'broken':
+      return 'broken: restart it';
+    default:
+      return 'ended';
+  }
+}
+
+/** Who holds a session: its notebook's file name, else "another client". */
+export function formatHolder(session: ISessionInfo): string {
+  const notebook = session.holder.notebook;
+  if (!notebook) {
+    return 'a client without a notebook';
+  }
+  return notebook.split('/').pop() ?? notebook;
 }

@@ -32,7 +32,8 @@ export const CommandIDs = {
   openPanel: 'gpulayer:open-panel',
   showJob: 'gpulayer:show-job',
   openLogs: 'gpulayer:open-logs',
-  cancelJob: 'gpulayer:cancel-job'
+  cancelJob: 'gpulayer:cancel-job',
+  stopSession: 'gpulayer:stop-session'
 } as const;
 
 function jobIdArg(args: ReadonlyPartialJSONObject): string {
@@ -81,7 +82,19 @@ const plugin: JupyterFrontEndPlugin<void> = {
         Clipboard.copyToSystem(text);
         Notification.info('Copied to the clipboard', { autoClose: 2000 });
       },
-      showInPanel: id => void commands.execute(CommandIDs.showJob, { id })
+      showInPanel: id => void commands.execute(CommandIDs.showJob, { id }),
+      stopSession: session =>
+        void commands.execute(CommandIDs.stopSession, { id: session.id }),
+      interruptSession: session => {
+        model.api.interruptSession(session.id).then(
+          info => model.noteSession(info),
+          error =>
+            Notification.error(
+              `GPUlayer: could not interrupt: ${message(error)}`,
+              { autoClose: 5000 }
+            )
+        );
+      }
     };
 
     const panel = new GPUlayerPanel(model, actions);
@@ -175,6 +188,35 @@ const plugin: JupyterFrontEndPlugin<void> = {
           model.noteJob(await model.api.cancel(job.id));
         } catch (error) {
           Notification.error(`GPUlayer: could not cancel: ${message(error)}`, {
+            autoClose: 5000
+          });
+        }
+      }
+    });
+
+    commands.addCommand(CommandIDs.stopSession, {
+      label: 'GPUlayer: Stop Session…',
+      execute: async args => {
+        const id = jobIdArg(args);
+        const session = model.state.sessions.get(id);
+        const name = session?.name ?? shortId(id);
+        const answer = await showDialog({
+          title: `Stop session ${name}?`,
+          body:
+            'Its processes end and its GPUs are freed; the variables it holds are lost. ' +
+            'The notebook can start a new session.',
+          buttons: [
+            Dialog.cancelButton({ label: 'Keep it' }),
+            Dialog.warnButton({ label: 'Stop session' })
+          ]
+        });
+        if (!answer.button.accept) {
+          return;
+        }
+        try {
+          model.noteSession(await model.api.stopSession(id));
+        } catch (error) {
+          Notification.error(`GPUlayer: could not stop: ${message(error)}`, {
             autoClose: 5000
           });
         }

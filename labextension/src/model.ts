@@ -105,6 +105,18 @@ export class GPUlayerModel {
     this._changed.emit();
   }
 
+  /** Fold in a session the user just acted on (the answer to a stop), before its event. */
+  noteSession(session: import('./api').ISessionInfo): void {
+    const sessions = new Map(this._state.sessions);
+    if (session.status === 'ended') {
+      sessions.delete(session.id);
+    } else {
+      sessions.set(session.id, session);
+    }
+    this._state = { ...this._state, sessions };
+    this._changed.emit();
+  }
+
   get isDisposed(): boolean {
     return this._abort.signal.aborted;
   }
@@ -172,15 +184,21 @@ export class GPUlayerModel {
    * to the newest state.
    */
   private async _lists(signal: AbortSignal, cursor: string): Promise<void> {
-    const [jobs, workers] = await Promise.all([
+    const [jobs, workers, sessions] = await Promise.all([
       this.api.jobs(),
-      this.api.workers()
+      this.api.workers(),
+      this.api.sessions()
     ]);
     if (signal.aborted) {
       return;
     }
     this._workersAt = this._now();
-    this._state = fromSnapshot(jobs.jobs, workers.workers, cursor);
+    this._state = fromSnapshot(
+      jobs.jobs,
+      workers.workers,
+      cursor,
+      sessions.sessions
+    );
     this._setLive(true);
   }
 

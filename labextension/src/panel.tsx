@@ -1,7 +1,8 @@
 /**
  * The GPUlayer sidebar: a banner when the control plane is unreachable, then Workers
- * (devices and who uses them), Queue (scheduling order with each job's explanation) and
- * Jobs (filterable; open logs, cancel, open the submitting notebook).
+ * (devices and who uses them), Sessions (who holds which GPUs, idle clocks, stop), Queue
+ * (scheduling order with each job's explanation) and Jobs (filterable; open logs, cancel,
+ * open the submitting notebook).
  */
 import { ReactWidget } from '@jupyterlab/apputils';
 import * as React from 'react';
@@ -27,6 +28,7 @@ import {
   workerCommand
 } from './format';
 import { gpulayerIcon } from './icon';
+import { ISessionActions, SessionList } from './sessions';
 import type { GPUlayerModel, IConnection } from './model';
 import {
   JOB_FILTERS,
@@ -35,11 +37,12 @@ import {
   filterCounts,
   jobList,
   queue,
+  sessionList,
   workerList
 } from './state';
 
 /** What the panel's buttons do; index.ts wires them to JupyterLab commands. */
-export interface IPanelActions {
+export interface IPanelActions extends ISessionActions {
   openLogs(jobId: string): void;
   cancel(job: IJob): void;
   openNotebook(path: string): void;
@@ -92,6 +95,7 @@ function PanelView(props: {
   const [filter, setFilter] = React.useState<JobFilter>('all');
   const state = model.state;
   const workers = workerList(state);
+  const sessions = sessionList(state);
   const queued = queue(state);
   const focusedJob = focus.id ? state.jobs.get(focus.id) : undefined;
   // A focused job that the filter hides is shown by widening the filter to "all".
@@ -127,6 +131,9 @@ function PanelView(props: {
             ))}
           </ul>
         )}
+      </Section>
+      <Section title="Sessions" count={sessions.length} testId="sessions">
+        <SessionList sessions={sessions} now={now} actions={actions} />
       </Section>
       <Section title="Queue" count={queued.length} testId="queue">
         {queued.length === 0 ? (

@@ -10,6 +10,7 @@ import type {
   IEventPage,
   IJob,
   ILogRecord,
+  ISessionInfo,
   IWorkerInfo,
   JobState
 } from './api';
@@ -19,12 +20,19 @@ import { TERMINAL_STATES } from './api';
 export interface IPanelState {
   jobs: ReadonlyMap<string, IJob>;
   workers: ReadonlyMap<string, IWorkerInfo>;
+  /** Live sessions by id; one that ends leaves the map (its job stays in `jobs`). */
+  sessions: ReadonlyMap<string, ISessionInfo>;
   /** The event cursor (`<epoch>:<seq>`, the server's): where the stream follows on from. */
   cursor: string;
 }
 
 export function emptyState(): IPanelState {
-  return { jobs: new Map(), workers: new Map(), cursor: '' };
+  return {
+    jobs: new Map(),
+    workers: new Map(),
+    sessions: new Map(),
+    cursor: ''
+  };
 }
 
 /**
@@ -34,11 +42,15 @@ export function emptyState(): IPanelState {
 export function fromSnapshot(
   jobs: readonly IJob[],
   workers: readonly IWorkerInfo[],
-  cursor: string
+  cursor: string,
+  sessions: readonly ISessionInfo[] = []
 ): IPanelState {
   return {
     jobs: new Map(jobs.map(j => [j.id, j])),
     workers: new Map(workers.map(w => [w.id, w])),
+    sessions: new Map(
+      sessions.filter(s => s.status !== 'ended').map(s => [s.id, s])
+    ),
     cursor
   };
 }
@@ -57,6 +69,7 @@ export function applyEvents(
   }
   let jobs: Map<string, IJob> | null = null;
   let workers: Map<string, IWorkerInfo> | null = null;
+  let sessions: Map<string, ISessionInfo> | null = null;
   for (const event of page.events) {
     if (event.kind === 'job' && event.job) {
       jobs ??= new Map(state.jobs);
@@ -64,11 +77,19 @@ export function applyEvents(
     } else if (event.kind === 'worker' && event.worker) {
       workers ??= new Map(state.workers);
       workers.set(event.worker.id, event.worker);
+    } else if (event.kind === 'session' && event.session) {
+      sessions ??= new Map(state.sessions);
+      if (event.session.status === 'ended') {
+        sessions.delete(event.session.id);
+      } else {
+        sessions.set(event.session.id, event.session);
+      }
     }
   }
   return {
     jobs: jobs ? pruneFinished(jobs, maxFinished) : state.jobs,
     workers: workers ?? state.workers,
+    sessions: sessions ?? state.sessions,
     cursor: page.cursor
   };
 }
@@ -97,6 +118,13 @@ export function workerList(state: IPanelState): IWorkerInfo[] {
       gone(a) - gone(b) ||
       a.name.localeCompare(b.name) ||
       a.id.localeCompare(b.id)
+  );
+}
+
+/** Live sessions by name. */
+export function sessionList(state: IPanelState): ISessionInfo[] {
+  return [...state.sessions.values()].sort(
+    (a, b) => a.name.localeCompare(b.name) || a.id.localeCompare(b.id)
   );
 }
 

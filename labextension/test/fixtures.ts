@@ -11,6 +11,7 @@ import type {
   IJob,
   INodePlacement,
   IPlacementReport,
+  ISessionInfo,
   IWorkerInfo,
   JobState
 } from '../src/api';
@@ -132,6 +133,7 @@ export function report(
     candidates: [],
     largest_gpus: null,
     largest_cpus: null,
+    sessions: [],
     ...over
   };
 }
@@ -198,7 +200,8 @@ export function jobEvent(seq: number, j: IJob): IEvent {
     time: 1000 + seq,
     kind: 'job',
     job: j,
-    worker: null
+    worker: null,
+    session: null
   };
 }
 
@@ -209,7 +212,8 @@ export function workerEvent(seq: number, w: IWorkerInfo): IEvent {
     time: 1000 + seq,
     kind: 'worker',
     job: null,
-    worker: w
+    worker: w,
+    session: null
   };
 }
 
@@ -231,5 +235,46 @@ export function page(
     cursor: cursor(seq),
     reset: false,
     ...over
+  };
+}
+
+/** A session as the server sends it (its `ends_at` is the server's to compute). */
+export function session(
+  id: string,
+  name: string,
+  over: Partial<ISessionInfo> = {}
+): ISessionInfo {
+  return {
+    api_version: V,
+    id,
+    name,
+    status: 'idle',
+    job: withState(job(id, 1), 'running'),
+    holder: {
+      api_version: V,
+      client: 'k1',
+      notebook: 'work/train.ipynb',
+      kernel: null
+    },
+    ranks: 1,
+    cells: 0,
+    busy_cell: null,
+    idle_since: 1000,
+    idle_timeout: 1800,
+    reason: null,
+    ends_at: 2800,
+    ...over
+  };
+}
+
+export function sessionEvent(seq: number, s: ISessionInfo): IEvent {
+  return {
+    api_version: V,
+    seq,
+    time: 1000 + seq,
+    kind: 'session',
+    job: null,
+    worker: null,
+    session: s
   };
 }

@@ -22,7 +22,9 @@ function rec(seq: number): ILogRecord {
     time: seq,
     stream: 'stdout',
     rank: null,
-    text: `line ${seq}`
+    text: `line ${seq}`,
+    cell: null,
+    data: null
   };
 }
 

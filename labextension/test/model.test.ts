@@ -9,7 +9,15 @@ import {
   errorFromAnswer
 } from '../src/api';
 import { GPUlayerModel, WORKERS_REFRESH } from '../src/model';
-import { cursor, job, jobEvent, page, withState, worker } from './fixtures';
+import {
+  cursor,
+  job,
+  jobEvent,
+  page,
+  session,
+  withState,
+  worker
+} from './fixtures';
 
 /** The `events` request for a cursor, as the model writes it. */
 const follow = (at: string, wait: number): string =>
@@ -21,6 +29,7 @@ class FakeServer {
   events: (IEventPage | Error)[] = [];
   jobs = [job('a', 1)];
   workers = [worker('w', 'box')];
+  sessions = [session('s', 'train')];
   down = false;
 
   request = async <T>(
@@ -41,6 +50,9 @@ class FakeServer {
     }
     if (path === 'workers') {
       return { workers: this.workers } as T;
+    }
+    if (path === 'sessions') {
+      return { sessions: this.sessions } as T;
     }
     if (path === 'events/cursor') {
       return { api_version: 'gpulayer/v1', cursor: cursor(7) } as T;
@@ -82,14 +94,16 @@ describe('GPUlayerModel', () => {
     const m = model(server);
     m.start();
     await settle();
-    expect(server.calls.slice(0, 5)).toEqual([
+    expect(server.calls.slice(0, 6)).toEqual([
       'events/cursor',
       'jobs?limit=200',
       'workers',
+      'sessions',
       follow(cursor(7), 10),
       follow(cursor(8), 10)
     ]);
     expect(m.state.jobs.get('a')?.state).toBe('running');
+    expect(m.state.sessions.get('s')?.name).toBe('train');
     expect(m.connection.status).toBe('live');
     m.dispose();
   });
@@ -101,10 +115,11 @@ describe('GPUlayerModel', () => {
     const m = model(server);
     m.start();
     await settle();
-    expect(server.calls.slice(3)).toEqual([
+    expect(server.calls.slice(4)).toEqual([
       follow(cursor(7), 10),
       'jobs?limit=200',
       'workers',
+      'sessions',
       follow(cursor(3, 'e2'), 10)
     ]);
     expect(m.state.cursor).toBe(cursor(3, 'e2'));
@@ -134,10 +149,11 @@ describe('GPUlayerModel', () => {
     expect(m.connection.status).toBe('live');
     expect(naps).toBe(3);
     // Back up: a fresh cursor, then the lists, then the stream from that cursor.
-    expect(server.calls.slice(-4)).toEqual([
+    expect(server.calls.slice(-5)).toEqual([
       'events/cursor',
       'jobs?limit=200',
       'workers',
+      'sessions',
       follow(cursor(7), 10)
     ]);
     m.dispose();

@@ -186,7 +186,9 @@ describe('log buffer', () => {
     time: seq,
     stream: seq % 2 ? 'stdout' : 'stderr',
     rank,
-    text: `line ${seq}`
+    text: `line ${seq}`,
+    cell: null,
+    data: null
   });
 
   it('appends in order and ignores records it already holds', () => {
