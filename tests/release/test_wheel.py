@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -63,7 +64,9 @@ def user_env(no_node: Path, bin_dir: Path, home: Path) -> dict[str, str]:
     ):
         (home / sub).mkdir(parents=True, exist_ok=True)
         dirs[name] = str(home / sub)
-    return no_node_env(no_node, bin_dir, HOME=str(home), **dirs)
+    # pip keeps the real cache (a fresh HOME would download every dependency again).
+    cache = os.environ.get("PIP_CACHE_DIR") or str(Path.home() / ".cache" / "pip")
+    return no_node_env(no_node, bin_dir, HOME=str(home), PIP_CACHE_DIR=cache, **dirs)
 
 
 @pytest.fixture(scope="module")
