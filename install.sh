@@ -42,7 +42,7 @@ fi
 
 extras="torch,jupyter"
 if [ "$dev" = 1 ]; then
-  extras="$extras,dev"
+  extras="$extras,dev,docs"
 fi
 step "installing gpulayer[$extras] (builds the JupyterLab panel when Node.js is here)"
 "${PIP[@]}" install -e ".[$extras]"

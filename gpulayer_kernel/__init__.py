@@ -68,7 +68,12 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__version__ = "0.1.0"
+try:
+    # Written by the build from package.json's "version", the one place a version is set
+    # (RELEASING.md); `gpulayer --version`, /status, /health and the panel all report it.
+    from ._version import __version__
+except ImportError:  # pragma: no cover - a source tree that was never built nor installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "BundleError",

@@ -16,8 +16,10 @@ the CLI prints message and hint; no traceback ever reaches a user for one of the
     ├── Conflict (409 conflict)                           e.g. an illegal state transition
     ├── TooLarge (413 too_large)
     ├── Unavailable (503 unavailable)                     locked state dir, server gone
-    └── StoreError (500 store_error)
-        └── SchemaTooNew (500 schema_too_new)             database written by a newer GPUlayer
+    ├── StoreError (500 store_error)
+    │   └── SchemaTooNew (500 schema_too_new)             database written by a newer GPUlayer
+    └── MissingExtra (500 missing_extra)                  an optional part is not installed;
+                                                          also an ImportError, never sent by HTTP
 """
 
 from __future__ import annotations
@@ -117,6 +119,27 @@ class StoreError(GPUlayerError):
 class SchemaTooNew(StoreError):
     code = "schema_too_new"
     status = 500
+
+
+class MissingExtra(GPUlayerError, ImportError):
+    """A part of GPUlayer that needs an extra (``pip install 'gpulayer[jupyter]'``) was used
+    without it. It is an ``ImportError`` too, so ``except ImportError`` still catches it."""
+
+    code = "missing_extra"
+    status = 500
+
+    @classmethod
+    def of(cls, extra: str, what: str, exc: ImportError) -> MissingExtra:
+        """The error for ``what`` (e.g. "the %%gpulayer magics") failing to import ``exc.name``."""
+        import sys
+
+        module = (exc.name or str(exc)).split(".")[0]  # the package to install, not a submodule
+        return cls(
+            f"{what}: the '{extra}' extra of gpulayer is not installed (no module {module!r})",
+            hint=f"pip install 'gpulayer[{extra}]' (into {sys.prefix}), then restart the "
+            "kernel or process",
+            details={"extra": extra, "module": module},
+        )
 
 
 ERRORS_BY_CODE: dict[str, type[GPUlayerError]] = {

@@ -19,6 +19,7 @@ from .openapi import build_openapi
 from .ops import Op, Operation, op, op_of
 from .params import ApiLimits, Param
 from .routes import (
+    PUBLIC_ROUTES,
     USER_ROUTES,
     WORKER_ROUTES,
     HandlerSpec,
@@ -31,6 +32,7 @@ from .routes import (
 
 __all__ = [
     "PREFIX",
+    "PUBLIC_ROUTES",
     "USER_ROUTES",
     "WORKER_ROUTES",
     "ApiContext",

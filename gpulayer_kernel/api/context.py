@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 from dataclasses import dataclass, field
 
 from ..controlplane import ControlPlane
@@ -18,11 +17,10 @@ from .params import ApiLimits
 
 
 def package_version() -> str:
-    """The installed gpulayer version (what ``/status`` and ``openapi.json`` report)."""
-    try:
-        return importlib.metadata.version("gpulayer")
-    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source checkout
-        return "0+unknown"
+    """The gpulayer version (what ``/status``, ``/health`` and ``openapi.json`` report)."""
+    from .. import __version__
+
+    return __version__
 
 
 @dataclass

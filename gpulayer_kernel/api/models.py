@@ -30,6 +30,22 @@ class Status(Contract):
     jobs: dict[str, int] = Field(description="job count per state")
 
 
+class Health(Contract):
+    """``GET /health``: this API answers; nothing a token protects (no workers, no jobs)."""
+
+    status: Literal["ok"] = "ok"
+    version: str = Field(description="the gpulayer version of the server")
+
+
+class JoinCheck(Contract):
+    """``GET /workers/join``: the token would be accepted by a join; nothing was used up."""
+
+    kind: Literal["join", "instance", "worker"]
+    token_id: str
+    expires_at: float | None = Field(description="unix time; none: never")
+    version: str = Field(description="the gpulayer version of the server")
+
+
 class Explanation(Contract):
     job_id: str
     sentence: str

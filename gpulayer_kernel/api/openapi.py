@@ -116,7 +116,7 @@ def build_openapi(
         elif handler is OpenApiHandler:
             ok["content"] = {"application/json": {"schema": {"type": "object"}}}
         responses[str(spec.status)] = ok
-        statuses = {400, 401, 403, 404, *spec.errors}
+        statuses = {*spec.errors} if spec.public else {400, 401, 403, 404, *spec.errors}
         if spec.body is not None:
             statuses |= {413, 422}
         if any(p is not None and p.maximum == "max_wait" for p in spec.query):
@@ -132,10 +132,10 @@ def build_openapi(
         operation: dict[str, Any] = {
             "operationId": f"{method}_{handler.__name__}",
             "summary": spec.summary,
-            "tags": ["user" if spec.kinds is None else "worker"],
+            "tags": ["public" if spec.public else "user" if spec.kinds is None else "worker"],
             "parameters": params,
             "responses": responses,
-            "security": [{"bearer": []}],
+            "security": [] if spec.public else [{"bearer": []}],
         }
         if spec.kinds is not None:
             kinds = ", ".join(sorted(k.value for k in spec.kinds))

@@ -31,6 +31,8 @@ class Op:
     status: int = 200
     query: tuple[Param, ...] = ()
     kinds: frozenset[TokenKind] | None = None  # None: a user route (client token / Jupyter)
+    # No token at all (``GET /health`` only): tests/security/test_route_auth.py keeps the list.
+    public: bool = False
     errors: tuple[int, ...] = ()
     # For a raw body (``body="bytes"``): which ``ApiLimits`` field bounds it.
     upload_limit: Literal["max_blob", "max_bundle"] = "max_blob"
@@ -64,6 +66,7 @@ def op(
     kinds: Sequence[TokenKind] | None = None,
     errors: Sequence[int] = (),
     upload_limit: Literal["max_blob", "max_bundle"] = "max_blob",
+    public: bool = False,
 ) -> Callable[[Handler], Handler]:
     """Declare a handler method; the wrapper parses query and body and sends the answer.
 
@@ -79,6 +82,7 @@ def op(
         kinds=None if kinds is None else frozenset(kinds),
         errors=tuple(errors),
         upload_limit=upload_limit,
+        public=public,
     )
 
     def deco(fn: Handler) -> Handler:
@@ -89,7 +93,7 @@ def op(
         # User routes: tornado's own decorator, so a Jupyter host's auth (and XSRF) applies as
         # for any APIHandler; the standalone base sets current_user from a client token.
         final: Handler = wrapper
-        if spec.kinds is None:
+        if spec.kinds is None and not spec.public:
             final = cast(Handler, tornado.web.authenticated(wrapper))
         final.__gl_op__ = spec  # type: ignore[attr-defined]
         return final

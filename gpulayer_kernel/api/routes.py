@@ -40,6 +40,7 @@ from .handlers import (
     WorkersHandler,
     WorkerStateHandler,
 )
+from .health import HealthHandler
 from .mixin import GLMixin
 from .openapi import OpenApiHandler
 from .ops import Operation, operations_of
@@ -98,9 +99,12 @@ WORKER_ROUTES: tuple[type[WorkerRoute], ...] = (
     *SESSION_WORKER_ROUTES,
 )
 
+# No token at all: only GET /health (tests/security/test_route_auth.py holds the list).
+PUBLIC_ROUTES: tuple[type[GLMixin], ...] = (HealthHandler,)
+
 # The route table, as jupyter_server ends its handlers modules: (route template, handler).
 default_handlers: list[tuple[str, type[GLMixin]]] = [
-    (h.route, h) for h in (*USER_ROUTES, *WORKER_ROUTES)
+    (h.route, h) for h in (*USER_ROUTES, *WORKER_ROUTES, *PUBLIC_ROUTES)
 ]
 
 
@@ -164,6 +168,9 @@ def user_handlers(
 def worker_handlers(
     prefix: str, cp: ControlPlane, tokens: TokenService, *, context: ApiContext | None = None
 ) -> list[HandlerSpec]:
-    """Worker routes: GPUlayer worker tokens only, whichever host mounts them."""
+    """Worker routes (GPUlayer worker tokens only) and the public ``/health``: complete handlers
+    that do their own authentication, mounted as they are whichever host mounts them."""
     ctx = context or make_context(cp, tokens)
-    return [(route_pattern(prefix, h.route), h, {"ctx": ctx}) for h in WORKER_ROUTES]
+    return [
+        (route_pattern(prefix, h.route), h, {"ctx": ctx}) for h in (*WORKER_ROUTES, *PUBLIC_ROUTES)
+    ]

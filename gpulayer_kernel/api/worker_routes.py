@@ -24,7 +24,7 @@ from ..store.artifacts import check_digest
 from .auth import WorkerTokenAuth
 from .longpoll import ClientGone
 from .mixin import GLMixin
-from .models import BlobStored, JoinAnswer, LogAck
+from .models import BlobStored, JoinAnswer, JoinCheck, LogAck
 from .ops import op
 from .params import WAIT, Param
 from .uploads import Upload
@@ -116,6 +116,23 @@ class JoinHandler(WorkerRoute):
             session_token=session,
             heartbeat_interval=interval,
             max_wait=self.ctx.limits.max_wait,
+        )
+
+    @op(
+        "check a join, instance or session token without using it (scripts/install-worker.sh "
+        "asks before it installs anything); an instance token stays unspent",
+        answer=JoinCheck,
+        kinds=JOINING,
+    )
+    async def get(self) -> JoinCheck:
+        principal = self.principal
+        assert principal is not None
+        rec = self.ctx.tokens.get(principal.token_id)
+        return JoinCheck(
+            kind=principal.kind.value,
+            token_id=principal.token_id,
+            expires_at=rec.expires_at,
+            version=self.ctx.version,
         )
 
 

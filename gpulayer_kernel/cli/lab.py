@@ -7,12 +7,13 @@ command with ``parse_known_args``): ``gpulayer lab --no-browser --port 8899``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import GPUlayerError
+from ..errors import GPUlayerError, MissingExtra
 from .common import Handler
 
 COMMAND = "lab"
@@ -51,6 +52,8 @@ def lab_argv(extra: list[str], *, root: bool, quickstart: Path = QUICKSTART) -> 
 
 async def cmd_lab(args: argparse.Namespace) -> int:
     """Replace this process with ``jupyter lab`` (the server extension hosts the control plane)."""
+    if importlib.util.find_spec("jupyterlab") is None:
+        raise MissingExtra.of("jupyter", "gpulayer lab", ImportError(name="jupyterlab"))
     argv = lab_argv(list(getattr(args, "lab_args", [])), root=os.geteuid() == 0)
     try:
         os.execv(sys.executable, argv)

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from .. import __version__
 from ..errors import GPUlayerError
 from . import artifacts, jobs, lab, run, secret, serve, token, worker
 from .common import Handler
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpulayer",
         description="Run jobs on the right GPU, from a terminal or from Jupyter.",
     )
+    p.add_argument("-V", "--version", action="version", version=f"gpulayer {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in _MODULES:
         module.add_parsers(sub)

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,12 @@ def add_parsers(sub: Any) -> None:
         default=None,
         help="CA that signed the server's certificate ($GPULAYER_CA_CERT)",
     )
+    worker.add_argument(
+        "--check",
+        action="store_true",
+        help="only check that the server answers and accepts the join token (enrols nothing, "
+        "spends no instance token), then exit",
+    )
 
 
 def _labels(text: str) -> dict[str, str]:
@@ -85,6 +92,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
             hint=f"set {JOIN_TOKEN_ENV} (or pass --join-token); create one on the server with "
             "`gpulayer token create --kind join`",
         )
+    if args.check:
+        return await _check(args.server, token, args.ca_cert)
     name = args.name or socket.gethostname().split(".")[0] or "worker"
     caps = await local_capabilities(
         args.simulate_gpus, args.simulate_kind, cache=home_dir() / "probe.json"
@@ -136,6 +145,26 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     finally:
         await agent.stop()
     print("gpulayer worker: left the control plane", flush=True)
+    return 0
+
+
+async def _check(server: str, token: str, ca_cert: str | None) -> int:
+    """``gpulayer worker --check``: one request, and what the server said about the token."""
+    from .. import __version__
+    from ..worker.http import HttpTransport
+
+    transport = HttpTransport(server, token, ca_cert=ca_cert, retry_for=0)
+    try:
+        check = await transport.check_join()
+    finally:
+        await transport.close()
+    expires = check.get("expires_at")
+    until = "never expires" if expires is None else f"expires at {time.ctime(expires)}"
+    print(
+        f"gpulayer worker: {server} (gpulayer {check['version']}) accepts this {check['kind']} "
+        f"token {check['token_id']} ({until}); this machine has gpulayer {__version__}",
+        flush=True,
+    )
     return 0
 
 

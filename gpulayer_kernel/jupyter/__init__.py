@@ -50,9 +50,9 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":  # shown by `jupyter server extension list`
-        from importlib.metadata import version
+        from .. import __version__
 
-        return version("gpulayer")
+        return __version__
     if name == "JobHandle":
         from .handle import JobHandle
 

@@ -18,15 +18,19 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from IPython.core import magic, magic_arguments
-from IPython.core.error import StdinNotImplementedError, UsageError
-from IPython.core.interactiveshell import InteractiveShell
-from IPython.core.magic import Magics, magics_class
-from IPython.core.magic_arguments import MagicArgumentParser
+from ..errors import GPUlayerError, MissingExtra
+
+try:
+    from IPython.core import magic, magic_arguments
+    from IPython.core.error import StdinNotImplementedError, UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.core.magic import Magics, magics_class
+    from IPython.core.magic_arguments import MagicArgumentParser
+except ImportError as exc:  # a wheel installed without the jupyter extra
+    raise MissingExtra.of("jupyter", "the %%gpulayer magics", exc) from None
 
 from .. import render
 from ..contracts import Job, JobSpec, JobState, parse
-from ..errors import GPUlayerError
 from ..runner import SHOWN_KEY
 from ..sessions import SessionCellError
 from .bridge import Bridge, Target, get_bridge, reconnect
@@ -57,6 +61,7 @@ line_magic = cast(Callable[[str], Callable[[_F], _F]], magic.line_magic)
 new_parser = cast(Callable[..., MagicArgumentParser], MagicArgumentParser)
 
 _display_mode: str | None = None
+_told_no_widgets = False
 _last: JobHandle | None = None
 
 
@@ -77,13 +82,24 @@ def display_mode() -> str:
         return "text"  # plain IPython in a terminal, or a script: nothing renders widgets
     try:
         import anywidget  # noqa: F401
-    except ImportError:
+    except ImportError as exc:
+        if mode == "widget" or os.environ.get("JPY_SESSION_NAME"):
+            _say_no_widgets(exc)  # a notebook wanted the widget: say why it gets text
         return "text"
     if mode == "widget":
         return "widget"
     # A kernel started by a Jupyter server for a notebook (JupyterLab, Notebook 7) has this;
     # nbval, nbconvert and jupyter_client scripts do not, and nothing renders widgets there.
     return "widget" if os.environ.get("JPY_SESSION_NAME") else "text"
+
+
+def _say_no_widgets(exc: ImportError) -> None:
+    """Once per kernel: jobs show as text because the jupyter extra (anywidget) is missing."""
+    global _told_no_widgets
+    if not _told_no_widgets:
+        _told_no_widgets = True
+        err = MissingExtra.of("jupyter", "the job widget", exc)
+        print(f"gpulayer: showing jobs as text; {err.message}. {err.hint}", file=sys.stderr)
 
 
 class Shown:
@@ -452,7 +468,14 @@ class GPUlayerMagics(Magics):
         global _display_mode
         p = _parser("display")
         p.add_argument("mode", choices=DISPLAY_MODES)
-        _display_mode = p.parse_args(argv).mode
+        mode = p.parse_args(argv).mode
+        if mode == "widget":
+            try:
+                import anywidget  # noqa: F401
+            except ImportError as exc:
+                err = MissingExtra.of("jupyter", "%gpulayer display widget", exc)
+                raise UsageError(f"{err.message}\n{err.hint}") from None
+        _display_mode = mode
         print(f"display: {display_mode()}")
 
 

@@ -130,6 +130,13 @@ class HttpTransport(Transport):
                 log.info("%s: %s; retrying in %.1fs", what, exc.message, delay)
                 await self.clock.sleep(delay)
 
+    async def check_join(self) -> dict[str, Any]:
+        """``GET /workers/join``: would the join token be accepted? Enrols nothing, spends no
+        instance token (``gpulayer worker --check``; scripts/install-worker.sh asks it)."""
+        resp = await self._request("GET", "/workers/join", token=self.join_token)
+        answer: dict[str, Any] = resp.json()
+        return answer
+
     # -- the Transport ---------------------------------------------------------------------------
 
     async def register(self, reg: WorkerRegistration) -> WorkerInfo:

@@ -166,6 +166,11 @@ def test_worker_routes_accept_only_gpulayer_worker_tokens(
     assert client.json()["code"] == "wrong_token_kind"
 
 
+def test_health_needs_no_login_inside_jupyter(http: httpx.Client, server: JupyterProcess) -> None:
+    r = http.get("/health", headers={})
+    assert r.status_code == 200 and r.json()["status"] == "ok", r.text
+
+
 def test_a_remote_worker_joins_through_jupyter(http: httpx.Client, server: JupyterProcess) -> None:
     # An operator makes a join token through the user routes (Jupyter's login) ...
     r = http.post("/tokens", json={"kind": "join", "name": "test"}, headers=server.headers)
@@ -266,6 +271,8 @@ def test_a_locked_home_gives_503_with_the_reason_and_jupyter_keeps_running(
             assert httpx.get(f"{jp.api}/workers").status_code == 403
             worker = httpx.post(f"{jp.api}/worker/heartbeat", headers={"Authorization": "x"})
             assert worker.status_code == 503 and worker.json()["code"] == "not_running"
+            health = httpx.get(f"{jp.api}/health")
+            assert health.status_code == 503 and health.json()["code"] == "not_running"
             # Jupyter itself is fine, and its log says why GPUlayer is not.
             assert httpx.get(f"{jp.url}api/status", headers=jp.headers).status_code == 200
             assert "in use by another GPUlayer control plane" in jp.log()
@@ -329,7 +336,7 @@ def test_traitlets_choose_the_home_and_the_local_worker(tmp_path: Path) -> None:
 
 
 def test_the_lab_extension_version_is_the_package_version() -> None:
-    # pyproject keeps a static version (no hatch-nodejs-version): the two must move together.
+    # package.json is the one place the version is written (hatch-nodejs-version reads it).
     from importlib.metadata import version
 
     root = Path(__file__).resolve().parents[2]

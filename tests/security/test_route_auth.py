@@ -23,7 +23,10 @@ from gpulayer_kernel.testing import until
 
 from ..api.conftest import Api, sha, start_api, stop_api
 
-OPS = operations()
+# Deliberately unauthenticated: the container healthcheck's route, and nothing else. A new
+# ``@op(public=True)`` fails test_only_the_declared_routes_are_public until it is added here.
+PUBLIC = {("/health", "get")}
+OPS = [o for o in operations() if (o.template, o.method) not in PUBLIC]
 ALL_KINDS = tuple(TokenKind)
 
 
@@ -209,6 +212,46 @@ async def test_bad_credentials_are_refused_and_change_nothing(
         if expected == 401 and method != "head":
             assert r.headers.get("www-authenticate", "").startswith("Bearer")
     assert await snapshot(api) == before
+
+
+def test_only_the_declared_routes_are_public() -> None:
+    public = {(o.template, o.method) for o in operations() if o.op.public}
+    assert public == PUBLIC
+    assert all(o.op.kinds is None for o in operations() if o.op.public)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_public_route_ignores_every_credential_and_shows_nothing_protected(
+    shared_world: World,
+) -> None:
+    world = shared_world
+    before = await snapshot(world.api)
+    for token in (None, "not-a-token", *world.tokens.values()):
+        r = await world.api.call("GET", "/health", token)
+        assert r.status_code == 200, f"{token}: {r.status_code} {r.text}"
+        assert set(r.json()) == {"api_version", "status", "version"}
+        assert "www-authenticate" not in r.headers
+    for method in ("POST", "PUT", "DELETE"):
+        r = await world.api.call(method, "/health", None, json={})
+        assert r.status_code == 405, method
+    assert await snapshot(world.api) == before
+
+
+async def test_checking_a_join_token_spends_nothing(world: World) -> None:
+    api = world.api
+    instance = await api.new_token("instance")
+    for _ in range(2):
+        r = await api.call("GET", "/workers/join", instance)
+        assert r.status_code == 200 and r.json()["kind"] == "instance", r.text
+    r = await api.call("GET", "/workers/join", world.tokens["join"])
+    assert r.json()["kind"] == "join" and r.json()["expires_at"] is None
+    r = await api.call("GET", "/workers/join", world.tokens["expired-join"])
+    assert r.status_code == 401 and r.json()["code"] == "token_expired"
+    # Still unspent: it enrols a worker once.
+    r = await api.call("POST", "/workers/join", instance, json={"name": "checked"})
+    assert r.status_code == 200
+    r = await api.call("GET", "/workers/join", instance)
+    assert r.status_code == 401 and r.json()["code"] == "token_replayed"
 
 
 async def test_an_instance_token_used_at_the_wrong_route_is_not_spent(world: World) -> None:
