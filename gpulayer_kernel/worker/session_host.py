@@ -20,7 +20,7 @@ Frames on the socket are a 4-byte big-endian length and a JSON object. The worke
 ``FLUSH_EVERY`` s) and ``{"done": n, ...}`` at its end, which carries what is left: a short
 cell is one frame each way. Only the sender thread writes the socket, so a KeyboardInterrupt in
 the main thread (the worker's interrupt: SIGINT) can never cut a frame in two; SIGINT outside a
-cell is ignored.
+cell is ignored (``SIG_IGN``), inside one it is Python's own handler.
 
 With ``WORLD_SIZE`` > 1 the ranks join one ``torch.distributed`` process group before they say
 ready (static rendezvous: ``MASTER_ADDR``/``MASTER_PORT`` from the worker), once for the
@@ -262,13 +262,13 @@ class Host:
     def __init__(self, sock: socket.socket) -> None:
         self.channel = Channel(sock)
         self.sock = sock
-        self.in_cell = False
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.shell: Any = None
 
     def start(self) -> None:
-        signal.signal(signal.SIGINT, self._on_sigint)
+        # Outside a cell (while starting, between cells) an interrupt has nothing to stop.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
         self.shell = make_shell(self.channel)
         sys.stdout = OutStream("stdout", self.channel, 1)
@@ -284,11 +284,6 @@ class Host:
             {"ready": os.getpid(), "rank": self.rank, "world_size": self.world_size, **versions}
         )
 
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self.in_cell:
-            raise KeyboardInterrupt
-        # Outside a cell (between two, or while starting) an interrupt has nothing to stop.
-
     def serve(self) -> None:
         while True:
             try:
@@ -301,8 +296,8 @@ class Host:
                 try:
                     self.channel.send(self.run(request))
                 except KeyboardInterrupt:
-                    # An interrupt that arrived just after the cell: it has nothing to stop.
-                    self.in_cell = False
+                    # An interrupt that landed just after the cell's end: it stopped nothing.
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)
                     self.channel.send(self._done(request, {"status": "ok"}, 0.0))
 
     def run(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -319,11 +314,13 @@ class Host:
             self._bind(request)
             if request.get("count") is not None:
                 shell.execution_count = int(request["count"])
-            self.in_cell = True
+            # Python's own handler (in C: no frame of ours in the cell's traceback) while the
+            # cell runs; ignored again the moment it ends.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             try:
                 shell.run_cell(request.get("code", ""), store_history=bool(request["history"]))
             finally:
-                self.in_cell = False
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
         except KeyboardInterrupt:
             shell.error = {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []}
         except Exception as exc:  # our own binding step (a bad inputs file): the cell's error

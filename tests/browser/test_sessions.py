@@ -1,0 +1,109 @@
+"""A session driven from a notebook in a real JupyterLab and Chromium (ADR 0019).
+
+The control plane lives in the Jupyter server (the extension); the notebook's kernel talks to it
+over its loopback listener, and the session's ranks run on the extension's local worker (two
+simulated GPUs). State is kept across cells, a matplotlib figure appears in the cell, an
+interrupt stops the running cell and keeps the state, and the panel shows the session with its
+holder and idle clock, and stops it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Any
+
+import pytest
+
+from .conftest import CHROMIUM, PANEL_TAB, Lab, open_lab, shot
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+if not shutil.which(CHROMIUM):
+    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install -y chromium)", allow_module_level=True)
+expect: Any = pytest.importorskip("playwright.sync_api").expect
+SECOND = 1000
+
+CELLS = [
+    "%load_ext gpulayer_kernel\n%gpulayer session start --name browser --idle-timeout 20m",
+    "%%gpulayer\ny = 41\nprint('set y on the worker')",
+    "%%gpulayer\ny + 1",
+    "%%gpulayer\nimport matplotlib.pyplot as plt\nplt.plot([3, 1, 2])\nplt.title('loss');",
+    "%%gpulayer\nimport time\nprint('ticking', flush=True)\ntime.sleep(600)",
+    "%%gpulayer\ny",
+]
+
+
+def notebook() -> dict[str, Any]:
+    return {
+        "cells": [
+            {
+                "cell_type": "code",
+                "metadata": {},
+                "outputs": [],
+                "execution_count": None,
+                "source": source,
+            }
+            for source in CELLS
+        ],
+        "metadata": {
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+
+
+def output(page: Any, index: int) -> Any:
+    return page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-OutputArea")
+
+
+def run_next(page: Any) -> None:
+    page.keyboard.press("Shift+Enter")
+
+
+def test_a_session_from_a_notebook_keeps_state_plots_survives_an_interrupt_and_stops(
+    browser: Any, lab: Lab
+) -> None:
+    pytest.importorskip("matplotlib")
+    (lab.root / "sessions.ipynb").write_text(json.dumps(notebook()))
+    page = open_lab(browser, lab, "sessions-notebook", width=1400, height=900)
+    try:
+        page.evaluate(
+            "window.jupyterapp.commands.execute('docmanager:open', {path: 'sessions.ipynb'})"
+        )
+        page.wait_for_function(
+            "() => document.body.innerText.includes('| Idle')", timeout=90 * SECOND
+        )
+        page.locator(".jp-Notebook .jp-Cell").nth(0).click()
+        run_next(page)
+        expect(output(page, 0)).to_contain_text("session browser is up", timeout=120 * SECOND)
+        run_next(page)
+        expect(output(page, 1)).to_contain_text("set y on the worker", timeout=60 * SECOND)
+        run_next(page)
+        expect(output(page, 2)).to_contain_text("42", timeout=60 * SECOND)
+        run_next(page)
+        expect(output(page, 3).locator("img")).to_have_count(1, timeout=90 * SECOND)
+        run_next(page)
+        expect(output(page, 4)).to_contain_text("ticking", timeout=60 * SECOND)
+        page.evaluate("window.jupyterapp.commands.execute('notebook:interrupt-kernel')")
+        expect(output(page, 4)).to_contain_text("KeyboardInterrupt", timeout=60 * SECOND)
+        run_next(page)
+        expect(output(page, 5)).to_contain_text("41", timeout=60 * SECOND)
+
+        page.click(PANEL_TAB) if "lm-mod-current" not in (
+            page.get_attribute(PANEL_TAB, "class") or ""
+        ) else None
+        row = page.locator('#gpulayer-panel li[data-session="browser"]')
+        expect(row).to_contain_text("held by sessions.ipynb", timeout=30 * SECOND)
+        expect(row).to_contain_text("ends in")
+        expect(row.locator(".gl-Badge")).to_have_text("idle")
+        shot(page, "panel-session")
+        row.get_by_role("button", name="Stop session browser").click()
+        page.locator(".jp-Dialog .jp-mod-warn").click()
+        expect(row).to_have_count(0, timeout=30 * SECOND)
+    except BaseException:
+        shot(page, "panel-session-FAILED")
+        raise
+    finally:
+        page.context.close()
