@@ -18,6 +18,9 @@ LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 # 2 MiB ARG_MAX leaves room for the environment the worker adds itself.
 MAX_ARG_STRLEN = 128 * 1024
 MAX_EXEC_BYTES = 1024 * 1024
+# The user of the embedded, single-user default and the first admin of a served control plane:
+# whatever predates users (jobs, client tokens, secrets) belongs to this one.
+ADMIN_USER = "admin"
 
 
 class JobState(StrEnum):
@@ -262,6 +265,11 @@ class Job(Contract):
     artifacts: list[Artifact] = Field(default_factory=list)
     progress: dict[str, JsonValue] | None = None
     cancel_requested: bool = False
+    owner: str = Field(
+        ADMIN_USER,
+        description="the user who submitted it (set by the control plane from the caller's "
+        "identity; jobs from before users belong to the admin)",
+    )
 
 
 class LogRecord(Contract):
