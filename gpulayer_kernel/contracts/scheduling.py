@@ -88,6 +88,12 @@ class PlacementReport(Contract):
     largest_cpus: int | None = Field(
         None, description="jobs asking for CPUs: the most CPUs on any one worker"
     )
+    quota: str | None = Field(
+        None, description="why its user's or group's GPU quota holds it back now (waiting helps)"
+    )
+    fair_share: str | None = Field(
+        None, description="how many later jobs of other users fair share put ahead of it"
+    )
 
     @property
     def never_fits(self) -> bool:
@@ -109,4 +115,4 @@ class PlacementReport(Contract):
 
     @property
     def waiting_helps(self) -> bool:
-        return bool(self.exhausted) or self.workers_total == 0
+        return bool(self.exhausted) or self.workers_total == 0 or self.quota is not None

@@ -8,11 +8,15 @@ every acknowledged change on disk. Each part owns its state and changes only thr
 (the ring UIs follow), ``tails`` (job logs), ``dispatch`` (inboxes, cancels, rendezvous),
 ``scheduling`` (passes, reservations), ``outcomes`` (finishes, cancels, retries, lost workers) and
 ``reaper``. Every wait and timeout runs on ``clock``: tests hand in a FakeClock.
+
+Identity (``security.roles``): calls that read or act on someone's work take ``who`` (an
+``Identity``: user and role) and check it with ``check_read``/``check_act``; ``who=None`` is the
+embedded single user, who is admin. Jobs carry their ``owner``. ``users`` (UserService) holds
+users and quotas, ``secrets`` (SecretTable) each user's sealed secrets, ``usage`` recent GPU use.
 """
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 from collections.abc import Iterable
 from typing import Any
@@ -35,10 +39,14 @@ from ..contracts import (
     check_secret_name,
     ensure_json,
 )
-from ..errors import Conflict, NotFound
+from ..errors import Conflict, NotFound, Unavailable
 from ..redact import Redactor
 from ..scheduler import Snapshot
+from ..security.roles import Identity, Role, check_act, check_read, check_role, resolved, sees_all
+from ..security.users import UserService
+from ..security.vault import MEMORY_KEYS, KeySource
 from ..store import ArtifactStore, MetadataStore
+from .blobs import Blobs
 from .dispatch import Dispatcher
 from .events import EventLog
 from .jobs import Change, JobTable, artifact_named
@@ -46,6 +54,8 @@ from .logs import LogTails
 from .outcomes import Outcomes
 from .reaper import Reaper
 from .scheduling import SchedulingLoop
+from .secrets import SecretTable
+from .usage import DEFAULT_HALF_LIFE, UsageMeter
 from .workers import SUSPECT_GRACE, WorkerRegistry
 
 
@@ -62,11 +72,17 @@ class ControlPlane:
         reserve_after: float = 60.0,
         rendezvous_timeout: float = 120.0,
         suspect_grace: float = SUSPECT_GRACE,
+        secrets_key: KeySource = MEMORY_KEYS,
+        fair_share_half_life: float = DEFAULT_HALF_LIFE,
     ) -> None:
         self.store = store
         self.artifacts = artifacts
         self.clock = clock
         self.redactor = Redactor()
+        self.users = UserService(store, clock=clock.now)
+        self.secrets = SecretTable(store, self.redactor, secrets_key)
+        self.usage = UsageMeter(fair_share_half_life)
+        self.blobs = Blobs(store, artifacts)
         self.event_log = EventLog(clock)
         self.jobs = JobTable(
             store,
@@ -90,7 +106,15 @@ class ControlPlane:
         self.dispatch = Dispatcher(clock, self.jobs.active_job)
         parts = (self.jobs, self.registry, self.tails, self.dispatch)
         self.outcomes = Outcomes(*parts, clock=clock, rendezvous_timeout=rendezvous_timeout)
-        self.scheduling = SchedulingLoop(store, *parts, clock=clock, reserve_after=reserve_after)
+        self.scheduling = SchedulingLoop(
+            store,
+            *parts,
+            clock=clock,
+            reserve_after=reserve_after,
+            secrets=self.secrets,
+            users=self.users,
+            usage=self.usage,
+        )
         self.reaper = Reaper(self.registry, self._lose_worker, self.outcomes.overdue, clock=clock)
         self.registry.on_change = self.scheduling.kick  # a worker under suspicion, or back
 
@@ -115,14 +139,15 @@ class ControlPlane:
 
     async def start(self) -> None:
         """Load active jobs and known workers; workers of a dead in-process host are lost."""
+        await self.secrets.start()  # first: a missing or wrong key refuses the start untouched
+        await self.users.load()
+        await self.users.ensure_admin()
         await self.jobs.load()
+        await self.usage.load(self.store)
         for w in self.registry.restore(await self.store.load_workers()):
             await self._lose_worker(w.id, "its host process stopped")
         await self.outcomes.orphans_at_start()  # after the losses: their jobs are settled
-        names = await self.store.list_secret_names()
-        for name, value in (await self.store.get_secrets(names)).items():
-            self.redactor.add(name, value)
-        await self.outcomes.redeliver_placed(self.store.get_secrets)
+        await self.outcomes.redeliver_placed(self.secrets.for_job)
         self.event_log.open = self.dispatch.open = True
         self.reaper.start()
         self.scheduling.start()
@@ -147,6 +172,7 @@ class ControlPlane:
             self.registry.refresh(wid)
         if after.state.terminal:
             self.tails.forget(after.id)
+            self.usage.charge_job(after)
         self.scheduling.kick()
 
     async def _lose_worker(
@@ -157,19 +183,31 @@ class ControlPlane:
 
     # -- client side -----------------------------------------------------------------------------
 
-    async def submit(self, spec: JobSpec) -> Job:
-        """Queue a job. A Python workload's bundle must already be uploaded."""
-        if spec.workload.kind == "python" and not self.artifacts.has(spec.workload.bundle):
+    async def submit(self, spec: JobSpec, *, who: Identity | None = None) -> Job:
+        """Queue a job as ``who``'s. A Python workload's bundle must already be uploaded (by
+        them: another user's bundle is not theirs to run)."""
+        check_role(who, Role.USER, "submit jobs")
+        owner = resolved(who).user
+        bundle = spec.workload.bundle
+        if bundle is not None and not (await self.blobs.has(bundle, who=who)):
             raise NotFound(
-                f"bundle {spec.workload.bundle[:12]}… has not been uploaded",
+                f"bundle {bundle[:12]}… has not been uploaded",
                 hint="upload it with put_bundle (the client and magic do this for you)",
-                details={"bundle": spec.workload.bundle},
+                details={"bundle": bundle},
                 code="bundle_not_found",
             )
-        change = self.jobs.add(spec)
+        self.users.check_submit(
+            owner, spec.resources.gpus * spec.resources.nodes, self.jobs.queued_of
+        )
+        change = self.jobs.add(spec, owner)
         self.tails.open(change.after.id)  # before any await: its first line is numbered 1
         self.scheduling.fresh.add(change.after.id)  # its first pass decides if it can ever fit
-        await self.jobs.flush([change])
+        try:
+            await self.jobs.flush([change])
+        except Unavailable:
+            self.jobs.discard(change.after.id)  # not stored: its submitter is told so
+            self.tails.forget(change.after.id)
+            raise
         self.scheduling.kick()
         return change.after
 
@@ -177,8 +215,10 @@ class ControlPlane:
         """Accept a unique id prefix (at least 4 characters), as git does."""
         return await self.jobs.resolve(job_id)
 
-    async def get(self, job_id: str) -> Job:
-        return await self.jobs.get(job_id)
+    async def get(self, job_id: str, *, who: Identity | None = None) -> Job:
+        job = await self.jobs.get(job_id)
+        check_read(who, job.owner, f"job {job_id}")
+        return job
 
     async def list(
         self,
@@ -187,65 +227,104 @@ class ControlPlane:
         name: str | None = None,
         label: tuple[str, str] | None = None,
         limit: int = 100,
+        who: Identity | None = None,
     ) -> builtins.list[Job]:
-        return await self.jobs.query(states, name=name, label=label, limit=limit)
+        """Jobs, newest first: a user's own; everyone's for admins and viewers."""
+        mine = None if sees_all(who) else resolved(who).user
+        return await self.jobs.query(states, name=name, label=label, limit=limit, owner=mine)
 
-    async def cancel(self, job_id: str, reason: str = "cancelled by user") -> Job:
-        return await self.outcomes.cancel(await self.get(job_id), reason)
+    async def cancel(
+        self, job_id: str, reason: str = "cancelled by user", *, who: Identity | None = None
+    ) -> Job:
+        job = await self.get(job_id, who=who)
+        check_act(who, job.owner, f"job {job_id}")
+        return await self.outcomes.cancel(job, reason)
 
-    async def wait(self, job_id: str, timeout: float | None = None) -> Job:
+    async def wait(
+        self, job_id: str, timeout: float | None = None, *, who: Identity | None = None
+    ) -> Job:
         """Return when the job reaches a final state (or at ``timeout`` with its current state)."""
+        await self.get(job_id, who=who)
         return await self.jobs.wait(job_id, timeout)
 
     async def logs(
-        self, job_id: str, since: int = 0, wait: float = 0.0, limit: int = 1000
+        self,
+        job_id: str,
+        since: int = 0,
+        wait: float = 0.0,
+        limit: int = 1000,
+        *,
+        who: Identity | None = None,
     ) -> LogPage:
         """Log records after ``since``; with ``wait`` > 0, long-poll until one arrives."""
-        job_id = await self.resolve(job_id)
+        job_id = (await self.get(job_id, who=who)).id
         return await self.tails.page(job_id, lambda: self.jobs.get(job_id), since, wait, limit)
 
-    async def explain(self, job_id: str) -> str:
-        return self.scheduling.explain(await self.get(job_id))
+    async def explain(self, job_id: str, *, who: Identity | None = None) -> str:
+        return self.scheduling.explain(await self.get(job_id, who=who))
 
     async def workers(self) -> builtins.list[WorkerInfo]:
         return self.registry.all()
 
     async def events(
-        self, since: int = 0, wait: float = 0.0, cursor: str | None = None
+        self,
+        since: int = 0,
+        wait: float = 0.0,
+        cursor: str | None = None,
+        *,
+        who: Identity | None = None,
     ) -> EventPage:
-        """Job and worker changes after ``cursor`` (or ``since``), long-polled with ``wait``."""
-        return await self.event_log.page(since, wait, cursor)
+        """Job and worker changes after ``cursor`` (or ``since``), long-polled with ``wait``;
+        a user sees changes of its own jobs (and every worker's)."""
+        if sees_all(who):
+            return await self.event_log.page(since, wait, cursor)
+        me = resolved(who).user
+        return await self.event_log.page(
+            since, wait, cursor, visible=lambda e: e.job is None or e.job.owner == me
+        )
 
     async def event_cursor(self) -> str:
         """The event log's position now: follow from it to see only what happens next."""
         return self.event_log.cursor()
 
-    # blobs: bundles and artifacts share one content-addressed store
+    # blobs: bundles and artifacts share one content-addressed store (``blobs.Blobs``: who may
+    # read which)
 
-    async def put_blob(self, data: bytes, digest: str | None = None) -> str:
-        return await asyncio.to_thread(self.artifacts.put, data, digest)
+    async def put_blob(
+        self, data: bytes, digest: str | None = None, *, who: Identity | None = None
+    ) -> str:
+        return await self.blobs.put(data, digest, who=who)
 
-    async def has_blob(self, digest: str) -> bool:
-        return self.artifacts.has(digest)
+    async def claim_blob(self, digest: str, *, who: Identity | None = None) -> None:
+        """Record that ``who`` uploaded the blob ``digest`` (they may read it and run it)."""
+        await self.blobs.claim(digest, who=who)
 
-    async def get_blob(self, digest: str) -> bytes:
-        return await asyncio.to_thread(self.artifacts.get, digest)
+    async def has_blob(self, digest: str, *, who: Identity | None = None) -> bool:
+        return await self.blobs.has(digest, who=who)
+
+    async def get_blob(self, digest: str, *, who: Identity | None = None) -> bytes:
+        return await self.blobs.get(digest, who=who)
 
     put_bundle = put_blob
     has_bundle = has_blob
     get_bundle = get_blob
 
-    # secrets: stored here, resolved for the worker at assignment, never returned by a read API
+    # secrets: sealed at rest, per owner, resolved for the worker at assignment, never returned
 
-    async def set_secret(self, name: str, value: str) -> None:
-        await self.store.set_secret(check_secret_name(name), value)
-        self.redactor.add(name, value)
+    async def set_secret(
+        self, name: str, value: str, *, who: Identity | None = None, user: str | None = None
+    ) -> None:
+        await self.secrets.set(self.secrets.owner_for(who, user), check_secret_name(name), value)
 
-    async def secret_names(self) -> builtins.list[str]:
-        return await self.store.list_secret_names()
+    async def secret_names(
+        self, *, who: Identity | None = None, user: str | None = None
+    ) -> builtins.list[str]:
+        return await self.secrets.names(self.secrets.owner_for(who, user))
 
-    async def delete_secret(self, name: str) -> bool:
-        return await self.store.delete_secret(name)
+    async def delete_secret(
+        self, name: str, *, who: Identity | None = None, user: str | None = None
+    ) -> bool:
+        return await self.secrets.delete(self.secrets.owner_for(who, user), name)
 
     # -- worker side -----------------------------------------------------------------------------
 
@@ -325,9 +404,13 @@ class ControlPlane:
                 and stored.state.terminal
                 and report.attempt in (None, stored.attempts)
             ):
+                if job_id in self.jobs.dirty:
+                    await self.jobs.resync()  # acknowledged only once it is stored
                 return stored  # a retried report after a reconnect: recorded once already
         job = self._owned(worker_id, job_id, report.attempt)
-        return await self.outcomes.finished(worker_id, job, report)
+        done = await self.outcomes.finished(worker_id, job, report)
+        await self.blobs.made_by(done)
+        return done
 
     async def publish_rendezvous(self, worker_id: str, job_id: str, rdzv: Rendezvous) -> None:
         self._owned(worker_id, job_id, rdzv.attempt)
@@ -381,5 +464,7 @@ class ControlPlane:
                 worker_id, work, lambda j: self.jobs.active_job(j) is not None
             )
 
-    async def artifact_for(self, job_id: str, name: str) -> Artifact:
-        return artifact_named(await self.get(job_id), name)
+    async def artifact_for(
+        self, job_id: str, name: str, *, who: Identity | None = None
+    ) -> Artifact:
+        return artifact_named(await self.get(job_id, who=who), name)

@@ -69,6 +69,7 @@ class JobQuery:
     label: tuple[str, str] | None = None
     limit: int = 100
     before_seq: int | None = None
+    owner: str | None = None  # only this user's jobs
 
 
 class MetadataStore(abc.ABC):

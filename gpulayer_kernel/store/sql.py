@@ -41,7 +41,7 @@ log = logging.getLogger("gpulayer.store")
 _TABLE = re.compile(r"^\s*(?:INSERT(?: OR \w+)? INTO|DELETE FROM|UPDATE)\s+(\w+)", re.IGNORECASE)
 
 UPSERT_JOB = (
-    "INSERT INTO jobs (id, seq, state, name, body, updated_at) VALUES (?, ?, ?, ?, ?, ?) "
+    "INSERT INTO jobs (id, seq, state, name, body, updated_at, owner) VALUES (?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT(id) DO UPDATE SET state=excluded.state, body=excluded.body, "
     "updated_at=excluded.updated_at"
 )
@@ -180,7 +180,10 @@ class SqlStore(MetadataStore):
         now = time.time()
         await self._write(
             UPSERT_JOB,
-            [(j.id, j.seq, j.state.value, j.spec.name, j.model_dump_json(), now) for j in jobs],
+            [
+                (j.id, j.seq, j.state.value, j.spec.name, j.model_dump_json(), now, j.owner)
+                for j in jobs
+            ],
         )
 
     async def get_job(self, job_id: str) -> Job | None:
@@ -210,6 +213,9 @@ class SqlStore(MetadataStore):
         if query.before_seq is not None:
             where.append("seq < ?")
             params.append(query.before_seq)
+        if query.owner is not None:
+            where.append("COALESCE(owner, ?) = ?")  # rows from before owners: the admin's
+            params.extend((ADMIN_USER, query.owner))
         sql = "SELECT body FROM jobs"
         if where:
             sql += " WHERE " + " AND ".join(where)

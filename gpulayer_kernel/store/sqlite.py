@@ -58,6 +58,8 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         # Client tokens and secrets from before users belong to the admin; secret values are
         # sealed by the control plane at its next start (security.vault), not by SQL.
         """
+        ALTER TABLE jobs ADD COLUMN owner TEXT;
+        CREATE INDEX jobs_owner ON jobs(owner, seq);
         ALTER TABLE tokens ADD COLUMN owner TEXT;
         ALTER TABLE tokens ADD COLUMN role TEXT;
         UPDATE tokens SET owner = 'admin' WHERE kind = 'client';
