@@ -81,4 +81,4 @@ async def admin_session() -> AsyncIterator[Admin]:
     from ..security import TokenService
 
     async with Embedded(local_worker=False) as emb:
-        yield LocalAdmin(emb.cp, await TokenService(emb.store).load())
+        yield LocalAdmin(emb.cp, await TokenService(emb.store, users=emb.cp.users).load())

@@ -10,12 +10,14 @@ result, a pending report, progress, a retry), is checked against ``states`` and 
 - ``flush``: write staged jobs to the store in one group commit, emit one event each, wake each
   job's waiters, then tell ``on_change`` (the control plane's wiring) what changed.
 
-``commit`` is the two together. A write the store refuses because it is unreachable (503) leaves
-the change in memory and marks the job *dirty*: it is written with the next flush, or by a retry
-with backoff once the store answers again, so a database that goes away and comes back loses
-nothing that was staged (a new job is taken back instead: its submitter was told it failed). A scheduling pass stages many placements, then flushes them at
+``commit`` is the two together. A scheduling pass stages many placements, then flushes them at
 once. Pending reports and progress are flushed without a store write (they are recomputed or
 resent), and a pending report whose reasons did not change is not announced.
+
+A write the store refuses because it is unreachable (503) leaves the change in memory and marks
+the job *dirty*: it is written with the next flush, or by a retry with backoff once the store
+answers again, so a database that goes away and comes back loses nothing that was staged (a new
+job is taken back instead: its submitter was told it failed).
 
 ``stage`` is also where secret values are masked in what a job carries from its workers (its
 result, progress fields and reason): whoever reports them, nothing unmasked is kept, stored,

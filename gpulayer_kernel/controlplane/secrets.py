@@ -1,4 +1,4 @@
-"""The secret table: each user's secrets, sealed in the store, opened only for a job or the redactor.
+"""The secret table: each user's secrets, sealed in the store, opened for a job or the redactor.
 
 Names are per owner: alice's ``HF_TOKEN`` and bob's are two secrets, and a job gets the secrets of
 its own owner. Values are sealed by the ``Vault`` before they reach the store and opened only to

@@ -10,11 +10,12 @@ One mechanism for every host and every call that reads or acts on someone's work
   ``check_read`` / ``check_act`` below. ``who=None`` is the embedded single user, who is admin,
   so the embedded default needs no set-up.
 
-| role   | reads                         | acts on (submit, cancel, secrets, own tokens) | manages   |
-| ------ | ----------------------------- | --------------------------------------------- | --------- |
-| viewer | every job, log, worker, event | nothing                                       | nothing   |
-| user   | its own jobs; workers, events | its own jobs, secrets and client tokens       | nothing   |
-| admin  | everything                    | everything                                    | users, quotas, tokens, workers |
+| role   | reads                         | acts on                              | manages          |
+| ------ | ----------------------------- | ------------------------------------ | ---------------- |
+| viewer | every job, log, worker, event | nothing                              | nothing          |
+| user   | its own jobs; workers, events | its own jobs, secrets, client tokens | nothing          |
+| admin  | everything                    | everything                           | users, quotas,   |
+|        |                               |                                      | tokens, workers  |
 
 Secret values are never read back by anyone (``security.vault``).
 """
