@@ -173,6 +173,9 @@ class ServeProcess(_Process):
     def wait_leading(self, timeout: float = 30.0) -> ServeProcess:
         """Wait until this (standby) server leads and serves."""
         self._wait_for(_READY, timeout)
+        admin = _ADMIN.search(self.output())
+        if admin and not self.admin_token:
+            self.admin_token = admin.group(1)
         return self
 
     def restart(self, *, kill: bool = False) -> ServeProcess:
