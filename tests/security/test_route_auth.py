@@ -117,6 +117,7 @@ def fill(template: str, w: World) -> str:
         "digest": w.digest,
         "worker_id": w.worker_a,
         "name": "API_KEY",
+        "kind": "user",
         "token_id": w.api.join_token.split("_")[2],
     }
     return re.sub(r"\{(\w+)(?::path)?\}", lambda m: values[m.group(1)], template)
