@@ -66,6 +66,7 @@ export function job(id: string, seq: number, over: Partial<IJob> = {}): IJob {
     result: null,
     artifacts: [],
     cancel_requested: false,
+    owner: 'admin',
     ...over
   };
 }
@@ -132,6 +133,8 @@ export function report(
     candidates: [],
     largest_gpus: null,
     largest_cpus: null,
+    quota: null,
+    fair_share: null,
     ...over
   };
 }
