@@ -2,8 +2,9 @@
 # Set up GPUlayer in ./.venv (idempotent: run it again any time).
 #
 #   ./install.sh          the package with torch and Jupyter: enough to use GPUlayer
-#   ./install.sh --dev    also everything the test suite needs (test tools, Chromium for the
-#                         browser tests when run as root with apt)
+#   ./install.sh --dev    also everything the test suite needs (test tools; Chromium for the
+#                         browser tests and PostgreSQL for the store tests, when run as root
+#                         with apt)
 #
 # Environment: PYTHON (default python3, must be >= 3.11); GPULAYER_TORCH (default torch==2.13.0,
 # the CPU build; set e.g. GPULAYER_TORCH="torch" to let pip choose a CUDA build).
@@ -14,7 +15,7 @@ dev=0
 for arg in "$@"; do
   case "$arg" in
     --dev) dev=1 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option $arg (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -64,6 +65,17 @@ if [ "$dev" = 1 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
   else
     echo "install.sh: Chromium not found and not root: the browser tests will be skipped" >&2
+  fi
+  # The PostgreSQL store, its conformance suite and the standby tests run a real server.
+  if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    :
+  elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    step "installing PostgreSQL for the store tests (apt)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 \
+      postgresql >/dev/null
+  else
+    echo "install.sh: PostgreSQL not found and not root: the PostgreSQL tests will be skipped" >&2
   fi
 fi
 step "ready: .venv/bin/gpulayer --help"

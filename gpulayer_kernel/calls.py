@@ -87,6 +87,10 @@ def _pid(value: str) -> str:
     return quote(value, safe="")
 
 
+def _user(user: str | None) -> list[tuple[str, str]]:
+    return [] if user is None else [("user", user)]
+
+
 class Calls:
     """Every call as a generator of requests: written once for both clients."""
 
@@ -301,9 +305,16 @@ class Calls:
     # -- administration --------------------------------------------------------------------------
 
     def create_token(
-        self, kind: str, *, ttl: float | None = None, name: str = ""
+        self,
+        kind: str,
+        *,
+        ttl: float | None = None,
+        name: str = "",
+        user: str | None = None,
+        role: str | None = None,
     ) -> Call[tuple[dict[str, Any], str]]:
-        resp = yield Req("POST", "/tokens", json={"kind": kind, "ttl": ttl, "name": name})
+        body = {"kind": kind, "ttl": ttl, "name": name, "user": user, "role": role}
+        resp = yield Req("POST", "/tokens", json=body)
         data = resp.json()
         return data["token"], str(data["secret"])
 
@@ -316,12 +327,43 @@ class Calls:
         assert isinstance(data, dict)
         return data
 
-    def set_secret(self, name: str, value: str) -> Call[None]:
-        yield Req("PUT", f"/secrets/{_pid(name)}", json={"value": value})
+    def set_secret(self, name: str, value: str, *, user: str | None = None) -> Call[None]:
+        yield Req("PUT", f"/secrets/{_pid(name)}", params=_user(user), json={"value": value})
 
-    def secret_names(self) -> Call[builtins.list[str]]:
-        return [str(n) for n in (yield Req("GET", "/secrets")).json()["names"]]
+    def secret_names(self, *, user: str | None = None) -> Call[builtins.list[str]]:
+        resp = yield Req("GET", "/secrets", params=_user(user))
+        return [str(n) for n in resp.json()["names"]]
 
-    def delete_secret(self, name: str) -> Call[bool]:
-        resp = yield Req("DELETE", f"/secrets/{_pid(name)}", ok=(404,))
+    def delete_secret(self, name: str, *, user: str | None = None) -> Call[bool]:
+        resp = yield Req("DELETE", f"/secrets/{_pid(name)}", params=_user(user), ok=(404,))
         return resp.status_code == 204
+
+    def rotate_secrets_key(self) -> Call[str]:
+        return str((yield Req("POST", "/secrets/rotate-key")).json()["key_id"])
+
+    # -- users, quotas, identity -------------------------------------------------------------
+
+    def whoami(self) -> Call[dict[str, Any]]:
+        return dict((yield Req("GET", "/whoami")).json())
+
+    def list_users(self) -> Call[builtins.list[dict[str, Any]]]:
+        return list((yield Req("GET", "/users")).json()["users"])
+
+    def add_user(
+        self, name: str, role: str = "user", *, group: str | None = None
+    ) -> Call[dict[str, Any]]:
+        body = {"name": name, "role": role, "group": group}
+        return dict((yield Req("POST", "/users", json=body)).json())
+
+    def update_user(self, name: str, **changes: Any) -> Call[dict[str, Any]]:
+        return dict((yield Req("POST", f"/users/{_pid(name)}", json=changes)).json())
+
+    def list_quotas(self) -> Call[builtins.list[dict[str, Any]]]:
+        return list((yield Req("GET", "/quotas")).json()["quotas"])
+
+    def set_quota(
+        self, kind: str, name: str, *, max_gpus: int | None, max_queued: int | None
+    ) -> Call[dict[str, Any]]:
+        body = {"max_gpus": max_gpus, "max_queued": max_queued}
+        path = f"/quotas/{_pid(kind)}/{_pid(name)}"
+        return dict((yield Req("PUT", path, json=body)).json())

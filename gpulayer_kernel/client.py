@@ -5,6 +5,9 @@ administration (tokens, secrets, worker states), so code never cares whether it 
 in-process ControlPlane or a client. Errors come back as the same exception types
 (``errors.from_json``); an unreachable server is ``Unavailable`` (code ``server_unreachable``).
 
+Several URLs (``"https://a:8470,https://b:8470"``, an active control plane and its standby) fail
+over as ``failover.py`` says: to the next URL when a request surely was not handled there.
+
 Each call is written once, as a generator that yields requests and receives responses
 (``calls.py``); the async and sync clients only differ in how they send them. Each client keeps
 its connections alive and reuses them (a new connection costs ~30 ms, a keep-alive round trip
@@ -17,7 +20,9 @@ under 1 ms). Long waits (``wait``, ``logs``, ``events``) are split into server-s
 
 from __future__ import annotations
 
+import asyncio
 import builtins
+import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
@@ -41,6 +46,7 @@ from .contracts import (
     WorkerInfo,
 )
 from .errors import GPUlayerError, Unavailable, from_json
+from .failover import Servers
 from .home import Layout, home_dir, read_owner
 from .security.tls import CA_CERT_ENV, check_url, client_verify, is_loopback
 
@@ -128,10 +134,24 @@ def error_from(resp: httpx.Response) -> GPUlayerError:
 
 
 class _Base:
-    def __init__(self, url: str, token: str) -> None:
+    def __init__(self, url: str, token: str, ca_cert: str | None, timeout: float) -> None:
         self.url = url
+        self.servers = Servers(url)
+        for u in self.servers.urls:
+            check_url(u)
         self._calls = Calls()
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._ca_cert = ca_cert
+        self._timeout = timeout
+
+    def _moved(self, req: Req, outcome: BaseException | httpx.Response, tries: int) -> float | None:
+        """Seconds to wait before sending ``req`` again to the next URL, or None: do not."""
+        if not self.servers.moves_on(req.method, outcome) or time.monotonic() > self._until:
+            return None
+        self.servers.move(outcome)
+        return self.servers.pause(tries + 1)
+
+    _until = 0.0
 
     def _check(self, req: Req, resp: httpx.Response) -> httpx.Response:
         if resp.status_code >= 400 and resp.status_code not in req.ok:
@@ -145,27 +165,53 @@ class AsyncClient(_Base):
     def __init__(
         self, url: str, token: str = "", *, ca_cert: str | None = None, timeout: float = 30.0
     ) -> None:
-        super().__init__(url, token)
-        http = http_client(
-            url, ca_cert=ca_cert, timeout=timeout, asynchronous=True, headers=self._headers
-        )
-        assert isinstance(http, httpx.AsyncClient)
-        self._http = http
+        super().__init__(url, token, ca_cert, timeout)
+        self._https: dict[str, httpx.AsyncClient] = {}
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        """The kept-alive connection pool of the URL in use (one per URL)."""
+        url = self.servers.url
+        if url not in self._https:
+            http = http_client(
+                url,
+                ca_cert=self._ca_cert,
+                timeout=self._timeout,
+                asynchronous=True,
+                headers=self._headers,
+            )
+            assert isinstance(http, httpx.AsyncClient)
+            self._https[url] = http
+        return self._https[url]
+
+    async def _send(self, req: Req) -> httpx.Response:
+        self._until = self.servers.deadline()
+        tries = 0
+        while True:
+            try:
+                resp = await self._http.request(req.method, req.path, **req.send_kwargs())
+            except httpx.TransportError as exc:
+                delay = self._moved(req, exc, tries)
+                if delay is None:
+                    raise unreachable(self.servers.url, exc) from None
+            else:
+                delay = self._moved(req, resp, tries) if resp.status_code == 503 else None
+                if delay is None:
+                    return resp
+            tries += 1
+            await asyncio.sleep(delay)  # failover backoff
 
     async def _run(self, call: Call[T]) -> T:
         try:
             req = next(call)
             while True:
-                try:
-                    resp = await self._http.request(req.method, req.path, **req.send_kwargs())
-                except httpx.TransportError as exc:
-                    raise unreachable(self.url, exc) from None
-                req = call.send(self._check(req, resp))
+                req = call.send(self._check(req, await self._send(req)))
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        for http in self._https.values():
+            await http.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -269,9 +315,16 @@ class AsyncClient(_Base):
         return await self._run(self._calls.remove_worker(ref, force=force))
 
     async def create_token(
-        self, kind: str, *, ttl: float | None = None, name: str = ""
+        self,
+        kind: str,
+        *,
+        ttl: float | None = None,
+        name: str = "",
+        user: str | None = None,
+        role: str | None = None,
     ) -> tuple[dict[str, Any], str]:
-        return await self._run(self._calls.create_token(kind, ttl=ttl, name=name))
+        call = self._calls.create_token(kind, ttl=ttl, name=name, user=user, role=role)
+        return await self._run(call)
 
     async def list_tokens(self, *, include_inactive: bool = False) -> builtins.list[dict[str, Any]]:
         return await self._run(self._calls.list_tokens(include_inactive=include_inactive))
@@ -279,14 +332,42 @@ class AsyncClient(_Base):
     async def revoke_token(self, token_id: str) -> dict[str, Any]:
         return await self._run(self._calls.revoke_token(token_id))
 
-    async def set_secret(self, name: str, value: str) -> None:
-        await self._run(self._calls.set_secret(name, value))
+    async def set_secret(self, name: str, value: str, *, user: str | None = None) -> None:
+        await self._run(self._calls.set_secret(name, value, user=user))
 
-    async def secret_names(self) -> builtins.list[str]:
-        return await self._run(self._calls.secret_names())
+    async def secret_names(self, *, user: str | None = None) -> builtins.list[str]:
+        return await self._run(self._calls.secret_names(user=user))
 
-    async def delete_secret(self, name: str) -> bool:
-        return await self._run(self._calls.delete_secret(name))
+    async def delete_secret(self, name: str, *, user: str | None = None) -> bool:
+        return await self._run(self._calls.delete_secret(name, user=user))
+
+    async def rotate_secrets_key(self) -> str:
+        return await self._run(self._calls.rotate_secrets_key())
+
+    # users, quotas and identity (the CLI's `gpulayer user|quota`; async only)
+
+    async def whoami(self) -> dict[str, Any]:
+        return await self._run(self._calls.whoami())
+
+    async def list_users(self) -> builtins.list[dict[str, Any]]:
+        return await self._run(self._calls.list_users())
+
+    async def add_user(
+        self, name: str, role: str = "user", *, group: str | None = None
+    ) -> dict[str, Any]:
+        return await self._run(self._calls.add_user(name, role, group=group))
+
+    async def update_user(self, name: str, **changes: Any) -> dict[str, Any]:
+        return await self._run(self._calls.update_user(name, **changes))
+
+    async def list_quotas(self) -> builtins.list[dict[str, Any]]:
+        return await self._run(self._calls.list_quotas())
+
+    async def set_quota(
+        self, kind: str, name: str, *, max_gpus: int | None, max_queued: int | None
+    ) -> dict[str, Any]:
+        call = self._calls.set_quota(kind, name, max_gpus=max_gpus, max_queued=max_queued)
+        return await self._run(call)
 
     # Sessions (ADR 0019).
 
@@ -329,27 +410,52 @@ class Client(_Base):
     def __init__(
         self, url: str, token: str = "", *, ca_cert: str | None = None, timeout: float = 30.0
     ) -> None:
-        super().__init__(url, token)
-        http = http_client(
-            url, ca_cert=ca_cert, timeout=timeout, asynchronous=False, headers=self._headers
-        )
-        assert isinstance(http, httpx.Client)
-        self._http = http
+        super().__init__(url, token, ca_cert, timeout)
+        self._https: dict[str, httpx.Client] = {}
+
+    @property
+    def _http(self) -> httpx.Client:
+        url = self.servers.url
+        if url not in self._https:
+            http = http_client(
+                url,
+                ca_cert=self._ca_cert,
+                timeout=self._timeout,
+                asynchronous=False,
+                headers=self._headers,
+            )
+            assert isinstance(http, httpx.Client)
+            self._https[url] = http
+        return self._https[url]
+
+    def _send(self, req: Req) -> httpx.Response:
+        self._until = self.servers.deadline()
+        tries = 0
+        while True:
+            try:
+                resp = self._http.request(req.method, req.path, **req.send_kwargs())
+            except httpx.TransportError as exc:
+                delay = self._moved(req, exc, tries)
+                if delay is None:
+                    raise unreachable(self.servers.url, exc) from None
+            else:
+                delay = self._moved(req, resp, tries) if resp.status_code == 503 else None
+                if delay is None:
+                    return resp
+            tries += 1
+            time.sleep(delay)  # failover backoff (a sync client, off the event loop)
 
     def _run(self, call: Call[T]) -> T:
         try:
             req = next(call)
             while True:
-                try:
-                    resp = self._http.request(req.method, req.path, **req.send_kwargs())
-                except httpx.TransportError as exc:
-                    raise unreachable(self.url, exc) from None
-                req = call.send(self._check(req, resp))
+                req = call.send(self._check(req, self._send(req)))
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        self._http.close()
+        for http in self._https.values():
+            http.close()
 
     def __enter__(self) -> Client:
         return self
@@ -427,9 +533,15 @@ class Client(_Base):
         return self._run(self._calls.remove_worker(ref, force=force))
 
     def create_token(
-        self, kind: str, *, ttl: float | None = None, name: str = ""
+        self,
+        kind: str,
+        *,
+        ttl: float | None = None,
+        name: str = "",
+        user: str | None = None,
+        role: str | None = None,
     ) -> tuple[dict[str, Any], str]:
-        return self._run(self._calls.create_token(kind, ttl=ttl, name=name))
+        return self._run(self._calls.create_token(kind, ttl=ttl, name=name, user=user, role=role))
 
     def list_tokens(self, *, include_inactive: bool = False) -> builtins.list[dict[str, Any]]:
         return self._run(self._calls.list_tokens(include_inactive=include_inactive))
@@ -437,14 +549,14 @@ class Client(_Base):
     def revoke_token(self, token_id: str) -> dict[str, Any]:
         return self._run(self._calls.revoke_token(token_id))
 
-    def set_secret(self, name: str, value: str) -> None:
-        self._run(self._calls.set_secret(name, value))
+    def set_secret(self, name: str, value: str, *, user: str | None = None) -> None:
+        self._run(self._calls.set_secret(name, value, user=user))
 
-    def secret_names(self) -> builtins.list[str]:
-        return self._run(self._calls.secret_names())
+    def secret_names(self, *, user: str | None = None) -> builtins.list[str]:
+        return self._run(self._calls.secret_names(user=user))
 
-    def delete_secret(self, name: str) -> bool:
-        return self._run(self._calls.delete_secret(name))
+    def delete_secret(self, name: str, *, user: str | None = None) -> bool:
+        return self._run(self._calls.delete_secret(name, user=user))
 
     # Sessions (ADR 0019).
 

@@ -26,7 +26,8 @@ from .contracts import WorkerCapabilities, WorkerRegistration
 from .controlplane import ControlPlane
 from .errors import InvalidInput
 from .home import Layout, StateLock, home_dir
-from .store import LocalArtifactStore, SqliteStore
+from .security.vault import key_source
+from .store import LocalArtifactStore, open_store
 from .worker.agent import WorkerAgent
 from .worker.config import ExecutorConfig
 from .worker.transport import InProcessTransport
@@ -124,14 +125,21 @@ class Embedded:
         worker_name: str | None = None,
         serve: ServeOptions | bool = False,
         pause_gc: bool = False,
+        db: str | None = None,
+        artifacts: str | Path | None = None,
+        secrets_key: str | None = None,
     ) -> None:
+        """``db``: a store URL (default: SQLite in the home); ``artifacts``: the blob folder
+        (default: in the home; a standby shares it); ``secrets_key``: a key file (default: the
+        environment's key, else ``secrets.key`` in the home)."""
         self.layout = Layout(home_dir(home))
         self.lock = StateLock(self.layout)
-        self.store = SqliteStore(self.layout.db)
+        self.store = open_store(db or f"sqlite://{self.layout.db}")
         self.cp = ControlPlane(
             self.store,
-            LocalArtifactStore(self.layout.artifacts),
+            LocalArtifactStore(Path(artifacts) if artifacts else self.layout.artifacts),
             heartbeat_timeout=heartbeat_timeout,
+            secrets_key=key_source(self.layout.root, secrets_key),
         )
         # Pausing the collector during a scheduling pass pays (~1.4x on a 10k-job pass) but is
         # only for processes that are the control plane's own (serve, the Jupyter server), never
@@ -180,7 +188,7 @@ class Embedded:
         from .security import TokenKind, TokenService, server_context
 
         ssl_ctx = server_context(opts.tls_cert, opts.tls_key or "") if opts.tls_cert else None
-        tokens = await TokenService(self.store).load()
+        tokens = await TokenService(self.store, users=self.cp.users).load()
         self.tokens = tokens
         # A crashed predecessor's published token must not outlive it.
         await tokens.revoke_where(

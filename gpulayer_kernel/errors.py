@@ -15,9 +15,11 @@ the CLI prints message and hint; no traceback ever reaches a user for one of the
     ├── NotFound (404 not_found)
     ├── Conflict (409 conflict)                           e.g. an illegal state transition
     ├── TooLarge (413 too_large)
+    ├── QuotaExceeded (429 quota_exceeded)                a user or group is at a quota
     ├── Unavailable (503 unavailable)                     locked state dir, server gone
     ├── StoreError (500 store_error)
-    │   └── SchemaTooNew (500 schema_too_new)             database written by a newer GPUlayer
+    │   ├── SchemaTooNew (500 schema_too_new)             database written by a newer GPUlayer
+    │   └── SecretsKeyError (500 secrets_key)             the key sealing secrets is missing/wrong
     └── MissingExtra (500 missing_extra)                  an optional part is not installed;
                                                           also an ImportError, never sent by HTTP
 """
@@ -106,6 +108,11 @@ class TooLarge(GPUlayerError):
     status = 413
 
 
+class QuotaExceeded(GPUlayerError):
+    code = "quota_exceeded"
+    status = 429
+
+
 class Unavailable(GPUlayerError):
     code = "unavailable"
     status = 503
@@ -142,6 +149,11 @@ class MissingExtra(GPUlayerError, ImportError):
         )
 
 
+class SecretsKeyError(StoreError):
+    code = "secrets_key"
+    status = 500
+
+
 ERRORS_BY_CODE: dict[str, type[GPUlayerError]] = {
     cls.code: cls
     for cls in (
@@ -155,9 +167,11 @@ ERRORS_BY_CODE: dict[str, type[GPUlayerError]] = {
         NotFound,
         Conflict,
         TooLarge,
+        QuotaExceeded,
         Unavailable,
         StoreError,
         SchemaTooNew,
+        SecretsKeyError,
     )
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from gpulayer_kernel.clock import SYSTEM_CLOCK, Clock
 from gpulayer_kernel.contracts import Device, WorkerCapabilities, WorkerRegistration
 from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.store import LocalArtifactStore, SqliteStore
+from gpulayer_kernel.testing.postgres import PostgresServer, find_bin
 from gpulayer_kernel.worker.agent import WorkerAgent
 from gpulayer_kernel.worker.executor import ExecutorConfig
 from gpulayer_kernel.worker.transport import InProcessTransport
@@ -92,3 +94,24 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.fixture(scope="session")
+def gl_postgres() -> Iterator[PostgresServer]:
+    """One real PostgreSQL server for the whole test session (free port, scratch folder).
+
+    Skips where PostgreSQL is not installed (``apt-get install postgresql``; ``install.sh --dev``
+    does it as root), except in CI, where a missing server is a failure.
+    """
+    if find_bin() is None:
+        message = "PostgreSQL is not installed (apt-get install postgresql)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    pytest.importorskip("asyncpg")
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()

@@ -5,6 +5,10 @@ GPUlayer client token as ``Authorization: Bearer``), or jupyter_server's ``APIHa
 Jupyter server (Jupyter's own login, cookies and XSRF). Worker routes always use
 ``WorkerTokenAuth``: each operation names the token kinds it accepts (``@op(kinds=...)``), and a
 worker session token is bound to its worker. Tokens are read only from the header, never the URL.
+
+A user route's caller is ``GLMixin.who`` (an ``Identity``): the host base sets ``gl_who`` from
+its credential (here: the client token's user and role; inside Jupyter: jupyter_server's
+IdentityProvider, see ``jupyter/extension.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class ClientTokenAuth(tornado.web.RequestHandler):
             bearer_of(self.request), (TokenKind.CLIENT,)
         )
         self.current_user = principal
+        self.gl_who = principal.identity
 
     def check_xsrf_cookie(self) -> None:
         """Bearer tokens only, never cookies: there is no cross-site request to forge."""

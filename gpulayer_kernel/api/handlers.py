@@ -22,13 +22,14 @@ from ..contracts import (
     check_secret_name,
 )
 from ..errors import NotFound
-from ..security import TokenKind, token_state
+from ..security import Role, TokenKind, token_state
 from ..store import TokenRecord
 from ..store.artifacts import check_digest
 from .mixin import GLMixin
 from .models import (
     BlobStored,
     Explanation,
+    KeyRotated,
     SecretNames,
     SecretValue,
     Status,
@@ -54,6 +55,8 @@ def token_info(rec: TokenRecord, now: float) -> TokenInfo:
         expires_at=rec.expires_at,
         state=token_state(rec, now),
         worker_id=rec.worker_id,
+        user=rec.owner,
+        role=rec.role,  # a Role value, as stored
     )
 
 
@@ -63,7 +66,7 @@ def token_info(rec: TokenRecord, now: float) -> TokenInfo:
 class StatusHandler(GLMixin):
     route = "/status"
 
-    @op("the server's version, live workers and jobs per state", answer=Status)
+    @op("the server's version, live workers and jobs per state", answer=Status, role=Role.VIEWER)
     async def get(self) -> Status:
         live = sum(1 for w in await self.cp.workers() if w.live)
         counts = await self.cp.job_counts()
@@ -73,13 +76,21 @@ class StatusHandler(GLMixin):
 class JobsHandler(GLMixin):
     route = "/jobs"
 
-    @op("submit a job", body=JobSpec, answer=Job, status=201, errors=(404, 422))
+    @op(
+        "submit a job",
+        body=JobSpec,
+        answer=Job,
+        status=201,
+        errors=(404, 422, 429),
+        role=Role.USER,
+    )
     async def post(self, body: JobSpec) -> Job:
-        return await self.cp.submit(body)
+        return await self.cp.submit(body, who=self.who)
 
     @op(
-        "list jobs, newest first",
+        "list jobs, newest first (a user's own; everyone's for admins and viewers)",
         answer=JobList,
+        role=Role.VIEWER,
         query=(
             Param("state", "states", description="repeat to ask for several states"),
             Param("name", "string", description="exact job name"),
@@ -94,23 +105,28 @@ class JobsHandler(GLMixin):
         label: tuple[str, str] | None,
         limit: float,
     ) -> JobList:
-        return JobList(jobs=await self.cp.list(state, name=name, label=label, limit=int(limit)))
+        jobs = await self.cp.list(state, name=name, label=label, limit=int(limit), who=self.who)
+        return JobList(jobs=jobs)
 
 
 class JobHandler(GLMixin):
     route = "/jobs/{job_id}"
 
-    @op("one job (full id or a unique prefix of at least 4 characters)", answer=Job)
+    @op(
+        "one job (full id or a unique prefix of at least 4 characters)",
+        answer=Job,
+        role=Role.VIEWER,
+    )
     async def get(self, job_id: str) -> Job:
-        return await self.cp.get(job_id)
+        return await self.cp.get(job_id, who=self.who)
 
 
 class JobCancelHandler(GLMixin):
     route = "/jobs/{job_id}/cancel"
 
-    @op("cancel a job (its worker stops the process group)", answer=Job)
+    @op("cancel a job (its worker stops the process group)", answer=Job, role=Role.USER)
     async def post(self, job_id: str) -> Job:
-        return await self.cp.cancel(job_id)
+        return await self.cp.cancel(job_id, who=self.who)
 
 
 class JobLogsHandler(GLMixin):
@@ -119,10 +135,11 @@ class JobLogsHandler(GLMixin):
     @op(
         "log records after `since` (long-poll with `wait`)",
         answer=LogPage,
+        role=Role.VIEWER,
         query=(Param("since", "integer", 0, 0), WAIT, Param("limit", "integer", 1000, 1, 5000)),
     )
     async def get(self, job_id: str, since: float, wait: float, limit: float) -> LogPage:
-        call = self.cp.logs(job_id, since=int(since), wait=wait, limit=int(limit))
+        call = self.cp.logs(job_id, since=int(since), wait=wait, limit=int(limit), who=self.who)
         return await self.long_poll(wait, call)
 
 
@@ -132,37 +149,38 @@ class JobWaitHandler(GLMixin):
     @op(
         "the job once it ends, or as it is at `timeout`",
         answer=Job,
+        role=Role.VIEWER,
         query=(Param("timeout", "number", None, 0, "max_wait", "seconds (default: the most)"),),
     )
     async def get(self, job_id: str, timeout: float | None) -> Job:
         wait = self.ctx.limits.max_wait if timeout is None else timeout
-        return await self.long_poll(wait, self.cp.wait(job_id, wait))
+        return await self.long_poll(wait, self.cp.wait(job_id, wait, who=self.who))
 
 
 class JobExplainHandler(GLMixin):
     route = "/jobs/{job_id}/explain"
 
-    @op("why a job waits, or why it went where it went", answer=Explanation)
+    @op("why a job waits, or why it went where it went", answer=Explanation, role=Role.VIEWER)
     async def get(self, job_id: str) -> Explanation:
-        job = await self.cp.get(job_id)
-        return Explanation(job_id=job.id, sentence=await self.cp.explain(job.id))
+        job = await self.cp.get(job_id, who=self.who)
+        return Explanation(job_id=job.id, sentence=await self.cp.explain(job.id, who=self.who))
 
 
 class JobArtifactHandler(GLMixin):
     route = "/jobs/{job_id}/artifacts/{name:path}"
 
-    @op("the bytes of one of the job's artifacts", answer="bytes")
+    @op("the bytes of one of the job's artifacts", answer="bytes", role=Role.VIEWER)
     async def get(self, job_id: str, name: str) -> bytes:
-        artifact = await self.cp.artifact_for(job_id, check_artifact_name(name))
-        return await self.cp.get_blob(artifact.digest)
+        artifact = await self.cp.artifact_for(job_id, check_artifact_name(name), who=self.who)
+        return await self.cp.get_blob(artifact.digest, who=self.who)
 
 
 class BundleHandler(GLMixin):
     route = "/bundles/{digest}"
 
-    @op("200 when the control plane has this bundle, else 404")
+    @op("200 when the control plane has this bundle (one you uploaded), else 404", role=Role.VIEWER)
     async def head(self, digest: str) -> None:
-        if not await self.cp.has_bundle(check_digest(digest)):
+        if not await self.cp.has_bundle(check_digest(digest), who=self.who):
             self.set_status(404)
         self.finish()
 
@@ -174,27 +192,34 @@ class BundleHandler(GLMixin):
         status=201,
         errors=(413, 422, 503),
         upload_limit="max_bundle",
+        role=Role.USER,
     )
     async def put(self, digest: str, upload: Upload) -> BlobStored:
-        return await upload.commit(check_digest(digest))
+        stored = await upload.commit(check_digest(digest))
+        await self.cp.claim_blob(stored.digest, who=self.who)  # its uploader may run it
+        return stored
 
-    @op("download a bundle", answer="bytes")
+    @op("download a bundle", answer="bytes", role=Role.VIEWER)
     async def get(self, digest: str) -> bytes:
-        return await self.cp.get_bundle(check_digest(digest))
+        return await self.cp.get_bundle(check_digest(digest), who=self.who)
 
 
 class ArtifactHandler(GLMixin):
     route = "/artifacts/{digest}"
 
-    @op("download a blob (artifact or bundle) by digest", answer="bytes")
+    @op(
+        "download a blob (artifact or bundle) by digest: one you uploaded or a job of yours made",
+        answer="bytes",
+        role=Role.VIEWER,
+    )
     async def get(self, digest: str) -> bytes:
-        return await self.cp.get_blob(check_digest(digest))
+        return await self.cp.get_blob(check_digest(digest), who=self.who)
 
 
 class WorkersHandler(GLMixin):
     route = "/workers"
 
-    @op("every worker with its devices and what runs there", answer=WorkerList)
+    @op("every worker with its devices and what runs there", answer=WorkerList, role=Role.VIEWER)
     async def get(self) -> WorkerList:
         return WorkerList(workers=await self.cp.workers())
 
@@ -218,6 +243,7 @@ class WorkerHandler(GLMixin):
             ),
         ),
         errors=(404, 409),
+        role=Role.ADMIN,
     )
     async def delete(self, worker_id: str, force: float) -> WorkerInfo:
         removed = await self.cp.remove_worker(worker_id, force=bool(force))
@@ -231,7 +257,12 @@ class WorkerHandler(GLMixin):
 class WorkerStateHandler(GLMixin):
     route = "/workers/{worker_id}/state"
 
-    @op("cordon, drain or make ready a worker", body=WorkerStateChange, answer=WorkerInfo)
+    @op(
+        "cordon, drain or make ready a worker",
+        body=WorkerStateChange,
+        answer=WorkerInfo,
+        role=Role.ADMIN,
+    )
     async def post(self, worker_id: str, body: WorkerStateChange) -> WorkerInfo:
         return await self.cp.set_worker_state(worker_id, WorkerState(body.state))
 
@@ -242,6 +273,7 @@ class EventsHandler(GLMixin):
     @op(
         "job and worker changes after `cursor` (or the older `since`); long-poll with `wait`",
         answer=EventPage,
+        role=Role.VIEWER,
         query=(
             Param(
                 "cursor",
@@ -256,7 +288,8 @@ class EventsHandler(GLMixin):
         ),
     )
     async def get(self, cursor: str | None, since: float, wait: float) -> EventPage:
-        return await self.long_poll(wait, self.cp.events(int(since), wait, cursor=cursor))
+        call = self.cp.events(int(since), wait, cursor=cursor, who=self.who)
+        return await self.long_poll(wait, call)
 
 
 class EventCursorHandler(GLMixin):
@@ -265,6 +298,7 @@ class EventCursorHandler(GLMixin):
     @op(
         "where the event log is now: follow from here to see only what happens next",
         answer=EventCursor,
+        role=Role.VIEWER,
     )
     async def get(self) -> EventCursor:
         return EventCursor(cursor=await self.cp.event_cursor())
@@ -274,55 +308,93 @@ class TokensHandler(GLMixin):
     route = "/tokens"
 
     @op(
-        "tokens (never their secrets)",
+        "tokens (never their secrets): every one for admins, a user's own client tokens",
         answer=TokenList,
         query=(Param("all", "integer", 0, 0, 1, "1: also revoked, expired and used ones"),),
+        role=Role.USER,
     )
     async def get(self, all: float) -> TokenList:
         now = self.ctx.tokens.clock()
-        recs = self.ctx.tokens.list(include_inactive=bool(all))
+        recs = self.ctx.tokens.list_for(self.who, include_inactive=bool(all))
         return TokenList(tokens=[token_info(r, now) for r in recs])
 
     @op(
-        "create a client, join or instance token; its secret is shown this once",
+        "create a token, shown this once: a client token for yourself (admins: for any user, "
+        "and join or instance tokens)",
         body=TokenRequest,
         answer=TokenCreated,
         status=201,
+        role=Role.USER,
     )
     async def post(self, body: TokenRequest) -> TokenCreated:
-        rec, secret = await self.ctx.tokens.create(body.kind, ttl=body.ttl, name=body.name)
+        rec, secret = await self.ctx.tokens.create_for(
+            self.who, body.kind, ttl=body.ttl, name=body.name, owner=body.user, role=body.role
+        )
         return TokenCreated(token=token_info(rec, self.ctx.tokens.clock()), secret=secret)
 
 
 class TokenRevokeHandler(GLMixin):
     route = "/tokens/{token_id}/revoke"
 
-    @op("revoke a token (it stops working at once)", answer=TokenInfo)
+    @op("revoke a token (it stops working at once)", answer=TokenInfo, role=Role.USER)
     async def post(self, token_id: str) -> TokenInfo:
-        rec = await self.ctx.tokens.revoke(token_id)
+        rec = await self.ctx.tokens.revoke_for(self.who, token_id)
         return token_info(rec, self.ctx.tokens.clock())
+
+
+USER_PARAM = Param(
+    "user", "string", None, description="admins: another user's secrets", max_length=64
+)
 
 
 class SecretsHandler(GLMixin):
     route = "/secrets"
 
-    @op("names of the stored secrets (values are never returned)", answer=SecretNames)
-    async def get(self) -> SecretNames:
-        return SecretNames(names=await self.cp.secret_names())
+    @op(
+        "names of your stored secrets (values are never returned)",
+        answer=SecretNames,
+        query=(USER_PARAM, Param("all", "integer", 0, 0, 1, "1 (admins): every user's")),
+        role=Role.USER,
+    )
+    async def get(self, user: str | None, all: float) -> SecretNames:
+        if all:
+            every = await self.cp.secrets.all(who=self.who)
+            return SecretNames(names=[], entries=[f"{r.owner}/{r.name}" for r in every])
+        names = await self.cp.secret_names(who=self.who, user=user)
+        return SecretNames(names=names, user=user or self.who.user)
 
 
 class SecretHandler(GLMixin):
     route = "/secrets/{name}"
 
-    @op("store a secret's value (write-only)", body=SecretValue, answer=None, status=204)
-    async def put(self, name: str, body: SecretValue) -> None:
-        await self.cp.set_secret(check_secret_name(name), body.value)
+    @op(
+        "store a secret's value (write-only)",
+        body=SecretValue,
+        answer=None,
+        status=204,
+        query=(USER_PARAM,),
+        role=Role.USER,
+    )
+    async def put(self, name: str, body: SecretValue, user: str | None) -> None:
+        await self.cp.set_secret(check_secret_name(name), body.value, who=self.who, user=user)
 
-    @op("delete a secret", answer=None, status=204)
-    async def delete(self, name: str) -> None:
-        if not await self.cp.delete_secret(check_secret_name(name)):
+    @op("delete a secret", answer=None, status=204, query=(USER_PARAM,), role=Role.USER)
+    async def delete(self, name: str, user: str | None) -> None:
+        if not await self.cp.delete_secret(check_secret_name(name), who=self.who, user=user):
             raise NotFound(
                 f"no secret {name!r}",
                 hint="list them with `gpulayer secret list`",
                 code="secret_not_found",
             )
+
+
+class SecretKeyHandler(GLMixin):
+    route = "/secrets/rotate-key"
+
+    @op(
+        "re-seal every stored secret with a new key (admins)",
+        answer=KeyRotated,
+        role=Role.ADMIN,
+    )
+    async def post(self) -> KeyRotated:
+        return KeyRotated(key_id=await self.cp.secrets.rotate(who=self.who))

@@ -21,8 +21,8 @@ from pydantic import BaseModel
 
 from ..contracts import parse
 from ..controlplane import ControlPlane
-from ..errors import GPUlayerError, InvalidInput, TooLarge, Unavailable
-from ..security import Principal
+from ..errors import GPUlayerError, InvalidInput, TooLarge, Unauthorized, Unavailable
+from ..security import Identity, Principal, check_role
 from .context import ApiContext
 from .errors import error_answer, loggable_path
 from .longpoll import ClientGone, LongPollMixin
@@ -38,6 +38,7 @@ class GLMixin(LongPollMixin):
 
     route: str = ""  # e.g. "/jobs/{job_id}"; the factories turn it into a tornado pattern
     principal: Principal | None = None
+    gl_who: Identity | None = None  # a user route's caller, set by the host's base class
 
     def initialize(self, ctx: ApiContext) -> None:
         super().initialize(ctx)
@@ -53,6 +54,17 @@ class GLMixin(LongPollMixin):
     @property
     def cp(self) -> ControlPlane:
         return self.ctx.cp
+
+    @property
+    def who(self) -> Identity:
+        """The caller of a user route; a base that set none is refused (fails closed)."""
+        if self.gl_who is None:
+            raise Unauthorized(
+                "this request carries no identity",
+                hint="send a client token as 'Authorization: Bearer <token>'",
+                code="no_identity",
+            )
+        return self.gl_who
 
     # -- request ---------------------------------------------------------------------------------
 
@@ -139,7 +151,10 @@ class GLMixin(LongPollMixin):
         super().on_connection_close()
 
     async def gl_run(self, spec: Op, fn: Handler, path: dict[str, str]) -> None:
-        """Run one ``@op`` method: parse what ``spec`` declares, call it, send its answer."""
+        """Run one ``@op`` method: check the caller's role, parse what ``spec`` declares, call it,
+        send its answer."""
+        if spec.role is not None:
+            check_role(self.who, spec.role, spec.summary)
         kwargs: dict[str, Any] = {p.name: p.parse(self, self.ctx.limits) for p in spec.query}
         if self._gl_refused is not None:
             raise self._gl_refused

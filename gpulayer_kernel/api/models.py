@@ -72,12 +72,22 @@ class LogAck(Contract):
     seq: int = Field(description="sequence number of the last stored line")
 
 
+RoleName = Literal["admin", "user", "viewer"]
+USER_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$"
+
+
 class TokenRequest(Contract):
     kind: Literal["client", "join", "instance"] = Field(
         description="worker session tokens are issued only by joining"
     )
     ttl: float | None = Field(None, gt=0, le=10 * 365 * 86400, description="seconds; none: never")
     name: str = Field("", max_length=100, pattern=r"^[A-Za-z0-9 ._@-]*$")
+    user: str | None = Field(
+        None, pattern=USER_NAME, description="client tokens: whose (default: the caller's own)"
+    )
+    role: RoleName | None = Field(
+        None, description="client tokens: act with this role, at most the user's (default: it)"
+    )
 
 
 class TokenInfo(Contract):
@@ -90,6 +100,8 @@ class TokenInfo(Contract):
     expires_at: float | None
     state: Literal["active", "revoked", "expired", "used"]
     worker_id: str | None = None
+    user: str | None = Field(None, description="client tokens: the user it belongs to")
+    role: RoleName | None = Field(None, description="client tokens: a role lower than the user's")
 
 
 class TokenCreated(Contract):
@@ -107,6 +119,62 @@ class SecretValue(Contract):
 
 class SecretNames(Contract):
     names: list[str]
+    user: str | None = Field(None, description="whose secrets these are")
+    entries: list[str] | None = Field(
+        None, description="with `all=1` (admins): every user's, as `user/NAME`"
+    )
+
+
+class KeyRotated(Contract):
+    key_id: str = Field(description="the id of the key that seals every secret now")
+
+
+class UserInfo(Contract):
+    name: str
+    role: RoleName
+    group: str | None = None
+    disabled: bool = False
+    created_at: float
+
+
+class UserList(Contract):
+    users: list[UserInfo]
+
+
+class UserRequest(Contract):
+    name: str = Field(pattern=USER_NAME)
+    role: RoleName = "user"
+    group: str | None = Field(None, pattern=USER_NAME)
+
+
+class UserChange(Contract):
+    role: RoleName | None = None
+    group: str | None = Field(None, pattern=r"^$|" + USER_NAME[1:], description='"": no group')
+    disabled: bool | None = None
+
+
+class QuotaInfo(Contract):
+    subject: str = Field(description="`user:<name>` or `group:<name>`")
+    max_gpus: int | None = Field(None, ge=0, description="GPUs held at once by running jobs")
+    max_queued: int | None = Field(None, ge=0, description="jobs waiting at once")
+
+
+class QuotaList(Contract):
+    quotas: list[QuotaInfo]
+
+
+class QuotaRequest(Contract):
+    max_gpus: int | None = Field(None, ge=0, le=1_000_000)
+    max_queued: int | None = Field(None, ge=0, le=1_000_000)
+
+
+class WhoAmI(Contract):
+    """The caller as the control plane sees it: user, role, group and the quotas that apply."""
+
+    user: str
+    role: RoleName
+    group: str | None = None
+    quotas: list[QuotaInfo] = Field(default_factory=list)
 
 
 class BlobStored(Contract):

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from ..contracts import JobState
+from ..security import Role
 from .context import package_version
 from .mixin import GLMixin
 from .models import ErrorBody
@@ -140,6 +141,8 @@ def build_openapi(
         if spec.kinds is not None:
             kinds = ", ".join(sorted(k.value for k in spec.kinds))
             operation["description"] = f"Worker route; accepts {kinds} tokens."
+        elif spec.role is not None:
+            operation["description"] = f"User route; the least role: {spec.role.value}."
         if spec.body == "bytes":
             operation["requestBody"] = {"required": True, "content": binary}
         elif spec.body is not None:
@@ -176,7 +179,7 @@ def build_openapi(
 class OpenApiHandler(GLMixin):
     route = "/openapi.json"
 
-    @op("this API as OpenAPI 3.1, generated from the contracts", answer=None)
+    @op("this API as OpenAPI 3.1, generated from the contracts", answer=None, role=Role.VIEWER)
     async def get(self) -> None:
         self.set_header("Content-Type", "application/json")
         base = self.request.path.rsplit("/openapi.json", 1)[0]

@@ -1,9 +1,12 @@
 """One declaration per operation: ``@op(...)`` on a handler method.
 
 Each handler method is declared once with ``@op(...)``: its body contract, answer contract, query
-parameters and (for worker routes) the token kinds it accepts. The same declaration parses the
-request (``GLMixin.gl_run``), documents the route in ``openapi.json``, and feeds the route-table
-tests, so a new route cannot skip authentication or the schema.
+parameters, and who may call it: for worker routes the token kinds it accepts, for user routes
+the least role (``role=``: viewer, user or admin; required). The same declaration parses the
+request (``GLMixin.gl_run``, which checks the caller's role before anything else), documents the
+route in ``openapi.json``, and feeds the route-table tests (every route × every token kind and
+every role), so a new route cannot skip authentication, authorization or the schema. Whose
+work a call may touch is the ControlPlane's to check (``who=``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import tornado.web
 from pydantic import BaseModel
 
 from ..contracts import Contract
-from ..security import TokenKind
+from ..security import Role, TokenKind
 from .params import Param
 
 
@@ -33,6 +36,7 @@ class Op:
     kinds: frozenset[TokenKind] | None = None  # None: a user route (client token / Jupyter)
     # No token at all (``GET /health`` only): tests/security/test_route_auth.py keeps the list.
     public: bool = False
+    role: Role | None = None  # user routes: the least role that may call it
     errors: tuple[int, ...] = ()
     # For a raw body (``body="bytes"``): which ``ApiLimits`` field bounds it.
     upload_limit: Literal["max_blob", "max_bundle"] = "max_blob"
@@ -67,12 +71,18 @@ def op(
     errors: Sequence[int] = (),
     upload_limit: Literal["max_blob", "max_bundle"] = "max_blob",
     public: bool = False,
+    role: Role | None = None,
 ) -> Callable[[Handler], Handler]:
     """Declare a handler method; the wrapper parses query and body and sends the answer.
 
     A raw body (``body="bytes"``) reaches the method as ``upload``: an ``uploads.Upload``
     already on disk, which the method commits under its digest.
     """
+    if not public and (kinds is None) == (role is None):
+        raise TypeError(
+            f"{summary!r}: a user route declares role=, a worker route kinds= (and a public "
+            "one neither)"
+        )
     spec = Op(
         summary=summary,
         answer=answer,
@@ -83,6 +93,7 @@ def op(
         errors=tuple(errors),
         upload_limit=upload_limit,
         public=public,
+        role=role,
     )
 
     def deco(fn: Handler) -> Handler:

@@ -32,6 +32,7 @@ from .handlers import (
     JobsHandler,
     JobWaitHandler,
     SecretHandler,
+    SecretKeyHandler,
     SecretsHandler,
     StatusHandler,
     TokenRevokeHandler,
@@ -45,6 +46,7 @@ from .mixin import GLMixin
 from .openapi import OpenApiHandler
 from .ops import Operation, operations_of
 from .params import ApiLimits, route_pattern
+from .people import QuotaHandler, QuotasHandler, UserHandler, UsersHandler, WhoAmIHandler
 from .sessions import USER_ROUTES as SESSION_ROUTES
 from .sessions import WORKER_ROUTES as SESSION_WORKER_ROUTES
 from .worker_routes import (
@@ -80,9 +82,15 @@ USER_ROUTES: tuple[type[GLMixin], ...] = (
     TokensHandler,
     TokenRevokeHandler,
     SecretsHandler,
+    SecretKeyHandler,  # before SecretHandler: "rotate-key" is no secret name, and matches first
     SecretHandler,
     *SESSION_ROUTES,
     OpenApiHandler,
+    WhoAmIHandler,
+    UsersHandler,
+    UserHandler,
+    QuotasHandler,
+    QuotaHandler,
 )
 
 WORKER_ROUTES: tuple[type[WorkerRoute], ...] = (
@@ -137,6 +145,8 @@ def make_context(
     """The context of one mount, with the whole route table (which openapi.json describes)."""
     if version is None:
         version = package_version()
+    if tokens is not None and tokens.users is None and cp is not None:
+        tokens.users = cp.users  # client tokens act as their users (and a disabled one, not)
     return ApiContext(
         cp=cp,
         tokens=tokens,

@@ -16,6 +16,7 @@ from ..contracts import (
     SessionReport,
     SessionSpec,
 )
+from ..security import Role
 from .mixin import GLMixin
 from .ops import op
 from .params import WAIT, Param, path_integer
@@ -34,25 +35,28 @@ class SessionsHandler(GLMixin):
         answer=SessionInfo,
         status=201,
         errors=(409, 422),
+        role=Role.USER,
     )
     async def post(self, body: SessionSpec) -> SessionInfo:
-        return await self.cp.start_session(body)
+        return await self.cp.start_session(body, who=self.who)
 
     @op(
         "live sessions (`all=1`: also those that ended lately)",
         answer=SessionList,
         query=(Param("all", "integer", 0, 0, 1, "1: also sessions that ended"),),
+        role=Role.VIEWER,
     )
     async def get(self, all: float) -> SessionList:
-        return SessionList(sessions=await self.cp.list_sessions(include_ended=bool(all)))
+        sessions = await self.cp.list_sessions(include_ended=bool(all), who=self.who)
+        return SessionList(sessions=sessions)
 
 
 class SessionHandler(GLMixin):
     route = "/sessions/{session}"
 
-    @op(f"one session; {SESSION}", answer=SessionInfo, errors=(404,))
+    @op(f"one session; {SESSION}", answer=SessionInfo, errors=(404,), role=Role.VIEWER)
     async def get(self, session: str) -> SessionInfo:
-        return await self.cp.get_session(session)
+        return await self.cp.get_session(session, who=self.who)
 
 
 class SessionCellsHandler(GLMixin):
@@ -65,17 +69,19 @@ class SessionCellsHandler(GLMixin):
         answer=CellPage,
         query=(WAIT,),
         errors=(403, 404, 409, 422),
+        role=Role.USER,
     )
     async def post(self, session: str, body: CellRequest, wait: float) -> CellPage:
-        return await self.long_poll(wait, self.cp.run_cell(session, body, wait))
+        return await self.long_poll(wait, self.cp.run_cell(session, body, wait, who=self.who))
 
     @op(
         "the session's cells, newest first (running and queued ones too)",
         answer=CellList,
         query=(Param("limit", "integer", 100, 1, 10_000),),
+        role=Role.VIEWER,
     )
     async def get(self, session: str, limit: float) -> CellList:
-        return CellList(cells=await self.cp.session_cells(session, int(limit)))
+        return CellList(cells=await self.cp.session_cells(session, int(limit), who=self.who))
 
 
 class SessionCellHandler(GLMixin):
@@ -87,10 +93,12 @@ class SessionCellHandler(GLMixin):
         answer=CellPage,
         query=(Param("since", "integer", 0, 0), WAIT),
         errors=(404,),
+        role=Role.VIEWER,
     )
     async def get(self, session: str, number: str, since: float, wait: float) -> CellPage:
         n = path_integer("number", number, minimum=1)
-        return await self.long_poll(wait, self.cp.follow_cell(session, n, int(since), wait))
+        follow = self.cp.follow_cell(session, n, int(since), wait, who=self.who)
+        return await self.long_poll(wait, follow)
 
 
 class SessionInterruptHandler(GLMixin):
@@ -100,9 +108,10 @@ class SessionInterruptHandler(GLMixin):
         "KeyboardInterrupt in the running cell, on every rank; the session keeps its state",
         answer=SessionInfo,
         errors=(404, 409),
+        role=Role.USER,
     )
     async def post(self, session: str) -> SessionInfo:
-        return await self.cp.interrupt_session(session)
+        return await self.cp.interrupt_session(session, who=self.who)
 
 
 class SessionRestartHandler(GLMixin):
@@ -112,9 +121,10 @@ class SessionRestartHandler(GLMixin):
         "kill the session's processes and start them again on the same GPUs (state is lost)",
         answer=SessionInfo,
         errors=(404, 409),
+        role=Role.USER,
     )
     async def post(self, session: str) -> SessionInfo:
-        return await self.cp.restart_session(session)
+        return await self.cp.restart_session(session, who=self.who)
 
 
 class SessionStopHandler(GLMixin):
@@ -132,9 +142,10 @@ class SessionStopHandler(GLMixin):
                 max_length=200,
             ),
         ),
+        role=Role.USER,
     )
     async def post(self, session: str, reason: str) -> SessionInfo:
-        return await self.cp.stop_session(session, reason)
+        return await self.cp.stop_session(session, reason, who=self.who)
 
 
 class SessionAttachHandler(GLMixin):
@@ -145,9 +156,10 @@ class SessionAttachHandler(GLMixin):
         body=AttachRequest,
         answer=SessionInfo,
         errors=(404, 409),
+        role=Role.USER,
     )
     async def post(self, session: str, body: AttachRequest) -> SessionInfo:
-        return await self.cp.attach_session(session, body.holder)
+        return await self.cp.attach_session(session, body.holder, who=self.who)
 
 
 # -- worker routes -------------------------------------------------------------------------------

@@ -18,13 +18,29 @@ class Admin(Protocol):
     """The admin calls shared by the HTTP client and :class:`LocalAdmin`."""
 
     async def create_token(
-        self, kind: str, *, ttl: float | None = None, name: str = ""
+        self,
+        kind: str,
+        *,
+        ttl: float | None = None,
+        name: str = "",
+        user: str | None = None,
+        role: str | None = None,
     ) -> tuple[dict[str, Any], str]: ...
     async def list_tokens(self, *, include_inactive: bool = False) -> list[dict[str, Any]]: ...
     async def revoke_token(self, token_id: str) -> dict[str, Any]: ...
-    async def set_secret(self, name: str, value: str) -> None: ...
-    async def secret_names(self) -> list[str]: ...
-    async def delete_secret(self, name: str) -> bool: ...
+    async def set_secret(self, name: str, value: str, *, user: str | None = None) -> None: ...
+    async def secret_names(self, *, user: str | None = None) -> list[str]: ...
+    async def delete_secret(self, name: str, *, user: str | None = None) -> bool: ...
+    async def rotate_secrets_key(self) -> str: ...
+    async def list_users(self) -> list[dict[str, Any]]: ...
+    async def add_user(
+        self, name: str, role: str = "user", *, group: str | None = None
+    ) -> dict[str, Any]: ...
+    async def update_user(self, name: str, **changes: Any) -> dict[str, Any]: ...
+    async def list_quotas(self) -> list[dict[str, Any]]: ...
+    async def set_quota(
+        self, kind: str, name: str, *, max_gpus: int | None, max_queued: int | None
+    ) -> dict[str, Any]: ...
 
 
 class LocalAdmin:
@@ -40,13 +56,21 @@ class LocalAdmin:
         return token_info(rec, time.time()).model_dump(mode="json")
 
     async def create_token(
-        self, kind: str, *, ttl: float | None = None, name: str = ""
+        self,
+        kind: str,
+        *,
+        ttl: float | None = None,
+        name: str = "",
+        user: str | None = None,
+        role: str | None = None,
     ) -> tuple[dict[str, Any], str]:
         if kind not in ("client", "join", "instance"):
             raise InvalidInput(
                 f"cannot create a {kind} token", hint="worker session tokens are issued by joining"
             )
-        rec, secret = await self.tokens.create(kind, ttl=ttl, name=name)
+        rec, secret = await self.tokens.create_for(
+            None, kind, ttl=ttl, name=name, owner=user, role=role
+        )
         return self._info(rec), secret
 
     async def list_tokens(self, *, include_inactive: bool = False) -> list[dict[str, Any]]:
@@ -55,14 +79,49 @@ class LocalAdmin:
     async def revoke_token(self, token_id: str) -> dict[str, Any]:
         return self._info(await self.tokens.revoke(token_id))
 
-    async def set_secret(self, name: str, value: str) -> None:
-        await self.cp.set_secret(name, value)
+    async def set_secret(self, name: str, value: str, *, user: str | None = None) -> None:
+        await self.cp.set_secret(name, value, user=user)
 
-    async def secret_names(self) -> list[str]:
-        return list(await self.cp.secret_names())
+    async def secret_names(self, *, user: str | None = None) -> list[str]:
+        return list(await self.cp.secret_names(user=user))
 
-    async def delete_secret(self, name: str) -> bool:
-        return bool(await self.cp.delete_secret(name))
+    async def delete_secret(self, name: str, *, user: str | None = None) -> bool:
+        return bool(await self.cp.delete_secret(name, user=user))
+
+    async def rotate_secrets_key(self) -> str:
+        return str(await self.cp.secrets.rotate())
+
+    async def list_users(self) -> list[dict[str, Any]]:
+        from ..api.people import user_info
+
+        return [user_info(u).model_dump(mode="json") for u in self.cp.users.list()]
+
+    async def add_user(
+        self, name: str, role: str = "user", *, group: str | None = None
+    ) -> dict[str, Any]:
+        from ..api.people import user_info
+
+        return user_info(await self.cp.users.add(name, role, group=group)).model_dump(mode="json")
+
+    async def update_user(self, name: str, **changes: Any) -> dict[str, Any]:
+        from ..api.people import user_info
+
+        return user_info(await self.cp.users.update(name, **changes)).model_dump(mode="json")
+
+    async def list_quotas(self) -> list[dict[str, Any]]:
+        from ..api.people import quota_info
+
+        return [quota_info(q).model_dump(mode="json") for q in self.cp.users.quotas()]
+
+    async def set_quota(
+        self, kind: str, name: str, *, max_gpus: int | None, max_queued: int | None
+    ) -> dict[str, Any]:
+        from ..api.people import quota_info
+        from ..security import subject
+
+        who = subject(name if kind == "user" else None, name if kind == "group" else None)
+        rec = await self.cp.users.set_quota(who, max_gpus=max_gpus, max_queued=max_queued)
+        return quota_info(rec).model_dump(mode="json")
 
 
 @contextlib.asynccontextmanager
@@ -81,4 +140,4 @@ async def admin_session() -> AsyncIterator[Admin]:
     from ..security import TokenService
 
     async with Embedded(local_worker=False) as emb:
-        yield LocalAdmin(emb.cp, await TokenService(emb.store).load())
+        yield LocalAdmin(emb.cp, await TokenService(emb.store, users=emb.cp.users).load())

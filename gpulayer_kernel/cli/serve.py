@@ -1,5 +1,14 @@
 """``gpulayer serve``: the control plane over HTTP (/api/v1), optionally with a local worker.
 
+On SQLite (the default, in the home) it serves at once. On PostgreSQL (``--db postgresql://…``)
+it first takes the leadership (``store/leadership.py``): while another ``gpulayer serve`` leads
+that database it is a standby (``standby.py``: every request answered 503 ``not_leader``, naming
+the leader), and it takes over on the same port the moment the leader is gone. A leader that
+finds it lost the leadership (paused past its lease) steps down before writing and exits with
+status 3, for its supervisor to start it again (as a standby).
+
+The first start on a database makes the admin user and prints its token once.
+
 Heavy imports (tornado, the embedded host) happen inside the handler so ``gpulayer jobs`` stays
 quick to start.
 """
@@ -7,11 +16,14 @@ quick to start.
 from __future__ import annotations
 
 import argparse
+import asyncio
 from typing import Any
 
 from .common import Handler, setup_logging, until_signalled
 
 READY = "gpulayer serve: ready"
+STANDBY = "gpulayer serve: standby"
+LOST = 3  # the exit status of a leader that stepped down
 
 
 def add_parsers(sub: Any) -> None:
@@ -50,6 +62,32 @@ def add_parsers(sub: Any) -> None:
         help="declare a worker lost after this long without news (default 30)",
     )
     serve.add_argument(
+        "--db",
+        default=None,
+        metavar="URL",
+        help="metadata store: sqlite:///path (default: in the home) or postgresql://USER@HOST/DB "
+        "(then several serve processes may share it: one leads, the others stand by)",
+    )
+    serve.add_argument(
+        "--artifacts",
+        default=None,
+        metavar="DIR",
+        help="blob folder (default: in the home); an active and a standby share one",
+    )
+    serve.add_argument(
+        "--secrets-key",
+        default=None,
+        metavar="FILE",
+        help="key file sealing secrets (default: $GPULAYER_SECRETS_KEY, "
+        "$GPULAYER_SECRETS_KEY_COMMAND, else secrets.key in the home)",
+    )
+    serve.add_argument(
+        "--advertise-url",
+        default=None,
+        metavar="URL",
+        help="the URL clients reach this server at (standbys name the leader by it)",
+    )
+    serve.add_argument(
         "--max-wait",
         type=float,
         default=60.0,
@@ -60,10 +98,11 @@ def add_parsers(sub: Any) -> None:
 
 async def cmd_serve(args: argparse.Namespace) -> int:
     from ..api import ApiLimits
-    from ..embedded import Embedded, ServeOptions
-    from ..security import TokenKind
+    from ..embedded import ServeOptions
+    from ..security import check_serve
 
     setup_logging()
+    check_serve(args.host, args.tls_cert, args.tls_key)
     opts = ServeOptions(
         host=args.host,
         port=args.port,
@@ -72,6 +111,45 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         ca_cert=args.ca_cert,
         limits=ApiLimits(max_wait=args.max_wait),
     )
+    if args.db and args.db.split("://", 1)[0].lower() in ("postgresql", "postgres"):
+        return await _serve_leading(args, opts)
+    return await _serve(args, opts, None)
+
+
+async def _serve_leading(args: argparse.Namespace, opts: Any) -> int:
+    """Stand by until this process leads the database, then serve on the same port."""
+    from dataclasses import replace
+
+    from ..security import server_context
+    from ..standby import StandbyServer
+    from ..store.leadership import Leadership
+
+    ssl_ctx = server_context(opts.tls_cert, opts.tls_key or "") if opts.tls_cert else None
+    leadership = Leadership(args.db, "")
+    standby = StandbyServer(leadership)
+    url = await standby.start(opts.host, opts.port, ssl_ctx)
+    leadership.advertise = args.advertise_url or url
+    print(f"{STANDBY} on {url}/api/v1 (leader: {await leadership.leader_url()})", flush=True)
+    acquiring = asyncio.ensure_future(leadership.acquire())
+    signalled = asyncio.ensure_future(until_signalled())
+    await asyncio.wait({acquiring, signalled}, return_when=asyncio.FIRST_COMPLETED)
+    await standby.stop()
+    if not acquiring.done():
+        acquiring.cancel()
+        await leadership.release()
+        return 0
+    signalled.cancel()
+    acquiring.result()
+    try:
+        return await _serve(args, replace(opts, port=standby.port), leadership)
+    finally:
+        await leadership.release()
+
+
+async def _serve(args: argparse.Namespace, opts: Any, leadership: Any) -> int:
+    from ..embedded import Embedded
+    from ..security import TokenKind
+
     emb = Embedded(
         args.home,
         local_worker=args.local_worker,
@@ -80,7 +158,12 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         heartbeat_timeout=args.heartbeat_timeout,
         serve=opts,
         pause_gc=True,
+        db=args.db,
+        artifacts=args.artifacts,
+        secrets_key=args.secrets_key,
     )
+    if leadership is not None:
+        emb.store.fence = leadership.fence  # type: ignore[attr-defined]  # a PostgresStore
     await emb.start()
     try:
         assert emb.tokens is not None and emb.url is not None
@@ -95,8 +178,9 @@ async def cmd_serve(args: argparse.Namespace) -> int:
                 flush=True,
             )
             print(
-                "gpulayer serve: create join tokens for workers with: "
-                "gpulayer token create --kind join --ttl 1h",
+                "gpulayer serve: add people with `gpulayer user add NAME` and give them tokens "
+                "with `gpulayer token create --user NAME`; workers join with "
+                "`gpulayer token create --kind join --ttl 1h`",
                 flush=True,
             )
         print(
@@ -104,7 +188,16 @@ async def cmd_serve(args: argparse.Namespace) -> int:
             f"{args.heartbeat_timeout:g}s)",
             flush=True,
         )
-        await until_signalled()
+        stop = asyncio.ensure_future(until_signalled())
+        waits = {stop}
+        if leadership is not None:
+            waits.add(asyncio.ensure_future(leadership.lost.wait()))
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
+        if leadership is not None and leadership.lost.is_set():
+            print("gpulayer serve: lost the leadership; stepping down", flush=True)
+            return LOST
     finally:
         await emb.stop()
     return 0

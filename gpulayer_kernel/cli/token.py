@@ -19,6 +19,15 @@ def add_parsers(sub: Any) -> None:
     create.add_argument("--kind", choices=["client", "join", "instance"], default="client")
     create.add_argument("--ttl", default=None, help="lifetime: 90 (s), 30m, 1h, 7d (default never)")
     create.add_argument("--name", default="", help="a note to recognise it by")
+    create.add_argument(
+        "--user", default=None, help="client tokens: whose (default: yours; admins: anyone's)"
+    )
+    create.add_argument(
+        "--role",
+        choices=["admin", "user", "viewer"],
+        default=None,
+        help="client tokens: act with this role, at most the user's (default: the user's)",
+    )
     tlist = tsub.add_parser("list", help="list tokens (never their secrets)")
     tlist.add_argument("--all", action="store_true", help="also revoked, expired and used ones")
     revoke = tsub.add_parser("revoke", help="revoke a token; it stops working at once")
@@ -37,7 +46,7 @@ async def cmd_token(args: argparse.Namespace) -> int:
     async with admin_session() as admin:
         if args.token_command == "create":
             info, secret = await admin.create_token(
-                args.kind, ttl=parse_ttl(args.ttl), name=args.name
+                args.kind, ttl=parse_ttl(args.ttl), name=args.name, user=args.user, role=args.role
             )
             print(secret)
             print(
@@ -51,6 +60,8 @@ async def cmd_token(args: argparse.Namespace) -> int:
             print(f"{'ID':<14}{'KIND':<10}{'STATE':<9}{'CREATED':<18}{'EXPIRES':<18}NAME")
             for t in tokens:
                 note = t["name"] + (f" (worker {t['worker_id']})" if t["worker_id"] else "")
+                if t.get("user"):
+                    note += f" (user {t['user']}" + (f", {t['role']})" if t.get("role") else ")")
                 print(
                     f"{t['id']:<14}{t['kind']:<10}{t['state']:<9}{_when(t['created_at']):<18}"
                     f"{_when(t['expires_at']):<18}{note}"

@@ -32,7 +32,8 @@ def add_parsers(sub: Any) -> None:
         "--server",
         default=os.environ.get("GPULAYER_URL"),
         metavar="URL",
-        help="the control plane, e.g. https://gpu-head:8470 ($GPULAYER_URL)",
+        help="the control plane, e.g. https://gpu-head:8470; several, comma-separated, for an "
+        "active one and its standby ($GPULAYER_URL)",
     )
     worker.add_argument(
         "--join-token",
@@ -84,7 +85,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     setup_logging()
     if not args.server:
         raise InvalidInput("no server given", hint="pass --server URL or set GPULAYER_URL")
-    check_url(args.server)
+    for url in args.server.split(","):
+        check_url(url.strip())
     token = args.join_token or os.environ.get(JOIN_TOKEN_ENV, "")
     if not token:
         raise InvalidInput(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ._base import API_VERSION, Contract, ensure_json, parse
 from .artifacts import Artifact
 from .jobs import (
+    ADMIN_USER,
     TERMINAL_STATES,
     CommandWorkload,
     Job,
@@ -65,6 +66,7 @@ from .workers import (
 )
 
 __all__ = [
+    "ADMIN_USER",
     "API_VERSION",
     "TERMINAL_STATES",
     "Artifact",

@@ -24,6 +24,9 @@ MAX_IDLE_TIMEOUT = 7 * 24 * 3600.0
 MimeBundle = dict[str, JsonValue]
 """One display as Jupyter's display content: ``{"data": {"text/plain": "...", "image/png":
 "<base64>", ...}, "metadata": {...}}`` (``transient`` and ``update`` when set)."""
+# The user of the embedded, single-user default and the first admin of a served control plane:
+# whatever predates users (jobs, client tokens, secrets) belongs to this one.
+ADMIN_USER = "admin"
 
 
 class JobState(StrEnum):
@@ -288,6 +291,11 @@ class Job(Contract):
     artifacts: list[Artifact] = Field(default_factory=list)
     progress: dict[str, JsonValue] | None = None
     cancel_requested: bool = False
+    owner: str = Field(
+        ADMIN_USER,
+        description="the user who submitted it (set by the control plane from the caller's "
+        "identity; jobs from before users belong to the admin)",
+    )
 
 
 LogStream = Literal["stdout", "stderr", "system", "display"]

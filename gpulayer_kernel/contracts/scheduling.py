@@ -103,6 +103,12 @@ class PlacementReport(Contract):
         default_factory=list,
         description="sessions holding GPUs on the workers that could run it once they free up",
     )
+    quota: str | None = Field(
+        None, description="why its user's or group's GPU quota holds it back now (waiting helps)"
+    )
+    fair_share: str | None = Field(
+        None, description="how many later jobs of other users fair share put ahead of it"
+    )
 
     @property
     def never_fits(self) -> bool:
@@ -124,4 +130,4 @@ class PlacementReport(Contract):
 
     @property
     def waiting_helps(self) -> bool:
-        return bool(self.exhausted) or self.workers_total == 0
+        return bool(self.exhausted) or self.workers_total == 0 or self.quota is not None

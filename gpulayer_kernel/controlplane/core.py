@@ -8,11 +8,15 @@ every acknowledged change on disk. Each part owns its state and changes only thr
 (the ring UIs follow), ``tails`` (job logs), ``dispatch`` (inboxes, cancels, rendezvous),
 ``scheduling`` (passes, reservations), ``outcomes`` (finishes, cancels, retries, lost workers) and
 ``reaper``. Every wait and timeout runs on ``clock``: tests hand in a FakeClock.
+
+Identity (``security.roles``): calls that read or act on someone's work take ``who`` (an
+``Identity``: user and role) and check it with ``check_read``/``check_act``; ``who=None`` is the
+embedded single user, who is admin. Jobs carry their ``owner``. ``users`` (UserService) holds
+users and quotas, ``secrets`` (SecretTable) each user's sealed secrets, ``usage`` recent GPU use.
 """
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -24,6 +28,7 @@ from ..contracts import (
     CellReport,
     CellRequest,
     CellRun,
+    Event,
     EventPage,
     FinishReport,
     Job,
@@ -44,10 +49,23 @@ from ..contracts import (
     check_secret_name,
     ensure_json,
 )
-from ..errors import Conflict, NotFound
+from ..errors import Conflict, NotFound, Unavailable
 from ..redact import Redactor
 from ..scheduler import Snapshot
+from ..security.roles import (
+    Identity,
+    Role,
+    can_read,
+    check_act,
+    check_read,
+    check_role,
+    resolved,
+    sees_all,
+)
+from ..security.users import UserService
+from ..security.vault import MEMORY_KEYS, KeySource
 from ..store import ArtifactStore, MetadataStore
+from .blobs import Blobs
 from .dispatch import Dispatcher
 from .events import EventLog
 from .jobs import Change, JobTable, artifact_named
@@ -55,7 +73,9 @@ from .logs import LogTails
 from .outcomes import Outcomes
 from .reaper import Reaper
 from .scheduling import SchedulingLoop
+from .secrets import SecretTable
 from .sessions import SessionTable
+from .usage import DEFAULT_HALF_LIFE, UsageMeter
 from .workers import SUSPECT_GRACE, WorkerRegistry
 
 
@@ -72,11 +92,17 @@ class ControlPlane:
         reserve_after: float = 60.0,
         rendezvous_timeout: float = 120.0,
         suspect_grace: float = SUSPECT_GRACE,
+        secrets_key: KeySource = MEMORY_KEYS,
+        fair_share_half_life: float = DEFAULT_HALF_LIFE,
     ) -> None:
         self.store = store
         self.artifacts = artifacts
         self.clock = clock
         self.redactor = Redactor()
+        self.users = UserService(store, clock=clock.now)
+        self.secrets = SecretTable(store, self.redactor, secrets_key)
+        self.usage = UsageMeter(fair_share_half_life)
+        self.blobs = Blobs(store, artifacts)
         self.event_log = EventLog(clock)
         self.jobs = JobTable(
             store,
@@ -100,7 +126,15 @@ class ControlPlane:
         self.dispatch = Dispatcher(clock, self.jobs.active_job)
         parts = (self.jobs, self.registry, self.tails, self.dispatch)
         self.outcomes = Outcomes(*parts, clock=clock, rendezvous_timeout=rendezvous_timeout)
-        self.scheduling = SchedulingLoop(store, *parts, clock=clock, reserve_after=reserve_after)
+        self.scheduling = SchedulingLoop(
+            store,
+            *parts,
+            clock=clock,
+            reserve_after=reserve_after,
+            secrets=self.secrets,
+            users=self.users,
+            usage=self.usage,
+        )
         self.reaper = Reaper(self.registry, self._lose_worker, self.outcomes.overdue, clock=clock)
         self.sessions = SessionTable(
             store, self.jobs, self.dispatch, self.tails, self.event_log, self.redactor, clock=clock
@@ -130,15 +164,16 @@ class ControlPlane:
 
     async def start(self) -> None:
         """Load active jobs and known workers; workers of a dead in-process host are lost."""
+        await self.secrets.start()  # first: a missing or wrong key refuses the start untouched
+        await self.users.load()
+        await self.users.ensure_admin()
         await self.jobs.load()
         await self.sessions.load()
+        await self.usage.load(self.store)
         for w in self.registry.restore(await self.store.load_workers()):
             await self._lose_worker(w.id, "its host process stopped")
         await self.outcomes.orphans_at_start()  # after the losses: their jobs are settled
-        names = await self.store.list_secret_names()
-        for name, value in (await self.store.get_secrets(names)).items():
-            self.redactor.add(name, value)
-        await self.outcomes.redeliver_placed(self.store.get_secrets)
+        await self.outcomes.redeliver_placed(self.secrets.for_job)
         self.event_log.open = self.dispatch.open = True
         self.reaper.start()
         self.scheduling.start()
@@ -166,6 +201,7 @@ class ControlPlane:
             self.registry.refresh(wid)
         if after.state.terminal:
             self.tails.forget(after.id)
+            self.usage.charge_job(after)
         self.scheduling.kick()
 
     def _session_holds(self, worker_names: Sequence[str]) -> builtins.list[SessionHold]:
@@ -198,26 +234,44 @@ class ControlPlane:
 
     # -- client side -----------------------------------------------------------------------------
 
-    async def submit(self, spec: JobSpec) -> Job:
-        """Queue a job. A Python workload's bundle must already be uploaded."""
-        return await self.enqueue(spec)
+    async def submit(self, spec: JobSpec, *, who: Identity | None = None) -> Job:
+        """Queue a job as ``who``'s. A Python workload's bundle must already be uploaded (by
+        them: another user's bundle is not theirs to run)."""
+        return await self.enqueue(spec, who=who)
 
-    async def enqueue(self, spec: JobSpec, added: Callable[[Job], None] | None = None) -> Job:
+    async def enqueue(
+        self,
+        spec: JobSpec,
+        *,
+        who: Identity | None = None,
+        added: Callable[[Job], None] | None = None,
+    ) -> Job:
         """``submit``, telling ``added`` of the job the moment it exists, before any of its
         changes can reach the wiring (the sessions part registers its session there)."""
-        if spec.workload.kind == "python" and not self.artifacts.has(spec.workload.bundle):
+        check_role(who, Role.USER, "submit jobs")
+        owner = resolved(who).user
+        bundle = getattr(spec.workload, "bundle", None)  # a session ships no code
+        if bundle is not None and not (await self.blobs.has(bundle, who=who)):
             raise NotFound(
-                f"bundle {spec.workload.bundle[:12]}… has not been uploaded",
+                f"bundle {bundle[:12]}… has not been uploaded",
                 hint="upload it with put_bundle (the client and magic do this for you)",
-                details={"bundle": spec.workload.bundle},
+                details={"bundle": bundle},
                 code="bundle_not_found",
             )
-        change = self.jobs.add(spec)
+        self.users.check_submit(
+            owner, spec.resources.gpus * spec.resources.nodes, self.jobs.queued_of
+        )
+        change = self.jobs.add(spec, owner)
         if added is not None:
             added(change.after)
         self.tails.open(change.after.id)  # before any await: its first line is numbered 1
         self.scheduling.fresh.add(change.after.id)  # its first pass decides if it can ever fit
-        await self.jobs.flush([change])
+        try:
+            await self.jobs.flush([change])
+        except Unavailable:
+            self.jobs.discard(change.after.id)  # not stored: its submitter is told so
+            self.tails.forget(change.after.id)
+            raise
         self.scheduling.kick()
         return change.after
 
@@ -225,8 +279,10 @@ class ControlPlane:
         """Accept a unique id prefix (at least 4 characters), as git does."""
         return await self.jobs.resolve(job_id)
 
-    async def get(self, job_id: str) -> Job:
-        return await self.jobs.get(job_id)
+    async def get(self, job_id: str, *, who: Identity | None = None) -> Job:
+        job = await self.jobs.get(job_id)
+        check_read(who, job.owner, f"job {job_id}")
+        return job
 
     async def list(
         self,
@@ -235,111 +291,168 @@ class ControlPlane:
         name: str | None = None,
         label: tuple[str, str] | None = None,
         limit: int = 100,
+        who: Identity | None = None,
     ) -> builtins.list[Job]:
-        return await self.jobs.query(states, name=name, label=label, limit=limit)
+        """Jobs, newest first: a user's own; everyone's for admins and viewers."""
+        mine = None if sees_all(who) else resolved(who).user
+        return await self.jobs.query(states, name=name, label=label, limit=limit, owner=mine)
 
-    async def cancel(self, job_id: str, reason: str = "cancelled by user") -> Job:
-        return await self.outcomes.cancel(await self.get(job_id), reason)
+    async def cancel(
+        self, job_id: str, reason: str = "cancelled by user", *, who: Identity | None = None
+    ) -> Job:
+        job = await self.get(job_id, who=who)
+        check_act(who, job.owner, f"job {job_id}")
+        return await self.outcomes.cancel(job, reason)
 
-    async def wait(self, job_id: str, timeout: float | None = None) -> Job:
+    async def wait(
+        self, job_id: str, timeout: float | None = None, *, who: Identity | None = None
+    ) -> Job:
         """Return when the job reaches a final state (or at ``timeout`` with its current state)."""
+        await self.get(job_id, who=who)
         return await self.jobs.wait(job_id, timeout)
 
     async def logs(
-        self, job_id: str, since: int = 0, wait: float = 0.0, limit: int = 1000
+        self,
+        job_id: str,
+        since: int = 0,
+        wait: float = 0.0,
+        limit: int = 1000,
+        *,
+        who: Identity | None = None,
     ) -> LogPage:
         """Log records after ``since``; with ``wait`` > 0, long-poll until one arrives."""
-        job_id = await self.resolve(job_id)
+        job_id = (await self.get(job_id, who=who)).id
         return await self.tails.page(job_id, lambda: self.jobs.get(job_id), since, wait, limit)
 
-    async def explain(self, job_id: str) -> str:
-        return self.scheduling.explain(await self.get(job_id))
+    async def explain(self, job_id: str, *, who: Identity | None = None) -> str:
+        return self.scheduling.explain(await self.get(job_id, who=who))
 
     async def workers(self) -> builtins.list[WorkerInfo]:
         return self.registry.all()
 
     async def events(
-        self, since: int = 0, wait: float = 0.0, cursor: str | None = None
+        self,
+        since: int = 0,
+        wait: float = 0.0,
+        cursor: str | None = None,
+        *,
+        who: Identity | None = None,
     ) -> EventPage:
-        """Job and worker changes after ``cursor`` (or ``since``), long-polled with ``wait``."""
-        return await self.event_log.page(since, wait, cursor)
+        """Job and worker changes after ``cursor`` (or ``since``), long-polled with ``wait``;
+        a user sees changes of its own jobs (and every worker's)."""
+        if sees_all(who):
+            return await self.event_log.page(since, wait, cursor)
+        me = resolved(who).user
+        return await self.event_log.page(since, wait, cursor, visible=lambda e: _owned_by(e, me))
 
     async def event_cursor(self) -> str:
         """The event log's position now: follow from it to see only what happens next."""
         return self.event_log.cursor()
 
-    # blobs: bundles and artifacts share one content-addressed store
+    # blobs: bundles and artifacts share one content-addressed store (``blobs.Blobs``: who may
+    # read which)
 
-    async def put_blob(self, data: bytes, digest: str | None = None) -> str:
-        return await asyncio.to_thread(self.artifacts.put, data, digest)
+    async def put_blob(
+        self, data: bytes, digest: str | None = None, *, who: Identity | None = None
+    ) -> str:
+        return await self.blobs.put(data, digest, who=who)
 
-    async def has_blob(self, digest: str) -> bool:
-        return self.artifacts.has(digest)
+    async def claim_blob(self, digest: str, *, who: Identity | None = None) -> None:
+        """Record that ``who`` uploaded the blob ``digest`` (they may read it and run it)."""
+        await self.blobs.claim(digest, who=who)
 
-    async def get_blob(self, digest: str) -> bytes:
-        return await asyncio.to_thread(self.artifacts.get, digest)
+    async def has_blob(self, digest: str, *, who: Identity | None = None) -> bool:
+        return await self.blobs.has(digest, who=who)
+
+    async def get_blob(self, digest: str, *, who: Identity | None = None) -> bytes:
+        return await self.blobs.get(digest, who=who)
 
     put_bundle = put_blob
     has_bundle = has_blob
     get_bundle = get_blob
 
-    # secrets: stored here, resolved for the worker at assignment, never returned by a read API
+    # secrets: sealed at rest, per owner, resolved for the worker at assignment, never returned
 
-    async def set_secret(self, name: str, value: str) -> None:
-        await self.store.set_secret(check_secret_name(name), value)
-        self.redactor.add(name, value)
+    async def set_secret(
+        self, name: str, value: str, *, who: Identity | None = None, user: str | None = None
+    ) -> None:
+        await self.secrets.set(self.secrets.owner_for(who, user), check_secret_name(name), value)
 
-    async def secret_names(self) -> builtins.list[str]:
-        return await self.store.list_secret_names()
+    async def secret_names(
+        self, *, who: Identity | None = None, user: str | None = None
+    ) -> builtins.list[str]:
+        return await self.secrets.names(self.secrets.owner_for(who, user))
 
-    async def delete_secret(self, name: str) -> bool:
-        return await self.store.delete_secret(name)
+    async def delete_secret(
+        self, name: str, *, who: Identity | None = None, user: str | None = None
+    ) -> bool:
+        return await self.secrets.delete(self.secrets.owner_for(who, user), name)
 
     # -- sessions (ADR 0019): the sessions part does the work -----------------------------------
+    # A session is its job's owner's: users read and act on their own, viewers read all, admins
+    # act on all (``who=None``: the embedded admin). Only its holder runs cells in it.
 
-    async def start_session(self, spec: SessionSpec) -> SessionInfo:
+    async def start_session(self, spec: SessionSpec, *, who: Identity | None = None) -> SessionInfo:
         """Queue a session: a job that holds its GPUs and runs cells until stopped or idle."""
-        return await self.sessions.start(spec)
+        return await self.sessions.start(spec, who)
 
-    async def list_sessions(self, *, include_ended: bool = False) -> builtins.list[SessionInfo]:
-        return self.sessions.all() if include_ended else self.sessions.live()
+    async def list_sessions(
+        self, *, include_ended: bool = False, who: Identity | None = None
+    ) -> builtins.list[SessionInfo]:
+        found = self.sessions.all() if include_ended else self.sessions.live()
+        return [s for s in found if can_read(who, s.job.owner)]
 
-    async def get_session(self, ref: str) -> SessionInfo:
+    async def get_session(self, ref: str, *, who: Identity | None = None) -> SessionInfo:
         """A session by name or by its job's id (or a unique prefix of it)."""
-        s, job = await self.sessions.find(ref)
+        s, job = await self.sessions.find(ref, who)
         return self.sessions.info(s, job)
 
-    async def run_cell(self, ref: str, request: CellRequest, wait: float = 0.0) -> CellPage:
+    async def run_cell(
+        self, ref: str, request: CellRequest, wait: float = 0.0, *, who: Identity | None = None
+    ) -> CellPage:
         """Run a cell in a session; within ``wait`` s the answer carries its output and end."""
-        if request.inputs_blob is not None and not self.artifacts.has(request.inputs_blob):
+        digest = request.inputs_blob
+        if digest is not None and not await self.blobs.has(digest, who=who):
             raise NotFound(
-                f"blob {request.inputs_blob[:12]}… (the cell's inputs) has not been uploaded",
+                f"blob {digest[:12]}… (the cell's inputs) has not been uploaded",
                 hint="upload it with put_blob first (the magics do this for you)",
                 code="blob_not_found",
             )
-        return await self.sessions.run(ref, request, wait)
+        return await self.sessions.run(ref, request, wait, who)
 
     async def follow_cell(
-        self, ref: str, number: int, since: int = 0, wait: float = 0.0
+        self,
+        ref: str,
+        number: int,
+        since: int = 0,
+        wait: float = 0.0,
+        *,
+        who: Identity | None = None,
     ) -> CellPage:
         """A cell and its output records after ``since``, long-polled with ``wait``."""
-        return await self.sessions.follow(ref, number, since, wait)
+        return await self.sessions.follow(ref, number, since, wait, who)
 
-    async def session_cells(self, ref: str, limit: int = 100) -> builtins.list[CellRun]:
-        return await self.sessions.cells(ref, limit)
+    async def session_cells(
+        self, ref: str, limit: int = 100, *, who: Identity | None = None
+    ) -> builtins.list[CellRun]:
+        return await self.sessions.cells(ref, limit, who)
 
-    async def interrupt_session(self, ref: str) -> SessionInfo:
-        return await self.sessions.interrupt(ref)
+    async def interrupt_session(self, ref: str, *, who: Identity | None = None) -> SessionInfo:
+        return await self.sessions.interrupt(ref, who)
 
-    async def restart_session(self, ref: str) -> SessionInfo:
-        return await self.sessions.restart(ref)
+    async def restart_session(self, ref: str, *, who: Identity | None = None) -> SessionInfo:
+        return await self.sessions.restart(ref, who)
 
-    async def stop_session(self, ref: str, reason: str = "stopped by the user") -> SessionInfo:
+    async def stop_session(
+        self, ref: str, reason: str = "stopped by the user", *, who: Identity | None = None
+    ) -> SessionInfo:
         """End a session and free its GPUs; ``reason`` is what its job and cells say."""
-        return await self.sessions.stop(ref, reason)
+        return await self.sessions.stop(ref, reason, who)
 
-    async def attach_session(self, ref: str, holder: SessionHolder) -> SessionInfo:
-        return await self.sessions.attach(ref, holder)
+    async def attach_session(
+        self, ref: str, holder: SessionHolder, *, who: Identity | None = None
+    ) -> SessionInfo:
+        return await self.sessions.attach(ref, holder, who)
 
     # -- worker side -----------------------------------------------------------------------------
 
@@ -419,13 +532,19 @@ class ControlPlane:
                 and stored.state.terminal
                 and report.attempt in (None, stored.attempts)
             ):
+                if job_id in self.jobs.dirty:
+                    await self.jobs.resync()  # acknowledged only once it is stored
                 return stored  # a retried report after a reconnect: recorded once already
         job = self._owned(worker_id, job_id, report.attempt)
-        return await self.outcomes.finished(worker_id, job, report)
+        done = await self.outcomes.finished(worker_id, job, report)
+        await self.blobs.made_by(done)
+        return done
 
     async def report_cell(self, worker_id: str, job_id: str, report: CellReport) -> None:
         """A session cell's end on one worker's ranks (idempotent: a repeat changes nothing)."""
         job = self._owned(worker_id, job_id, report.attempt)
+        if report.outputs_blob is not None:  # the cell's --out values are its owner's to read
+            await self.store.add_blob_owners([(report.outputs_blob, job.owner)])
         await self.sessions.report_cell(worker_id, job, report)
 
     async def report_session(self, worker_id: str, job_id: str, report: SessionReport) -> None:
@@ -484,5 +603,16 @@ class ControlPlane:
                 worker_id, work, lambda j: self.jobs.active_job(j) is not None
             )
 
-    async def artifact_for(self, job_id: str, name: str) -> Artifact:
-        return artifact_named(await self.get(job_id), name)
+    async def artifact_for(
+        self, job_id: str, name: str, *, who: Identity | None = None
+    ) -> Artifact:
+        return artifact_named(await self.get(job_id, who=who), name)
+
+
+def _owned_by(event: Event, user: str) -> bool:
+    """Whether a user (not an admin or viewer) may see an event: its job's or session's."""
+    if event.job is not None:
+        return event.job.owner == user
+    if event.session is not None:
+        return event.session.job.owner == user
+    return True

@@ -15,7 +15,7 @@ still holds (it reported on one) go to its ``stop`` list.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import (
@@ -118,7 +118,7 @@ class Dispatcher:
     async def redeliver(
         self,
         jobs: Iterable[Job],
-        secrets: Callable[[Sequence[str]], Awaitable[dict[str, str]]],
+        secrets: Callable[[Job], Awaitable[dict[str, str]]],
     ) -> None:
         """After a restart, hand placed-but-not-started ``jobs`` to their workers again.
 
@@ -126,7 +126,7 @@ class Dispatcher:
         placed forever; a worker that already runs it ignores the duplicate.
         """
         for job in jobs:
-            self.assign(job, await secrets(job.spec.secrets), wake=False)
+            self.assign(job, await secrets(job), wake=False)
 
     def stop(self, job: Job, but: str | None = None) -> None:
         """Tell every worker holding a part of ``job`` (except ``but``) to stop it, now."""

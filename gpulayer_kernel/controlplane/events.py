@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 from collections import deque
+from collections.abc import Callable
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import Event, EventPage, Job, SessionInfo, WorkerInfo
@@ -54,8 +55,17 @@ class EventLog:
         self.open = False
         self._signal.fire()
 
-    async def page(self, since: int = 0, wait: float = 0.0, cursor: str | None = None) -> EventPage:
-        """Events after ``cursor`` (or ``since``); with ``wait`` > 0, long-poll until one exists."""
+    async def page(
+        self,
+        since: int = 0,
+        wait: float = 0.0,
+        cursor: str | None = None,
+        visible: Callable[[Event], bool] | None = None,
+    ) -> EventPage:
+        """Events after ``cursor`` (or ``since``); with ``wait`` > 0, long-poll until one exists.
+
+        ``visible`` keeps only the events a caller may see (a user: its own jobs'); the
+        long-poll waits on for one of those."""
         if cursor:
             epoch, since = _parse(cursor)
             if epoch != self.epoch:
@@ -67,6 +77,8 @@ class EventLog:
             # before a restart (numbers start again): the client refetches its lists.
             reset = (since < oldest - 1 and since != 0 and bool(self._ring)) or since > self.seq
             events = [e for e in self._ring if e.seq > since] if self.seq > since else []
+            if visible is not None:
+                events = [e for e in events if visible(e)]
             left = deadline - self.clock.monotonic()
             if events or reset or left <= 0 or not self.open:
                 return self._page(events, reset=reset)

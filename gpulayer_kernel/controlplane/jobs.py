@@ -14,6 +14,11 @@ result, a pending report, progress, a retry), is checked against ``states`` and 
 once. Pending reports and progress are flushed without a store write (they are recomputed or
 resent), and a pending report whose reasons did not change is not announced.
 
+A write the store refuses because it is unreachable (503) leaves the change in memory and marks
+the job *dirty*: it is written with the next flush, or by a retry with backoff once the store
+answers again, so a database that goes away and comes back loses nothing that was staged (a new
+job is taken back instead: its submitter was told it failed).
+
 ``stage`` is also where secret values are masked in what a job carries from its workers (its
 result, progress fields and reason): whoever reports them, nothing unmasked is kept, stored,
 announced or served. Workers mask first; this is the second layer.
@@ -21,19 +26,22 @@ announced or served. Workers mask first; this is the second layer.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..contracts import Artifact, Job, JobSpec, JobState
-from ..errors import Conflict, InvalidInput, NotFound
+from ..contracts import ADMIN_USER, Artifact, Job, JobSpec, JobState
+from ..errors import Conflict, InvalidInput, NotFound, Unavailable
 from ..store import JobQuery, MetadataStore
 from .events import EventLog
 from .signals import Signals
 from .states import check_transition, check_update
 
+log = logging.getLogger("gpulayer.controlplane")
 ACTIVE_STATES = (JobState.QUEUED, JobState.PLACED, JobState.RUNNING)
 FINISHED_CACHE = 1_024
 # The fields a job's workers fill in: they may quote a secret (a job returning os.environ[...]).
@@ -74,6 +82,8 @@ class JobTable:
         self._finished: OrderedDict[str, Job] = OrderedDict()
         self._signals = Signals(clock)
         self._nodes_done: dict[str, set[str]] = {}  # gang job id -> workers whose node succeeded
+        self.dirty: set[str] = set()  # staged changes the store could not take yet
+        self._resync: asyncio.Task[None] | None = None
 
     async def load(self) -> None:
         """Read numbering and the active jobs back from the store (at start)."""
@@ -89,6 +99,12 @@ class JobTable:
 
     def active_job(self, job_id: str) -> Job | None:
         return self._active.get(job_id)
+
+    def queued_of(self, owners: set[str]) -> int:
+        """How many jobs of these users wait in the queue now."""
+        return sum(
+            1 for j in self._active.values() if j.state == JobState.QUEUED and j.owner in owners
+        )
 
     def cached(self, job_id: str) -> Job | None:
         """An active or recently finished job, without a store read."""
@@ -142,11 +158,12 @@ class JobTable:
         name: str | None = None,
         label: tuple[str, str] | None = None,
         limit: int = 100,
+        owner: str | None = None,
     ) -> list[Job]:
         """Jobs from the store, newest first; active ones as they are now (with pending reports)."""
         if not 1 <= limit <= 10_000:
             raise InvalidInput("limit must be between 1 and 10000", details={"limit": limit})
-        query = JobQuery(states=tuple(states), name=name, label=label, limit=limit)
+        query = JobQuery(states=tuple(states), name=name, label=label, limit=limit, owner=owner)
         return [self._active.get(j.id) or j for j in await self.store.list_jobs(query)]
 
     # -- waiting ---------------------------------------------------------------------------------
@@ -172,15 +189,22 @@ class JobTable:
 
     def close(self) -> None:
         self._signals.fire_all()
+        if self._resync is not None:
+            self._resync.cancel()
 
     # -- changing: the one commit path -----------------------------------------------------------
 
-    def add(self, spec: JobSpec) -> Change:
+    def add(self, spec: JobSpec, owner: str = ADMIN_USER) -> Change:
         """Stage a new queued job, numbered after every job before it; ``flush`` writes it."""
         self.seq += 1
-        job = Job(id=new_id(), seq=self.seq, spec=spec, submitted_at=self.clock.now())
+        job = Job(id=new_id(), seq=self.seq, spec=spec, submitted_at=self.clock.now(), owner=owner)
         self._active[job.id] = job
         return Change(job, job)
+
+    def discard(self, job_id: str) -> None:
+        """Take back a new job whose first write failed (its submitter is told so)."""
+        self._active.pop(job_id, None)
+        self.dirty.discard(job_id)
 
     def stage(self, job_id: str, target: JobState | None = None, **fields: Any) -> Change:
         """Check one change against the tables and apply it in memory; ``flush`` makes it stick.
@@ -233,7 +257,7 @@ class JobTable:
         """
         if persist and changes:
             now = [self.cached(c.after.id) or c.after for c in changes]
-            await self.store.save_jobs(now)
+            await self._save(now)
         for change in changes:
             after = change.after
             if after.state.terminal:
@@ -245,6 +269,37 @@ class JobTable:
                 self._signals.fire(after.id)
             if self.on_change is not None:
                 self.on_change(change)
+
+    async def _save(self, jobs: list[Job]) -> None:
+        """Write jobs (and any left dirty by an outage); an unreachable store marks them dirty."""
+        ids = {j.id for j in jobs}
+        jobs += [j for i in self.dirty - ids if (j := self.cached(i)) is not None]
+        try:
+            await self.store.save_jobs(jobs)
+        except Unavailable:
+            self.dirty.update(j.id for j in jobs)
+            if self._resync is None or self._resync.done():
+                self._resync = asyncio.create_task(self._resync_loop())
+            raise
+        self.dirty.difference_update(j.id for j in jobs)
+
+    async def resync(self) -> None:
+        """Write the dirty jobs now (Unavailable while the store is still away)."""
+        if self.dirty:
+            await self._save([])
+
+    async def _resync_loop(self) -> None:
+        attempt = 0
+        while self.dirty:
+            await self.clock.sleep(min(10.0, 0.2 * 2**attempt))  # retry backoff
+            attempt += 1
+            try:
+                await self.resync()
+            except Unavailable:
+                continue
+            except Exception:  # pragma: no cover - logged, retried
+                log.exception("writing jobs after the store came back failed")
+        log.info("the store answers again: every staged job change is written")
 
     async def commit(self, job_id: str, target: JobState | None = None, **fields: Any) -> Job:
         """Stage and flush one change; returns the job as changed."""

@@ -14,7 +14,7 @@ late lines (and every other report of it) are refused as ``stale_attempt``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..clock import SYSTEM_CLOCK, Clock
@@ -242,9 +242,7 @@ class Outcomes:
             else:
                 await self.jobs.commit(job.id, JobState.LOST, reason=reason)
 
-    async def redeliver_placed(
-        self, secrets: Callable[[Sequence[str]], Awaitable[dict[str, str]]]
-    ) -> None:
+    async def redeliver_placed(self, secrets: Callable[[Job], Awaitable[dict[str, str]]]) -> None:
         """After a restart, hand placed-but-not-started jobs whose workers are known out again,
         and send cancels that were pending again (their deadline starts over).
 

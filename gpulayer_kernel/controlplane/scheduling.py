@@ -13,6 +13,10 @@ workers whose data makes it fail; those are set aside (``WorkerInfo.unschedulabl
 error) and the pass goes on without them. Workers under suspicion or set aside stay in the
 snapshot, held back (``WorkerView.hold``), so reports count them.
 
+Fair share and quotas (``scheduler/share.py``) need three facts from outside the pure scheduler:
+each user's recent use (``UsageMeter``), the GPU quotas and each user's group (``UserService``);
+the snapshot carries them, so a pass stays replayable.
+
 A job that no worker here can ever run (``PlacementReport.never_fits``) fails at its first pass,
 saying what exists, unless it asked to wait for capacity (``JobSpec.wait_for_capacity``). With no
 workers at all it waits (one may join); a job naming a worker that is known but gone waits for it.
@@ -50,10 +54,13 @@ from ..scheduler import (
     schedule,
     with_sessions,
 )
+from ..security.users import UserService
 from ..store import MetadataStore
 from .dispatch import Dispatcher
 from .jobs import Change, JobTable
 from .logs import LogTails
+from .secrets import SecretTable
+from .usage import UsageMeter
 from .workers import WorkerRegistry
 
 log = logging.getLogger("gpulayer.controlplane")
@@ -74,8 +81,14 @@ class SchedulingLoop:
         *,
         clock: Clock = SYSTEM_CLOCK,
         reserve_after: float = 60.0,
+        secrets: SecretTable,
+        users: UserService,
+        usage: UsageMeter,
     ) -> None:
         self.store = store
+        self.secrets = secrets
+        self.users = users
+        self.usage = usage
         self.jobs = jobs
         self.workers = workers
         self.dispatch = dispatch
@@ -131,6 +144,7 @@ class SchedulingLoop:
                         resources=job.spec.resources,
                         submitted_at=job.submitted_at,
                         timeout=job.spec.timeout,
+                        owner=job.owner,
                     )
                 )
             elif job.placement is not None:
@@ -143,16 +157,24 @@ class SchedulingLoop:
                             devices=tuple(node.devices),
                             cpus=job.spec.resources.cpus or 0.0,
                             ends_by=ends_by,
+                            owner=job.owner,
                         )
                     )
         suspected = self.workers.suspected
         workers = tuple(_view(w, running, suspected(w.id)) for w in self.workers.live())
+        users = {j.owner for j in pending}
+        shared = len(users) > 1 or bool(self.users.quotas())
+        quotas = {q.subject: q.max_gpus for q in self.users.quotas() if q.max_gpus is not None}
         return Snapshot(
             now=now,
             pending=tuple(pending),
             workers=workers,
             reservations=dict(self.reservations),
             reserve_after=self.reserve_after,
+            # With one user and no quotas these change nothing: skip computing them.
+            usage=self.usage.usage(now, self.jobs.active()) if shared else {},
+            gpu_quotas=quotas,
+            groups={u.name: u.group for u in self.users.list() if u.group} if quotas else {},
         )
 
     def explain(self, job: Job) -> str:
@@ -252,11 +274,11 @@ class SchedulingLoop:
 
     async def _hand_out(self, placed: list[Change]) -> None:
         """Fail placements missing a secret; write the rest and give them to their workers."""
-        names = sorted({n for c in placed for n in c.after.spec.secrets})
-        known = await self.store.get_secrets(names) if names else {}
+        owned = await self.secrets.for_jobs(c.after for c in placed)
         ready: list[Change] = []
         for change in placed:
             job = change.after
+            known = owned.get(job.owner, {})
             missing = [n for n in job.spec.secrets if n not in known]
             if not missing:
                 ready.append(change)
@@ -279,6 +301,7 @@ class SchedulingLoop:
             if current is None or current.state != JobState.PLACED:
                 continue  # cancelled or lost while the write was pending
             job = current
+            known = owned.get(job.owner, {})
             secrets = {n: known[n] for n in job.spec.secrets}
             touched.update(self.dispatch.assign(job, secrets))
         for wid in touched:

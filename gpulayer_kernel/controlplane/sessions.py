@@ -25,6 +25,7 @@ import logging
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..clock import SYSTEM_CLOCK, Clock, Timer
 from ..contracts import (
@@ -51,6 +52,7 @@ from ..contracts import (
 )
 from ..errors import Conflict, Forbidden, InvalidInput, NotFound
 from ..redact import Redactor
+from ..security.roles import Identity, check_act, check_read
 from ..store import MetadataStore
 from .dispatch import Dispatcher
 from .events import EventLog
@@ -63,7 +65,13 @@ RECENT_CELLS = 64  # finished cells of a session kept in memory (the store has a
 ENDED_KEPT = 256  # ended sessions remembered for `info` and their history
 PAGE = 5_000  # log records read per step when collecting a cell's output
 
-Submit = Callable[[JobSpec, Callable[[Job], None]], Awaitable[Job]]
+
+class Submit(Protocol):
+    def __call__(
+        self, spec: JobSpec, *, who: Identity | None, added: Callable[[Job], None]
+    ) -> Awaitable[Job]: ...
+
+
 Cancel = Callable[[str, str], Awaitable[Job]]
 
 
@@ -182,8 +190,14 @@ class SessionTable:
             return None
         return s.record.holder.label, (s.idle_since if s.running is None else None)
 
-    async def find(self, ref: str) -> tuple[_Session, Job]:
-        """A session by name (live ones first) or by its job's id (or a unique prefix)."""
+    async def find(self, ref: str, who: Identity | None = None) -> tuple[_Session, Job]:
+        """A session ``who`` may read, by name (live ones first) or by its job's id (or a
+        unique prefix); another user's is ``not_yours``."""
+        s, job = await self._find(ref)
+        check_read(who, job.owner, f"session {s.record.name}")
+        return s, job
+
+    async def _find(self, ref: str) -> tuple[_Session, Job]:
         named = [s for s in self._live.values() if s.record.name == ref]
         named = named or [s for s in reversed(self._ended.values()) if s.record.name == ref]
         if named:
@@ -210,6 +224,12 @@ class SessionTable:
         self._remember_ended(s)
         return s, job
 
+    async def _acting(self, ref: str, who: Identity | None) -> tuple[_Session, Job]:
+        """A session ``who`` may act on (its owner, or an admin)."""
+        s, job = await self._find(ref)
+        check_act(who, job.owner, f"session {s.record.name}")
+        return s, job
+
     def _unknown(self, ref: str) -> NotFound:
         names = sorted(s.record.name for s in self._live.values())
         known = f" (live sessions: {', '.join(names)})" if names else " (no session is live)"
@@ -224,8 +244,8 @@ class SessionTable:
 
     # -- starting, attaching, stopping -----------------------------------------------------------
 
-    async def start(self, spec: SessionSpec) -> SessionInfo:
-        """Queue a session's job; its name must be free among live sessions."""
+    async def start(self, spec: SessionSpec, who: Identity | None = None) -> SessionInfo:
+        """Queue a session's job as ``who``'s; its name must be free among live sessions."""
         taken = next((s for s in self._live.values() if s.record.name == spec.name), None)
         if taken is not None or spec.name in self._starting:
             holder = taken.record.holder.label if taken is not None else "another client"
@@ -256,7 +276,7 @@ class SessionTable:
 
         self._starting.add(spec.name)
         try:
-            job = await self.submit(job_spec, added)
+            job = await self.submit(job_spec, who=who, added=added)
         finally:
             self._starting.discard(spec.name)
         s = made[0]
@@ -265,16 +285,20 @@ class SessionTable:
         self.events.session(info)
         return info
 
-    async def attach(self, ref: str, holder: SessionHolder) -> SessionInfo:
+    async def attach(
+        self, ref: str, holder: SessionHolder, who: Identity | None = None
+    ) -> SessionInfo:
         """Make ``holder`` the session's holder (a restarted kernel takes its session back)."""
-        s, job = await self.find(ref)
+        s, job = await self._acting(ref, who)
         self._check_live(s, job)
         s.record = s.record.model_copy(update={"holder": holder})
         await self.store.save_sessions([s.record])
         return self._announce(s)
 
-    async def stop(self, ref: str, reason: str = "stopped by the user") -> SessionInfo:
-        s, job = await self.find(ref)
+    async def stop(
+        self, ref: str, reason: str = "stopped by the user", who: Identity | None = None
+    ) -> SessionInfo:
+        s, job = await self._acting(ref, who)
         if not job.state.terminal:
             assert self.cancel is not None
             job = await self.cancel(s.id, f"session {reason}")
@@ -282,9 +306,11 @@ class SessionTable:
 
     # -- cells -----------------------------------------------------------------------------------
 
-    async def run(self, ref: str, req: CellRequest, wait: float) -> CellPage:
+    async def run(
+        self, ref: str, req: CellRequest, wait: float, who: Identity | None = None
+    ) -> CellPage:
         """Queue one cell; answer within ``wait`` seconds with its output (and end, if it came)."""
-        s, job = await self.find(ref)
+        s, job = await self._acting(ref, who)
         self._check_live(s, job)
         if job.state != JobState.RUNNING:
             raise Conflict(
@@ -327,8 +353,10 @@ class SessionTable:
         self._announce(s)
         return await self.follow_cell(s, number, cell.first_seq, wait)
 
-    async def follow(self, ref: str, number: int, since: int, wait: float) -> CellPage:
-        s, _ = await self.find(ref)
+    async def follow(
+        self, ref: str, number: int, since: int, wait: float, who: Identity | None = None
+    ) -> CellPage:
+        s, _ = await self.find(ref, who)
         return await self.follow_cell(s, number, since, wait)
 
     async def follow_cell(self, s: _Session, number: int, since: int, wait: float) -> CellPage:
@@ -356,9 +384,9 @@ class SessionTable:
             )
         return found
 
-    async def cells(self, ref: str, limit: int = 100) -> list[CellRun]:
+    async def cells(self, ref: str, limit: int = 100, who: Identity | None = None) -> list[CellRun]:
         """A session's cells, newest first (the running and queued ones included)."""
-        s, _ = await self.find(ref)
+        s, _ = await self.find(ref, who)
         pending = [c for c in (*reversed(s.queue), s.running) if c is not None]
         stored = await self.store.list_cells(s.id, limit)
         seen = {c.number for c in pending}
@@ -493,18 +521,18 @@ class SessionTable:
 
     # -- interrupts and restarts -----------------------------------------------------------------
 
-    async def interrupt(self, ref: str) -> SessionInfo:
+    async def interrupt(self, ref: str, who: Identity | None = None) -> SessionInfo:
         """KeyboardInterrupt in the running cell on every rank (the session keeps its state)."""
-        s, job = await self.find(ref)
+        s, job = await self._acting(ref, who)
         self._check_live(s, job)
         if s.running is not None and job.placement is not None:
             for worker_id in job.placement.worker_ids:
                 self.dispatch.interrupt(worker_id, s.id)
         return self.info(s, job)
 
-    async def restart(self, ref: str) -> SessionInfo:
+    async def restart(self, ref: str, who: Identity | None = None) -> SessionInfo:
         """Kill every rank and start them again on the same GPUs (their state is lost)."""
-        s, job = await self.find(ref)
+        s, job = await self._acting(ref, who)
         self._check_live(s, job)
         if job.state != JobState.RUNNING or job.placement is None:
             raise Conflict(

@@ -16,6 +16,13 @@ and a client token made for them at start and revoked at stop. The same address 
 published in the state directory's lock file (mode 0600), so ``gpulayer`` commands run elsewhere
 on this machine connect to it too. ADR 0018 ("Server extension") says why.
 
+Who is asking: a user route's caller is the person jupyter_server's ``IdentityProvider`` signed
+in (``current_user.username``), so under JupyterHub each person is themselves. Their role is the
+one stored for that name (``gpulayer user``) when there is one; else ``admin`` for the server's
+owner (``$JUPYTERHUB_USER``, or anyone listed in ``c.GPUlayer.admin_users``), ``user`` for anyone
+else under JupyterHub (a shared server), and ``c.GPUlayer.default_role`` (``admin``: the single
+user of a laptop's Jupyter) otherwise. The kernels' token belongs to the owner.
+
 When the state directory is owned by another process (or the control plane cannot start), the
 Jupyter server keeps running: the error is logged once and every GPUlayer route answers 503 with
 its message and hint. Configure with ``c.GPUlayer.home``, ``c.GPUlayer.local_worker``,
@@ -35,13 +42,14 @@ import tornado.web
 from jupyter_server.auth.decorator import allow_unauthenticated
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Bool, Float, Int, Unicode
+from traitlets import Bool, Float, Int, List, Unicode
 
 from ..api import ApiServer, HandlerSpec, make_context, op_of, user_handlers, worker_handlers
+from ..contracts import ADMIN_USER
 from ..embedded import Embedded
 from ..errors import GPUlayerError, Unavailable
 from ..home import HOME_ENV
-from ..security import TokenKind, TokenService
+from ..security import Identity, Role, TokenKind, TokenService
 from ..session import TOKEN_ENV, URL_ENV
 
 log = logging.getLogger("gpulayer.jupyter")
@@ -65,8 +73,14 @@ class ControlPlaneHost:
         simulate_gpus: int,
         heartbeat_timeout: float,
         logger: logging.Logger | None = None,
+        default_role: str = "admin",
+        admin_users: tuple[str, ...] = (),
     ) -> None:
         self.log = logger or log
+        self.owner = os.environ.get("JUPYTERHUB_USER") or None
+        self.admins = {*admin_users, *([self.owner] if self.owner else [])}
+        # Under JupyterHub a person other than the owner uses a shared server: a user by default.
+        self.default_role = Role.USER if self.owner else Role(default_role)
         self.state = "starting"
         self.error: GPUlayerError | None = None
         self.embedded = Embedded(
@@ -76,7 +90,7 @@ class ControlPlaneHost:
             heartbeat_timeout=heartbeat_timeout,
             pause_gc=True,
         )
-        self.tokens = TokenService(self.embedded.store)
+        self.tokens = TokenService(self.embedded.store, users=self.embedded.cp.users)
         self.context = make_context(self.embedded.cp, self.tokens)
         self.loopback: ApiServer | None = None
         self.kernel_token_id: str | None = None
@@ -155,7 +169,12 @@ class ControlPlaneHost:
             await self.tokens.revoke_where(
                 lambda r: r.kind == TokenKind.CLIENT and r.name == KERNEL_TOKEN_NAME
             )
-            rec, secret = await self.tokens.create(TokenKind.CLIENT, name=KERNEL_TOKEN_NAME)
+            owner = self.owner or ADMIN_USER
+            if self.embedded.cp.users.find(owner) is None:
+                await self.embedded.cp.users.add(owner, Role.ADMIN)
+            rec, secret = await self.tokens.create(
+                TokenKind.CLIENT, name=KERNEL_TOKEN_NAME, owner=owner
+            )
             self.kernel_token_id = rec.id
             self.loopback = ApiServer(self.embedded.cp, self.tokens)
             url = await self.loopback.start("127.0.0.1", 0)
@@ -213,6 +232,12 @@ class ControlPlaneHost:
                 await self.tokens.revoke(self.kernel_token_id)
         await self.embedded.stop()
         self.log.info("GPUlayer control plane in %s stopped", self.embedded.layout.root)
+
+    def identity(self, user: Any) -> Identity:
+        """The GPUlayer identity of a person jupyter_server signed in."""
+        name = str(getattr(user, "username", "") or "anonymous")
+        default = Role.ADMIN if name in self.admins else self.default_role
+        return self.embedded.cp.users.identity_named(name, default)
 
     def _set_env(self, values: dict[str, str]) -> None:
         for key, value in values.items():
@@ -285,6 +310,8 @@ def _wrapped(
 class JupyterUserHandler(APIHandler):
     """Base of the user routes inside Jupyter: Jupyter's auth first, then the host's state."""
 
+    gl_who: Identity | None = None
+
     async def prepare(self) -> None:  # type: ignore[override]  # as APIHandler's own
         try:
             await super().prepare()
@@ -293,7 +320,9 @@ class JupyterUserHandler(APIHandler):
             if not self.current_user:
                 # As ``@authenticated`` would, but before the 503 below can say anything.
                 raise tornado.web.HTTPError(403)
-            _host_of(self).check(detailed=True)
+            host = _host_of(self)
+            host.check(detailed=True)
+            self.gl_who = host.identity(self.current_user)
         except (tornado.web.HTTPError, GPUlayerError) as exc:
             _defer(self, exc)
 
@@ -336,6 +365,15 @@ class GPUlayer(ExtensionApp):
     heartbeat_timeout = Float(
         30.0, config=True, help="Seconds without a heartbeat before a worker is declared lost."
     )
+    default_role = Unicode(
+        "admin",
+        config=True,
+        help="Role of a signed-in person who is not a GPUlayer user here (admin, user, viewer); "
+        "under JupyterHub, people other than the server's owner are users.",
+    )
+    admin_users = List(
+        Unicode(), config=True, help="Jupyter user names that are GPUlayer admins here."
+    )
 
     host: ControlPlaneHost | None = None
 
@@ -346,6 +384,8 @@ class GPUlayer(ExtensionApp):
             simulate_gpus=self.simulate_gpus,
             heartbeat_timeout=self.heartbeat_timeout,
             logger=self.log,
+            default_role=self.default_role,
+            admin_users=tuple(self.admin_users),
         )
         self.settings[HOST_SETTING] = self.host
 

@@ -7,6 +7,10 @@ report into the one sentence shape::
     0/4 workers can run job 3f2a9c1d: 3 have too few free GPUs (need 2; waiting helps),
     1 has no GPU of kind h100 (waiting won't help); position 2 in the queue
 
+A job held back by its user's quota, or put behind other users' jobs by fair share (share.py),
+says so after the reasons: ``…; alice is at their quota (4/4 GPUs; waiting helps); behind 2 jobs
+of users with less recent use; position 5 in the queue`` (``noted``).
+
 A placed job gets one sentence saying why it went where it went (``placed_sentence``):
 ``placed on w1 devices [0,1]: tightest fit, 0 GPUs left free``.
 
@@ -149,13 +153,24 @@ def render(report: PlacementReport, now: float | None = None) -> str:
     reasons = sorted(
         [*report.filtered, *report.exhausted], key=lambda rc: (-rc.workers, _STAGE[rc.code])
     )
-    body = ", ".join(_part(rc) for rc in reasons) or "no reason recorded"
+    parts = [_part(rc) for rc in reasons]
+    if report.quota:
+        parts.insert(0, _with_note(report.quota, True))
+    body = ", ".join(parts) or "no reason recorded"
     tail = ""
     if report.reservation:
         tail = f"; GPUs are reserved for it on {', '.join(report.reservation)}"
+    if report.fair_share:
+        tail += f"; {report.fair_share}"
     if report.sessions:
         tail += "; " + held_by_sessions(report.sessions, now)
     return f"{head}: {body}{tail}{_position(report.position)}"
+
+
+def noted(report: PlacementReport, quota: str | None, fair_share: str | None) -> PlacementReport:
+    """``report`` with its quota and fair-share notes, and the sentence that says them."""
+    with_notes = report.model_copy(update={"quota": quota, "fair_share": fair_share})
+    return with_notes.model_copy(update={"sentence": render(with_notes)})
 
 
 def held_by_sessions(holds: Sequence[SessionHold], now: float | None) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..contracts import (
+    ADMIN_USER,
     Placement,
     PlacementReport,
     Reason,
@@ -29,6 +30,7 @@ class JobRequest:
     resources: Resources
     submitted_at: float
     timeout: float | None = None  # seconds; used for backfill around reservations
+    owner: str = ADMIN_USER  # whose job: fair share and quotas (share.py)
 
     @property
     def is_gang(self) -> bool:
@@ -44,6 +46,7 @@ class RunningJob:
     devices: tuple[int, ...]
     cpus: float = 0.0
     ends_by: float | None = None  # started_at + timeout, when the job has a timeout
+    owner: str = ADMIN_USER  # whose job: its devices count against that user's quota
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,11 @@ class Snapshot:
     # At most this many gang jobs hold reservations at once (Slurm's bf_max_job_test, in spirit):
     # each one blocks devices for every job behind it, so the queue degrades to FIFO past a few.
     max_reservations: int = 16
+    # Fair share and quotas (share.py), computed by the control plane: recent use per user
+    # (decayed GPU-seconds), GPU caps per "user:<name>" / "group:<name>", and each user's group.
+    usage: Mapping[str, float] = field(default_factory=dict)
+    gpu_quotas: Mapping[str, int] = field(default_factory=dict)
+    groups: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 """Stage 3, the plan: ``schedule(snapshot) -> Plan``, the pure, deterministic scheduler (ADR 0004).
 
-One pass walks the queue in order (priority high to low, then submission ``seq``, then id) and for
+One pass walks the queue in order (priority high to low, then fair share between users: see
+share.py; with one user, submission ``seq``, then id) and for
 each job tries, in the job's kind-preference order, to place the whole gang at once on the best
 workers (rank.py); else its CPU fallback when it asked for one; else the job waits. Capacity only
 shrinks during a pass, so once a shape fails, nothing later of that shape can fit while the same
@@ -22,7 +23,7 @@ from operator import attrgetter
 
 from ..contracts import NodePlacement, Placement, PlacementReport
 from .cache import SchedulerCache
-from .explain import PlacedNode, finish, placed_sentence, sentence_parts
+from .explain import PlacedNode, finish, noted, placed_sentence, sentence_parts
 from .feasible import (
     Fit,
     Profile,
@@ -38,6 +39,7 @@ from .feasible import (
 from .model import Assignment, JobRequest, Plan, Reservation, Snapshot, WorkerView
 from .rank import INF, Index, Lane, NodeChoice, bits, lanes
 from .reports import Reports
+from .share import QuotaLedger, fair_notes, fair_order
 
 
 @dataclass(slots=True, eq=False)
@@ -90,9 +92,10 @@ class _Pass:
         self.snap = snapshot
         self.now = snapshot.now
         self.workers: list[WorkerView] = sorted(snapshot.workers, key=attrgetter("id"))
-        # Queue order: priority high to low, then seq, then id (two stable sorts, in C).
-        self.queue: list[JobRequest] = sorted(snapshot.pending, key=attrgetter("seq", "id"))
-        self.queue.sort(key=attrgetter("priority"), reverse=True)
+        # Queue order: priority high to low, then fair share between users, then seq, then id.
+        self.queue: list[JobRequest] = fair_order(snapshot)
+        self.quota = QuotaLedger(snapshot)
+        self.held_back: dict[str, str] = {}  # job id -> why its user's quota holds it back
         cache = self.cache
         shapes: dict[int, Shape] = {}
         self.job_shapes: list[Shape] = []
@@ -179,10 +182,14 @@ class _Pass:
         for job, shape in zip(self.queue, self.job_shapes, strict=True):
             allowed = empty if job.timeout is None or not self.active else self.allowed(job)
             key = (shape.uid, allowed)
-            if key not in failed:
+            over = self.quota.blocked(job) if self.quota.quotas else None
+            if over is not None:
+                self.held_back[job.id] = over  # its shape may still fit another user's job
+            elif key not in failed:
                 placement = self.place(job, shape, self.info(shape), allowed)
                 if placement is not None:
                     assignments.append(Assignment(job.id, placement))
+                    self.quota.take(job)
                     continue
                 failed.add(key)
             if (
@@ -394,4 +401,8 @@ class _Pass:
                 template = reports.report(shape, allowed or frozenset(), key[2])
                 hit = templates[key] = (template, sentence_parts(template))
             out[job.id] = finish(hit[0], hit[1], job.id, position)
+        fair = fair_notes(self.queue) if len({j.owner for j, _ in waiting}) > 1 else {}
+        for job_id in self.held_back.keys() | fair.keys():
+            if job_id in out:
+                out[job_id] = noted(out[job_id], self.held_back.get(job_id), fair.get(job_id))
         return out

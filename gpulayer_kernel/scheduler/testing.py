@@ -17,6 +17,7 @@ from functools import lru_cache
 from typing import Literal
 
 from ..contracts import (
+    ADMIN_USER,
     Device,
     Frameworks,
     HostFacts,
@@ -109,9 +110,14 @@ def cpu_worker(
 
 
 def running(
-    id: str, devices: Iterable[int] = (), *, cpus: float = 0.0, ends_by: float | None = None
+    id: str,
+    devices: Iterable[int] = (),
+    *,
+    cpus: float = 0.0,
+    ends_by: float | None = None,
+    owner: str = ADMIN_USER,
 ) -> RunningJob:
-    return RunningJob(id=id, devices=tuple(devices), cpus=cpus, ends_by=ends_by)
+    return RunningJob(id=id, devices=tuple(devices), cpus=cpus, ends_by=ends_by, owner=owner)
 
 
 def job(
@@ -129,6 +135,7 @@ def job(
     priority: int = 0,
     submitted_at: float = 1000.0,  # the default snapshot time: a fresh job
     timeout: float | None = None,
+    owner: str = ADMIN_USER,
 ) -> JobRequest:
     """A queued job; ``kind`` is one kind or a preference list."""
     kinds = [kind] if isinstance(kind, str) else list(kind or [])
@@ -149,6 +156,7 @@ def job(
         resources=resources,
         submitted_at=submitted_at,
         timeout=timeout,
+        owner=owner,
     )
 
 
@@ -160,8 +168,14 @@ def snapshot(
     reservations: Mapping[str, Reservation] | None = None,
     reserve_after: float = 60.0,
     max_reservations: int = 16,
+    usage: Mapping[str, float] | None = None,
+    gpu_quotas: Mapping[str, int] | None = None,
+    groups: Mapping[str, str] | None = None,
 ) -> Snapshot:
     return Snapshot(
+        usage=dict(usage or {}),
+        gpu_quotas=dict(gpu_quotas or {}),
+        groups=dict(groups or {}),
         now=now,
         pending=tuple(jobs),
         workers=tuple(workers),

@@ -17,10 +17,15 @@ owns the state directory, DESIGN rule 3) and are written through to the Metadata
 | join     | operators enrolling workers       | ``POST /workers/join`` (reusable)    |
 | instance | one provisioned machine           | ``POST /workers/join``, one success  |
 | worker   | one enrolled worker (its session) | worker routes, for its own jobs only |
+
+A client token belongs to a user and acts with that user's role, or a lower one it was made with
+(``users.UserService.identity_of``); the ``*_for(who, ...)`` calls apply who may make, see and
+revoke which tokens: an admin any, a user only its own client tokens, a viewer none.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import hashlib
 import hmac
@@ -31,9 +36,15 @@ import time
 from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
+from ..contracts import ADMIN_USER
 from ..errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from ..store import MetadataStore, TokenRecord
+from .roles import Identity, Role, check_role, not_yours, resolved
+
+if TYPE_CHECKING:
+    from .users import UserService
 
 log = logging.getLogger("gpulayer.security")
 
@@ -67,6 +78,8 @@ class Principal:
     token_id: str
     worker_id: str | None = None
     name: str = ""
+    # For a client token: the user it belongs to and the role it acts with.
+    identity: Identity | None = None
 
 
 def _replayed(token_id: str) -> Unauthorized:
@@ -120,9 +133,18 @@ def parse_ttl(text: str | None) -> float | None:
 class TokenService:
     """Creates, checks, lists and revokes tokens; the only code that sees a token's secret."""
 
-    def __init__(self, store: MetadataStore, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: MetadataStore,
+        *,
+        clock: Callable[[], float] = time.time,
+        users: UserService | None = None,
+    ) -> None:
         self.store = store
         self.clock = clock
+        # Who client tokens belong to (the control plane's ``users``; ``api.make_context`` wires
+        # it). Without: a client token acts as its recorded owner and role (default admin).
+        self.users = users
         self._records: dict[str, TokenRecord] = {}
 
     async def load(self) -> TokenService:
@@ -138,11 +160,25 @@ class TokenService:
         ttl: float | None = None,
         name: str = "",
         worker_id: str | None = None,
+        owner: str | None = None,
+        role: Role | str | None = None,
     ) -> tuple[TokenRecord, str]:
-        """A new token: returns its record and the secret text, which is never stored."""
+        """A new token: returns its record and the secret text, which is never stored.
+
+        A client token belongs to ``owner`` (default: the admin) and acts with ``role`` if given
+        (it can never act with more than its user's role)."""
         kind = TokenKind(kind)
         if kind == TokenKind.WORKER and worker_id is None:
             raise InvalidInput("a worker session token needs its worker id")
+        if kind == TokenKind.CLIENT:
+            owner = owner or ADMIN_USER
+            role = None if role is None else Role(role).value
+        elif owner is not None or role is not None:
+            raise InvalidInput(
+                f"a {kind.value} token belongs to no user",
+                hint="--user and --role are for client tokens",
+                code="token_user",
+            )
         token_id = secrets.token_hex(6)
         while token_id in self._records:  # pragma: no cover - 48 random bits
             token_id = secrets.token_hex(6)
@@ -156,6 +192,8 @@ class TokenService:
             expires_at=None if ttl is None else now + ttl,
             worker_id=worker_id,
             name=name,
+            owner=owner,
+            role=role,
         )
         self._records[token_id] = rec
         await self.store.save_token(rec)
@@ -224,7 +262,17 @@ class TokenService:
             )
         if state == "used":
             raise _replayed(token_id)
-        return Principal(kind=kind, token_id=token_id, worker_id=rec.worker_id, name=rec.name)
+        identity = None
+        if kind == TokenKind.CLIENT:
+            identity = self.identity_of(rec)
+        return Principal(
+            kind=kind, token_id=token_id, worker_id=rec.worker_id, name=rec.name, identity=identity
+        )
+
+    def identity_of(self, rec: TokenRecord) -> Identity:
+        if self.users is not None:
+            return self.users.identity_of(rec)
+        return Identity(rec.owner or ADMIN_USER, Role(rec.role or Role.ADMIN))
 
     @contextlib.asynccontextmanager
     async def spending(self, principal: Principal) -> AsyncIterator[None]:
@@ -289,3 +337,64 @@ class TokenService:
             self._records[rec.id] = rec
             await self.store.save_token(rec)
         return len(hits)
+
+    # -- on behalf of a caller (the API) -----------------------------------------------------------
+
+    async def create_for(
+        self,
+        who: Identity | None,
+        kind: TokenKind | str,
+        *,
+        ttl: float | None = None,
+        name: str = "",
+        owner: str | None = None,
+        role: Role | str | None = None,
+    ) -> tuple[TokenRecord, str]:
+        """A token made by ``who``: an admin makes any (a client token for any user, with at
+        most that user's role); a user only client tokens of its own, with at most its role."""
+        me = resolved(who)
+        kind = TokenKind(kind)
+        if kind != TokenKind.CLIENT:
+            check_role(who, Role.ADMIN, f"create {kind.value} tokens")
+            return await self.create(kind, ttl=ttl, name=name)
+        check_role(who, Role.USER, "create tokens")
+        owner = owner or me.user
+        if owner != me.user:
+            check_role(who, Role.ADMIN, f"create tokens for {owner}")
+        ceiling = me.role if owner == me.user else self._user_role(owner)
+        if role is None and owner == me.user and me.role is not self._user_role(owner):
+            role = me.role  # a token made with a lowered token is no higher than it
+        if role is not None and not ceiling.at_least(Role(role)):
+            raise Forbidden(
+                f"a token of {owner} cannot have the {Role(role).value} role: "
+                f"{owner} acts as {ceiling.value}",
+                hint="give the token the user's role or a lower one, or change the user's "
+                "role first (`gpulayer user set NAME --role ROLE`)",
+                code="role_too_high",
+            )
+        return await self.create(kind, ttl=ttl, name=name, owner=owner, role=role)
+
+    def _user_role(self, name: str) -> Role:
+        if self.users is None or (name == ADMIN_USER and self.users.find(name) is None):
+            return Role.ADMIN
+        return Role(self.users.get(name).role)
+
+    def list_for(
+        self, who: Identity | None, *, include_inactive: bool = False
+    ) -> builtins.list[TokenRecord]:
+        """An admin sees every token; a user its own client tokens; a viewer none."""
+        me = resolved(who)
+        recs = self.list(include_inactive=include_inactive)
+        if me.is_admin:
+            return recs
+        check_role(who, Role.USER, "list tokens")
+        return [r for r in recs if r.kind == TokenKind.CLIENT and r.owner == me.user]
+
+    async def revoke_for(self, who: Identity | None, token_id: str) -> TokenRecord:
+        me = resolved(who)
+        rec = self.get(token_id)
+        if not me.is_admin:
+            check_role(who, Role.USER, "revoke tokens")
+            if rec.kind != TokenKind.CLIENT or rec.owner != me.user:
+                raise not_yours(f"token {token_id}", code="not_your_token")
+        return await self.revoke(token_id)

@@ -1,4 +1,4 @@
-"""Stores behind interfaces (ADR 0008): metadata in SQLite, blobs in a content-addressed store.
+"""Stores behind interfaces (ADR 0008): metadata in SQLite or PostgreSQL, blobs content-addressed.
 
 ``open_store(url)`` opens a metadata store by URL; every ``MetadataStore`` passes the conformance
 suite in ``tests/store/conformance.py``.
@@ -7,7 +7,7 @@ suite in ``tests/store/conformance.py``.
 from __future__ import annotations
 
 from .artifacts import ArtifactStore, LocalArtifactStore, MemoryArtifactStore
-from .base import JobQuery, MetadataStore, TokenRecord
+from .base import JobQuery, MetadataStore, QuotaRecord, SecretRecord, TokenRecord, UserRecord
 from .factory import open_store
 from .sqlite import LATEST_SCHEMA, SqliteStore
 
@@ -18,7 +18,10 @@ __all__ = [
     "LocalArtifactStore",
     "MemoryArtifactStore",
     "MetadataStore",
+    "QuotaRecord",
+    "SecretRecord",
     "SqliteStore",
     "TokenRecord",
+    "UserRecord",
     "open_store",
 ]

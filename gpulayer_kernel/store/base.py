@@ -1,4 +1,9 @@
-"""The metadata store interface (ADR 0008): jobs, logs, sessions, workers, tokens, secrets."""
+"""The metadata store interface (ADR 0008): jobs, logs, sessions, workers, tokens, users, quotas,
+secrets.
+
+Secret values reach the store already sealed (``security.vault``): a store keeps whatever text it
+is given and never sees a plaintext value or the key.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..contracts import CellRun, Job, JobState, LogRecord, SessionRecord, WorkerInfo
+from ..contracts import ADMIN_USER, CellRun, Job, JobState, LogRecord, SessionRecord, WorkerInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +27,40 @@ class TokenRecord:
     used: bool = False
     worker_id: str | None = None
     name: str = ""
+    # Client tokens belong to a user (``owner``) and may carry a role lower than that user's
+    # (``role``; None: the user's own). Other kinds belong to no user.
+    owner: str | None = None
+    role: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UserRecord:
+    """A person (or a service) that client tokens belong to; ``role`` is admin, user or viewer."""
+
+    name: str
+    role: str
+    created_at: float
+    disabled: bool = False
+    group: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRecord:
+    """Limits for ``subject`` (``user:<name>`` or ``group:<name>``); None: no limit."""
+
+    subject: str
+    max_gpus: int | None = None
+    max_queued: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SecretRecord:
+    """One stored secret: its owner, its name and its sealed value (never the plaintext)."""
+
+    owner: str
+    name: str
+    value: str
+    updated_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +70,7 @@ class JobQuery:
     label: tuple[str, str] | None = None
     limit: int = 100
     before_seq: int | None = None
+    owner: str | None = None  # only this user's jobs
 
 
 class MetadataStore(abc.ABC):
@@ -112,14 +152,53 @@ class MetadataStore(abc.ABC):
     @abc.abstractmethod
     async def list_tokens(self) -> list[TokenRecord]: ...
 
-    @abc.abstractmethod
-    async def set_secret(self, name: str, value: str) -> None: ...
+    # -- users and quotas --------------------------------------------------------------------------
 
     @abc.abstractmethod
-    async def get_secrets(self, names: Sequence[str]) -> dict[str, str]: ...
+    async def save_user(self, user: UserRecord) -> None:
+        """Create or update a user (its name is the key)."""
 
     @abc.abstractmethod
-    async def list_secret_names(self) -> list[str]: ...
+    async def list_users(self) -> list[UserRecord]: ...
 
     @abc.abstractmethod
-    async def delete_secret(self, name: str) -> bool: ...
+    async def save_quota(self, quota: QuotaRecord) -> None: ...
+
+    @abc.abstractmethod
+    async def delete_quota(self, subject: str) -> None: ...
+
+    @abc.abstractmethod
+    async def list_quotas(self) -> list[QuotaRecord]: ...
+
+    # -- who may read a blob ---------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def add_blob_owners(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Record ``(digest, user)`` pairs: that user uploaded the bundle or owns the artifact."""
+
+    @abc.abstractmethod
+    async def blob_owned(self, digest: str, owner: str) -> bool: ...
+
+    # -- secrets (values arrive sealed) ---------------------------------------------------------
+
+    @abc.abstractmethod
+    async def set_secret(self, name: str, value: str, *, owner: str = ADMIN_USER) -> None: ...
+
+    @abc.abstractmethod
+    async def get_secrets(
+        self, names: Sequence[str], *, owner: str = ADMIN_USER
+    ) -> dict[str, str]: ...
+
+    @abc.abstractmethod
+    async def list_secret_names(self, *, owner: str = ADMIN_USER) -> list[str]: ...
+
+    @abc.abstractmethod
+    async def delete_secret(self, name: str, *, owner: str = ADMIN_USER) -> bool: ...
+
+    @abc.abstractmethod
+    async def list_secrets(self) -> list[SecretRecord]:
+        """Every stored secret of every owner, sealed (to load the redactor, to re-seal)."""
+
+    @abc.abstractmethod
+    async def replace_secrets(self, secrets: Sequence[SecretRecord]) -> None:
+        """Write these secrets' values in one transaction (a key rotation re-seals them all)."""

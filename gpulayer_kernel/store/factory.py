@@ -2,6 +2,7 @@
 
     open_store("sqlite:///home/me/.gpulayer/gpulayer.db")    # a file: sqlite:// + its absolute path
     open_store("sqlite:///:memory:")                        # private to one connection, for tests
+    open_store("postgresql://gl:pw@db.example:5432/gpulayer")  # a team's server (asyncpg)
 
 The store comes back unopened (``await store.open()``), as the constructors give it.
 """
@@ -13,9 +14,10 @@ from urllib.parse import urlsplit
 from ..errors import InvalidInput
 from .base import MetadataStore
 from .sqlite import SqliteStore
+from .urls import shown as _shown
 
-SCHEMES = ("sqlite",)
-_EXAMPLES = "sqlite:///abs/path/gpulayer.db, sqlite:///:memory:"
+SCHEMES = ("sqlite", "postgresql", "postgres")
+_EXAMPLES = "sqlite:///abs/path/gpulayer.db, sqlite:///:memory:, postgresql://USER@HOST/DB"
 
 
 def open_store(url: str) -> MetadataStore:
@@ -29,6 +31,12 @@ def open_store(url: str) -> MetadataStore:
             details={"url": _shown(url), "schemes": list(SCHEMES)},
             code="store_url",
         )
+    if scheme.lower() in ("postgresql", "postgres"):
+        if not urlsplit(url).path.strip("/"):
+            raise _bad(url, "names no database (postgresql://USER@HOST/DATABASE)")
+        from .postgres import PostgresStore
+
+        return PostgresStore(url)
     if "?" in rest or "#" in rest:
         raise _bad(url, "takes no options (?...) or fragment (#...)")
     if rest == "/:memory:":
@@ -47,15 +55,3 @@ def _bad(url: str, why: str) -> InvalidInput:
         details={"url": _shown(url)},
         code="store_url",
     )
-
-
-def _shown(url: str) -> str:
-    """``url`` without a password, for messages (a PostgreSQL URL may carry one)."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return url
-    if not password:
-        return url
-    return url.replace(f":{password}@", ":***@", 1)

@@ -10,6 +10,8 @@
 Each process gets its own session (process group) and its output goes to a log file
 (``.log_path``, ``.output()``); leaving the ``with`` block stops it (SIGTERM, then SIGKILL) so no
 test leaves processes behind. ``ServeProcess.restart()`` comes back on the same port and home.
+On PostgreSQL (``args=("--db", url)``) a ``ServeProcess(..., standby=True)`` is ready once it
+stands by (or leads); ``wait_leading()`` waits until it leads.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 
 GL = [sys.executable, "-m", "gpulayer_kernel.cli"]
 _READY = re.compile(r"gpulayer serve: ready on (\S+)/api/v1")
+_UP = re.compile(r"gpulayer serve: (?:ready|standby) on (\S+)/api/v1")
 _ADMIN = re.compile(r"admin client token \(shown once, store it now\): (\S+)")
 _JOINED = re.compile(r"gpulayer worker: joined \S+ as (\S+) \(id (\w+)")
 _SCRUB = ("GPULAYER_URL", "GPULAYER_TOKEN", "GPULAYER_JOIN_TOKEN", "GPULAYER_SIMULATE_GPUS")
@@ -142,7 +145,9 @@ class ServeProcess(_Process):
         env: dict[str, str] | None = None,
         log_dir: Path | None = None,
         ready_timeout: float = 60.0,
+        standby: bool = False,
     ) -> None:
+        self.standby = standby
         self.home = Path(home)
         super().__init__(log_dir or self.home.parent / f"{self.home.name}-logs", env)
         self.port = port
@@ -157,9 +162,17 @@ class ServeProcess(_Process):
         if self.heartbeat_timeout is not None:
             argv += ["--heartbeat-timeout", str(self.heartbeat_timeout)]
         self._spawn(argv, {"GPULAYER_HOME": str(self.home)})
-        m = self._wait_for(_READY, self.ready_timeout)
+        m = self._wait_for(_UP if self.standby else _READY, self.ready_timeout)
         self.url = m.group(1)
         self.port = int(self.url.rsplit(":", 1)[1])
+        admin = _ADMIN.search(self.output())
+        if admin and not self.admin_token:
+            self.admin_token = admin.group(1)
+        return self
+
+    def wait_leading(self, timeout: float = 30.0) -> ServeProcess:
+        """Wait until this (standby) server leads and serves."""
+        self._wait_for(_READY, timeout)
         admin = _ADMIN.search(self.output())
         if admin and not self.admin_token:
             self.admin_token = admin.group(1)

@@ -14,6 +14,10 @@ Errors map onto what the agent already knows how to handle:
 Every report about a job names its attempt: in the body (logs, progress, finish, rendezvous) or
 as ``?attempt=`` (started, which has no body); none named means "the current one".
 
+Several server URLs (``--server URL1,URL2``: an active control plane and its standby) fail over
+as ``failover.py`` says; the session token stays valid on whichever becomes leader (tokens live in
+the shared database), and a 401 there re-joins as above.
+
 Long-polls ask the server for at most its ``max_wait`` and give the HTTP request that much plus a
 margin, so the server always answers first and no assignment is lost in a client timeout.
 Retry deadlines, backoffs and long-poll deadlines run on the transport's
@@ -43,6 +47,7 @@ from ..contracts import (
     WorkerRegistration,
 )
 from ..errors import Conflict, Unauthorized, Unavailable
+from ..failover import Servers
 from .backoff import backoff
 from .transport import Transport
 
@@ -68,15 +73,28 @@ class HttpTransport(Transport):
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.server = server
+        self.servers = Servers(server)
         self.clock = clock
         self.join_token = join_token
         self.session_token: str | None = None
         self.retry_for = retry_for
         self.heartbeat_interval: float | None = None
         self.max_wait = 60.0
-        client = http_client(server, ca_cert=ca_cert, timeout=timeout, asynchronous=True)
-        assert isinstance(client, httpx.AsyncClient)
-        self._http = client
+        self._ca_cert = ca_cert
+        self._timeout = timeout
+        self._https: dict[str, httpx.AsyncClient] = {}
+        self._http  # noqa: B018  # the first URL's pool now: a bad URL fails at once
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        url = self.servers.url
+        if url not in self._https:
+            client = http_client(
+                url, ca_cert=self._ca_cert, timeout=self._timeout, asynchronous=True
+            )
+            assert isinstance(client, httpx.AsyncClient)
+            self._https[url] = client
+        return self._https[url]
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -98,22 +116,38 @@ class HttpTransport(Transport):
             content = body.encode()
         elif content is not None:
             headers["Content-Type"] = "application/octet-stream"
-        try:
-            resp = await self._http.request(
-                method,
-                path,
-                content=content,
-                params=params,
-                headers=headers,
-                timeout=httpx.Timeout(timeout, connect=10.0)
-                if timeout
-                else httpx.USE_CLIENT_DEFAULT,
-            )
-        except httpx.TransportError as exc:
-            raise unreachable(self.server, exc) from None
-        if resp.status_code >= 400:
-            raise error_from(resp)
-        return resp
+        until = self.clock.monotonic() + self.servers.failover_for
+        tries = 0
+        while True:
+            outcome: httpx.Response | httpx.TransportError
+            try:
+                outcome = await self._http.request(
+                    method,
+                    path,
+                    content=content,
+                    params=params,
+                    headers=headers,
+                    timeout=httpx.Timeout(timeout, connect=10.0)
+                    if timeout
+                    else httpx.USE_CLIENT_DEFAULT,
+                )
+            except httpx.TransportError as exc:
+                outcome = exc
+            moves = isinstance(outcome, httpx.TransportError) or outcome.status_code == 503
+            if not (moves and self.servers.moves_on(method, outcome)) or (
+                self.clock.monotonic() > until
+            ):
+                break
+            was = self.servers.url
+            self.servers.move(outcome)
+            log.info("%s %s: moving from %s to %s", method, path, was, self.servers.url)
+            tries += 1
+            await self.clock.sleep(self.servers.pause(tries))  # failover backoff
+        if isinstance(outcome, httpx.TransportError):
+            raise unreachable(self.servers.url, outcome) from None
+        if outcome.status_code >= 400:
+            raise error_from(outcome)
+        return outcome
 
     async def _retrying(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
         """Retry while the server is unreachable or restarting, up to ``retry_for`` seconds."""
@@ -272,7 +306,8 @@ class HttpTransport(Transport):
             self.session_token = None
 
     async def close(self) -> None:
-        await self._http.aclose()
+        for http in self._https.values():
+            await http.aclose()
 
 
 def _line_json(line: LogLine) -> str:

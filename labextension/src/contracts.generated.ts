@@ -337,6 +337,10 @@ export interface IJob {
   exit_code: number | null;
   finished_at: number | null;
   id: string;
+  /**
+   * the user who submitted it (set by the control plane from the caller's identity; jobs from before users belong to the admin)
+   */
+  owner: string;
   pending: IPlacementReport | null;
   placed_at: number | null;
   placement: IPlacement | null;
@@ -368,6 +372,10 @@ export interface IPlacementReport {
    */
   candidates: string[];
   exhausted: IReasonCount[];
+  /**
+   * how many later jobs of other users fair share put ahead of it
+   */
+  fair_share: string | null;
   filtered: IReasonCount[];
   job_id: string;
   /**
@@ -386,6 +394,10 @@ export interface IPlacementReport {
    * place in the queue, 1 = next
    */
   position: number | null;
+  /**
+   * why its user's or group's GPU quota holds it back now (waiting helps)
+   */
+  quota: string | null;
   /**
    * worker ids this waiting gang job has reserved
    */

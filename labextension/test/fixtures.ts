@@ -67,6 +67,7 @@ export function job(id: string, seq: number, over: Partial<IJob> = {}): IJob {
     result: null,
     artifacts: [],
     cancel_requested: false,
+    owner: 'admin',
     ...over
   };
 }
@@ -134,6 +135,8 @@ export function report(
     largest_gpus: null,
     largest_cpus: null,
     sessions: [],
+    quota: null,
+    fair_share: null,
     ...over
   };
 }

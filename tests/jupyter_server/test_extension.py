@@ -37,6 +37,7 @@ SAMPLE = {
     "name": "SOME_SECRET",
     "worker_id": "abcdef123456",
     "token_id": "abcdef123456",
+    "kind": "user",
 }
 
 

@@ -120,6 +120,7 @@ def fill(template: str, w: World) -> str:
         "digest": w.digest,
         "worker_id": w.worker_a,
         "name": "API_KEY",
+        "kind": "user",
         "token_id": w.api.join_token.split("_")[2],
         "session": w.job_a,
         "number": "1",

@@ -28,7 +28,15 @@ from gpulayer_kernel.contracts import (
     WorkerState,
 )
 from gpulayer_kernel.errors import SchemaTooNew
-from gpulayer_kernel.store import JobQuery, MetadataStore, TokenRecord, open_store
+from gpulayer_kernel.store import (
+    JobQuery,
+    MetadataStore,
+    QuotaRecord,
+    SecretRecord,
+    TokenRecord,
+    UserRecord,
+    open_store,
+)
 
 
 @dataclass(frozen=True)
@@ -204,7 +212,68 @@ class StoreConformance:
         assert not await store.delete_secret("HF_TOKEN")
         assert await store.get_secrets(["HF_TOKEN", "AWS_KEY"]) == {"AWS_KEY": "k"}
 
+    async def test_secrets_belong_to_their_owner(self, store: MetadataStore) -> None:
+        await store.set_secret("HF_TOKEN", "sealed-a", owner="alice")
+        await store.set_secret("HF_TOKEN", "sealed-b", owner="bob")
+        await store.set_secret("ONLY_BOB", "sealed-c", owner="bob")
+        assert await store.get_secrets(["HF_TOKEN", "ONLY_BOB"], owner="alice") == {
+            "HF_TOKEN": "sealed-a"
+        }
+        assert await store.list_secret_names(owner="bob") == ["HF_TOKEN", "ONLY_BOB"]
+        assert await store.list_secret_names() == []  # the admin's own: none
+        assert not await store.delete_secret("ONLY_BOB", owner="alice")  # not hers: no change
+        assert await store.list_secret_names(owner="bob") == ["HF_TOKEN", "ONLY_BOB"]
+        assert await store.delete_secret("HF_TOKEN", owner="alice")
+        assert await store.get_secrets(["HF_TOKEN"], owner="bob") == {"HF_TOKEN": "sealed-b"}
+        every = await store.list_secrets()
+        assert [(r.owner, r.name, r.value) for r in every] == [
+            ("bob", "HF_TOKEN", "sealed-b"),
+            ("bob", "ONLY_BOB", "sealed-c"),
+        ]
+        resealed = [SecretRecord(r.owner, r.name, "v2:" + r.value, r.updated_at) for r in every]
+        await store.replace_secrets(resealed)
+        assert await store.list_secrets() == resealed
+
+    # -- users, quotas, blob owners -----------------------------------------------------------
+
+    async def test_users_are_created_listed_and_updated(self, store: MetadataStore) -> None:
+        assert await store.list_users() == []
+        alice = UserRecord(name="alice", role="user", created_at=5.0, group="vision")
+        await store.save_user(alice)
+        await store.save_user(UserRecord(name="admin", role="admin", created_at=1.0))
+        assert [u.name for u in await store.list_users()] == ["admin", "alice"]
+        disabled = UserRecord(name="alice", role="viewer", created_at=99.0, disabled=True)
+        await store.save_user(disabled)  # an update: created_at stays
+        got = {u.name: u for u in await store.list_users()}["alice"]
+        assert got == UserRecord(name="alice", role="viewer", created_at=5.0, disabled=True)
+
+    async def test_quotas_are_set_listed_and_cleared(self, store: MetadataStore) -> None:
+        await store.save_quota(QuotaRecord("user:alice", max_gpus=4))
+        await store.save_quota(QuotaRecord("group:vision", max_gpus=8, max_queued=100))
+        await store.save_quota(QuotaRecord("user:alice", max_gpus=2, max_queued=10))
+        assert await store.list_quotas() == [
+            QuotaRecord("group:vision", max_gpus=8, max_queued=100),
+            QuotaRecord("user:alice", max_gpus=2, max_queued=10),
+        ]
+        await store.delete_quota("group:vision")
+        await store.delete_quota("group:never")
+        assert [q.subject for q in await store.list_quotas()] == ["user:alice"]
+
+    async def test_blob_owners(self, store: MetadataStore) -> None:
+        d = "ab" * 32
+        assert not await store.blob_owned(d, "alice")
+        await store.add_blob_owners([(d, "alice"), (d, "alice"), ("cd" * 32, "bob")])
+        await store.add_blob_owners([(d, "alice")])  # again: no error, no second row
+        assert await store.blob_owned(d, "alice")
+        assert not await store.blob_owned(d, "bob")
+        assert await store.blob_owned("cd" * 32, "bob")
+
     # -- tokens ---------------------------------------------------------------------------------
+
+    async def test_client_tokens_keep_their_user_and_role(self, store: MetadataStore) -> None:
+        rec = token("t9", created_at=1.0, owner="alice", role="viewer")
+        await store.save_token(rec)
+        assert await store.get_token("t9") == rec
 
     async def test_tokens_are_created_read_and_updated(self, store: MetadataStore) -> None:
         assert await store.list_tokens() == []

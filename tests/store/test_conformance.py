@@ -1,16 +1,18 @@
 """The MetadataStore conformance suite (conformance.py), run against every store URL scheme.
 
-A new implementation adds its ``Backend`` to ``BACKENDS`` (the PostgreSQL store: a
-``postgresql://`` URL to a scratch database, with schema hooks reading its migrations table).
+SQLite (a file, and in memory) and PostgreSQL (a scratch database per test on the session's real
+server, ``gl_postgres``; its schema hooks read and write the migrations table with ``psql``).
 """
 
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import pytest
 
 from gpulayer_kernel.store import LATEST_SCHEMA
+from gpulayer_kernel.testing.postgres import PostgresServer
 
 from .conformance import Backend, StoreConformance
 
@@ -53,10 +55,31 @@ BACKENDS = [
 ]
 
 
-@pytest.fixture(params=BACKENDS, ids=[b.name for b in BACKENDS])
+def postgres_backend(pg: PostgresServer) -> Backend:
+    def database(url: str) -> str:
+        return url.rsplit("/", 1)[1]
+
+    def read(url: str) -> int:
+        return int(pg.sql("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", database(url)))
+
+    def write(url: str, version: int) -> None:
+        pg.sql(
+            f"INSERT INTO schema_migrations VALUES ({version}, 'from the future', 0)", database(url)
+        )
+
+    def fresh(_folder: Path) -> str:
+        return pg.create_database()
+
+    return Backend(
+        "postgresql", url=fresh, latest_schema=LATEST_SCHEMA, read_schema=read, write_schema=write
+    )
+
+
+@pytest.fixture(params=[*(b.name for b in BACKENDS), "postgresql"])
 def backend(request: pytest.FixtureRequest) -> Backend:
-    backend: Backend = request.param
-    return backend
+    if request.param == "postgresql":
+        return postgres_backend(request.getfixturevalue("gl_postgres"))
+    return next(b for b in BACKENDS if b.name == request.param)
 
 
 class TestMetadataStore(StoreConformance):

@@ -1,0 +1,20 @@
+"""The store benchmark runs (CI smoke size) and prints its figures in the documented shape."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_store.py"
+
+
+def test_benchmark_quick_runs_and_prints_figures() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--quick"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert any(re.match(r"sqlite: [\d,]+ transitions/s grouped; baseline", x) for x in lines)
+    assert re.match(r"transitions/s: sqlite [\d,]+", lines[-1]), lines[-1]
