@@ -38,6 +38,8 @@ SAMPLE = {
     "worker_id": "abcdef123456",
     "token_id": "abcdef123456",
     "kind": "user",
+    "session": "train",
+    "number": "1",
 }
 
 

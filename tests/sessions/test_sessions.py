@@ -262,3 +262,39 @@ async def test_a_job_waiting_for_gpus_a_session_holds_is_told_so(
     await gl_cp.stop_session("s1")  # freeing them places the job
     placed = await gl_cp.wait(job.id, timeout=60)
     assert placed.state == JobState.SUCCEEDED
+
+
+async def test_a_users_session_is_theirs_alone(
+    gl_cp: ControlPlane, gl_worker: WorkerFactory
+) -> None:
+    from gpulayer_kernel.security.roles import Identity, Role
+
+    alice, bob = Identity("alice", Role.USER), Identity("bob", Role.USER)
+    viewer, admin = Identity("vera", Role.VIEWER), Identity("admin", Role.ADMIN)
+    await gl_worker()
+    info = await gl_cp.start_session(spec(), who=alice)
+    assert info.job.owner == "alice"
+    await up(gl_cp, "s1")
+    await gl_cp.run_cell("s1", CellRequest(code="x = 1", client=HOLDER.client), wait=10, who=alice)
+    for call in (
+        gl_cp.get_session("s1", who=bob),
+        gl_cp.run_cell("s1", CellRequest(code="x", client=HOLDER.client), wait=1, who=bob),
+        gl_cp.session_cells("s1", who=bob),
+        gl_cp.interrupt_session("s1", who=bob),
+        gl_cp.stop_session("s1", who=bob),
+        gl_cp.attach_session("s1", SessionHolder(client="bob-kernel"), who=bob),
+    ):
+        with pytest.raises(Forbidden) as err:
+            await call
+        assert err.value.code == "not_yours"
+    assert await gl_cp.list_sessions(who=bob) == []
+    # A viewer reads every session, and changes none.
+    assert [s.name for s in await gl_cp.list_sessions(who=viewer)] == ["s1"]
+    with pytest.raises(Forbidden) as err:
+        await gl_cp.run_cell("s1", CellRequest(code="x", client=HOLDER.client), wait=1, who=viewer)
+    assert err.value.code == "role_forbidden"
+    assert (await gl_cp.get_session("s1")).cells == 1  # nothing ran for them
+    # An admin acts on it (here: takes it over, as "and an admin" may).
+    await gl_cp.attach_session("s1", SessionHolder(client="admin-kernel"), who=admin)
+    page = await run(gl_cp, "s1", "x", client="admin-kernel")
+    assert page.cell.value["data"]["text/plain"] == "1"  # type: ignore[index]

@@ -19,11 +19,15 @@ from pathlib import Path
 import pytest
 
 from gpulayer_kernel.contracts import (
+    CellRun,
+    CellState,
     CommandWorkload,
     Job,
     JobSpec,
     JobState,
     LogRecord,
+    SessionHolder,
+    SessionRecord,
     WorkerInfo,
     WorkerState,
 )
@@ -195,8 +199,56 @@ class StoreConformance:
 
     async def test_log_records_keep_every_field(self, store: MetadataStore) -> None:
         record = LogRecord(seq=1, time=12.5, stream="stderr", rank=3, text="boom ünïcode")
-        await store.append_logs("j", [record])
-        assert (await store.read_logs("j", 0, 1))[0].model_dump() == record.model_dump()
+        display = LogRecord(
+            seq=2,
+            time=13.0,
+            stream="display",
+            rank=0,
+            text="<Figure>",
+            cell=7,
+            data={"data": {"text/plain": "<Figure>", "image/png": "iVBOR"}, "metadata": {}},
+        )
+        await store.append_logs("j", [record, display])
+        got = await store.read_logs("j", 0, 2)
+        assert [r.model_dump() for r in got] == [record.model_dump(), display.model_dump()]
+
+    # -- sessions (ADR 0019) --------------------------------------------------------------------
+
+    async def test_cells_are_saved_updated_and_listed_newest_first(
+        self, store: MetadataStore
+    ) -> None:
+        def cell(n: int, state: CellState = CellState.OK) -> CellRun:
+            return CellRun(
+                session_id="s1",
+                number=n,
+                state=state,
+                code_sha256="0" * 64,
+                code=f"x = {n}",
+                submitted_at=float(n),
+            )
+
+        await store.save_cells([cell(1), cell(2, CellState.RUNNING), cell(3)])
+        await store.save_cells([cell(2, CellState.ERROR)])  # a cell's end replaces its start
+        await store.save_cells([cell(1).model_copy(update={"session_id": "other"})])
+        assert [c.number for c in await store.list_cells("s1")] == [3, 2, 1]
+        assert [c.number for c in await store.list_cells("s1", limit=2)] == [3, 2]
+        assert [c.number for c in await store.list_cells("s1", before=3)] == [2, 1]
+        got = await store.get_cell("s1", 2)
+        assert got is not None and got.state == CellState.ERROR and got.code == "x = 2"
+        assert await store.get_cell("s1", 9) is None
+        assert await store.list_cells("nobody") == []
+
+    async def test_session_records_are_saved_and_loaded(self, store: MetadataStore) -> None:
+        holder = SessionHolder(client="k1", notebook="a.ipynb")
+        one = SessionRecord(id="s1", name="train", holder=holder, cells=3)
+        await store.save_sessions([one, SessionRecord(id="s2", name="eval", holder=holder)])
+        attached = one.model_copy(
+            update={"holder": SessionHolder(client="k2"), "broken": "rank 1 died"}
+        )
+        await store.save_sessions([attached])
+        loaded = {s.id: s for s in await store.load_sessions(["s1", "s2", "s3"])}
+        assert loaded["s1"] == attached and loaded["s2"].name == "eval" and "s3" not in loaded
+        assert await store.load_sessions([]) == []
 
     # -- secrets --------------------------------------------------------------------------------
 
