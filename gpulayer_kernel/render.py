@@ -15,7 +15,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, TextIO
 
 from . import display
-from .contracts import Artifact, Job, JobState, LogRecord, WorkerInfo
+from .contracts import (
+    Artifact,
+    CellRun,
+    Job,
+    JobState,
+    LogRecord,
+    SessionInfo,
+    SessionStatus,
+    WorkerInfo,
+)
 from .errors import NotFound
 
 PROGRESS_EVERY = 2.0  # seconds between two printed progress lines: a log, not a progress bar
@@ -209,6 +218,27 @@ def age(t: float | None, now: float | None = None) -> str:
     if d < 3600:
         return f"{d / 60:.0f}m ago"
     return f"{d / 3600:.1f}h ago"
+
+
+def session_line(info: SessionInfo, now: float | None = None) -> str:
+    """One line for a session: name, status, where, ranks, cells, when it ends if idle, holder."""
+    where = placement(info.job) if info.job.placement is not None else "not placed yet"
+    ranks = f"{info.ranks} rank{'s' if info.ranks > 1 else ''}"
+    idle = ""
+    if info.status == SessionStatus.IDLE and info.ends_at is not None:
+        left = max(0.0, info.ends_at - (now or time.time()))
+        idle = f", idle (ends in {duration(left)} unless a cell runs)"
+    why = f" — {info.reason}" if info.reason else ""
+    return (
+        f"{info.name} [{info.status.value}] {where}, {ranks}, {info.cells} cells{idle}, "
+        f"held by {info.holder.label}{why}"
+    )
+
+
+def cell_line(cell: CellRun) -> str:
+    """``[12] ok 0.031s  42``: a session cell's number, end, duration and what it showed."""
+    took = f" {cell.duration:.3f}s" if cell.duration is not None else ""
+    return f"[{cell.number}] {cell.state.value}{took} {cell.summary}".rstrip()
 
 
 def jobs_table(jobs: Sequence[Job], now: float | None = None) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import re
-import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -195,21 +194,6 @@ def wait_until_up(bridge: Bridge, info: SessionInfo, view: render.JobView) -> Se
     return now
 
 
-def describe(info: SessionInfo) -> str:
-    """One line for a session: name, status, where, ranks, cells, idle time."""
-    where = render.placement(info.job) if info.job.placement is not None else "not placed yet"
-    ranks = f"{info.ranks} rank{'s' if info.ranks > 1 else ''}"
-    idle = ""
-    if info.status == SessionStatus.IDLE and info.idle_since is not None:
-        left = (info.ends_at or 0) - time.time()
-        idle = f", idle (ends in {render.duration(max(0.0, left))} unless a cell runs)"
-    why = f" — {info.reason}" if info.reason else ""
-    holder = f", held by {info.holder.label}"
-    return (
-        f"{info.name} [{info.status.value}] {where}, {ranks}, {info.cells} cells{idle}{holder}{why}"
-    )
-
-
 def transfer_in(handle: SessionHandle, ns: dict[str, Any], names: list[str]) -> str:
     """``%gpulayer push``: kernel variables into the session (on every rank)."""
     values = {n: kernel_value(ns, n) for n in names}
@@ -242,8 +226,8 @@ def session_command(argv: list[str], ns: dict[str, Any], widget: bool) -> None:
         handle = sessions.start(a, ns, view)
         info = handle.info
         print(
-            f"session {info.name} is up: {describe(info)}. The %%gpulayer cells below run in "
-            "it (%%gpulayer --fresh for a one-shot job)."
+            f"session {info.name} is up: {render.session_line(info)}. The %%gpulayer cells "
+            "below run in it (%%gpulayer --fresh for a one-shot job)."
         )
         return
     if action == "list":
@@ -253,7 +237,7 @@ def session_command(argv: list[str], ns: dict[str, Any], widget: bool) -> None:
         infos = get_bridge().call(lambda s: s.list_sessions(include_ended=every))
         current = sessions.current.id if sessions.current else None
         for info in infos:
-            print(("* " if info.id == current else "  ") + describe(info))
+            print(("* " if info.id == current else "  ") + render.session_line(info))
         if not infos:
             print("no sessions (start one with %gpulayer session start)")
         return
@@ -264,22 +248,21 @@ def session_command(argv: list[str], ns: dict[str, Any], widget: bool) -> None:
         handle = sessions.handle(ref)
         handle.attach(sessions.holder(ns))
         sessions.current = handle
-        print(f"attached: {describe(handle.info)}")
+        print(f"attached: {render.session_line(handle.info)}")
         return
     handle = sessions.handle(ref)
     if action == "show":
         info = handle.info
-        print(describe(info))
+        print(render.session_line(info))
         for c in handle.cells(limit=10):
-            took = f" {c.duration:.3f}s" if c.duration is not None else ""
-            print(f"  [{c.number}] {c.state.value}{took} {c.summary}".rstrip())
+            print(f"  {render.cell_line(c)}")
     elif action == "stop":
         info = handle.stop()
         sessions.forget(handle)
         print(f"session {info.name} stopped: its GPUs are free")
     elif action == "restart":
         info = handle.restart()
-        print(f"session {info.name} restarted (its state is gone): {describe(info)}")
+        print(f"session {info.name} restarted (its state is gone): {render.session_line(info)}")
     elif action == "interrupt":
         handle.interrupt()
         print(f"KeyboardInterrupt sent to the running cell of session {handle.name}")

@@ -4,12 +4,13 @@ A control-plane restart leaves the session running on its live worker, state and
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from gpulayer_kernel.contracts import CellRequest, CellState, SessionStatus
-from gpulayer_kernel.testing import ServeProcess, WorkerProcess, wait_until
+from gpulayer_kernel.testing import GL, ServeProcess, WorkerProcess, wait_until
 
 from .conftest import HOLDER, spec
 
@@ -20,6 +21,10 @@ def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
     env["GPULAYER_SESSION_PRELOAD"] = ""
     return env
+
+
+def gl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*GL, *args], capture_output=True, text=True, timeout=60, env=env)
 
 
 def _run(client: object, code: str) -> object:
@@ -51,6 +56,20 @@ def test_a_session_over_http_survives_a_control_plane_restart(tmp_path: Path) ->
                 assert again.cell.value["data"]["text/plain"] == "41"  # type: ignore[attr-defined]
                 assert again.cell.number == 3  # type: ignore[attr-defined]
                 assert [x.number for x in c.session_cells("s1")] == [3, 2, 1]
-                c.stop_session("s1")
+            cli = {**env, **server.client_env(), "GPULAYER_HOME": str(tmp_path / "cli")}
+            listed = gl(cli, "sessions")
+            assert listed.returncode == 0 and "s1 [idle]" in listed.stdout
+            assert "held by `train.ipynb`" in listed.stdout
+            shown = gl(cli, "sessions", "show", "s1").stdout
+            assert "[2] error" in shown and "ZeroDivisionError" in shown and "[1] ok" in shown
+            assert gl(cli, "sessions", "cells", "s1", "--json").stdout.count('"number"') == 3
+            logs = gl(cli, "logs", info.id).stdout
+            assert "hello over http" in logs
+            missing = gl(cli, "sessions", "show", "nope")
+            assert missing.returncode == 2 and "no session 'nope'" in missing.stderr
+            stopped = gl(cli, "sessions", "stop", "s1")
+            assert "s1 stopped" in stopped.stdout
+            with server.client() as c:
                 job = c.wait(info.id, timeout=30)
                 assert job.state.value == "cancelled"
+                assert "stopped from the command line" in (job.reason or "")
