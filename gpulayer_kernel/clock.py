@@ -61,14 +61,28 @@ class SystemClock:
         return asyncio.get_running_loop().call_later(max(0.0, delay), callback)
 
     async def wait_for(self, fut: asyncio.Future[Any], timeout: float | None) -> bool:
+        if fut.done():
+            return True
         if timeout is not None and timeout <= 0:
-            return fut.done()
-        # shield: a timeout (or our caller's cancellation) must not cancel a future others share.
-        try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except TimeoutError:
             return False
-        return True
+        # A private waiter, woken by ``fut`` or the timer: ``fut`` (which others may share) is
+        # never cancelled, and no task is made (asyncio.wait_for + shield cost ~3 of them per
+        # call, on every long-poll's hot path).
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+
+        def settle(_: object = None, result: bool = True) -> None:
+            if not waiter.done():
+                waiter.set_result(result)
+
+        fut.add_done_callback(settle)
+        timer = None if timeout is None else loop.call_later(timeout, settle, None, False)
+        try:
+            return await waiter
+        finally:
+            fut.remove_done_callback(settle)
+            if timer is not None:
+                timer.cancel()
 
 
 SYSTEM_CLOCK: Clock = SystemClock()

@@ -198,16 +198,16 @@ class Dispatcher:
             interrupts = self._interrupts.pop(worker_id, set())
             restarts = self._restarts.pop(worker_id, set())
             left = deadline - self.clock.monotonic()
-            work = Work(
-                assignments=inbox,
-                cancel=sorted(cancels),
-                stop=[AttemptRef(job_id=j, attempt=n) for j, n in sorted(stops)],
-                cells=cells,
-                interrupts=sorted(interrupts),
-                restarts=sorted(restarts),
-            )
-            if not work.empty or left <= 0 or not self.open:
-                return work
+            news = inbox or cancels or stops or cells or interrupts or restarts
+            if news or left <= 0 or not self.open:
+                return Work(
+                    assignments=inbox,
+                    cancel=sorted(cancels),
+                    stop=[AttemptRef(job_id=j, attempt=n) for j, n in sorted(stops)],
+                    cells=cells,
+                    interrupts=sorted(interrupts),
+                    restarts=sorted(restarts),
+                )
             await self._workers.wait(worker_id, left)
 
     # -- rendezvous ------------------------------------------------------------------------------

@@ -64,6 +64,9 @@ log = logging.getLogger("gpulayer.controlplane")
 RECENT_CELLS = 64  # finished cells of a session kept in memory (the store has all of them)
 ENDED_KEPT = 256  # ended sessions remembered for `info` and their history
 PAGE = 5_000  # log records read per step when collecting a cell's output
+# Cell starts and ends are announced (to the panel's event stream) at most this often per
+# session: a loop of quick cells would otherwise put two events per cell on every watcher.
+ANNOUNCE_EVERY = 0.25
 
 
 class Submit(Protocol):
@@ -77,10 +80,15 @@ Cancel = Callable[[str, str], Awaitable[Job]]
 
 @dataclass
 class _Session:
-    """One session as this part knows it."""
+    """One session as this part knows it: what its record holds (mutable here; written as a
+    ``SessionRecord`` when the holder or the broken mark changes), its cells and its timer."""
 
-    record: SessionRecord
+    id: str
+    name: str
+    holder: SessionHolder
     idle_timeout: float
+    cells: int = 0  # cells numbered so far (the store's cells table has each one)
+    broken: str | None = None
     running: CellRun | None = None
     requests: dict[int, CellRequest] = field(default_factory=dict)  # of running and queued
     queue: deque[CellRun] = field(default_factory=deque)
@@ -88,12 +96,18 @@ class _Session:
     recent: OrderedDict[int, CellRun] = field(default_factory=OrderedDict)
     idle_since: float | None = None
     timer: Timer | None = None
+    announcing: Timer | None = None  # a coalesced announcement of cell progress, pending
     restarting: set[str] = field(default_factory=set)  # workers not yet up again
     ended: bool = False
 
-    @property
-    def id(self) -> str:
-        return self.record.id
+    @classmethod
+    def of(cls, record: SessionRecord, idle_timeout: float) -> _Session:
+        return cls(record.id, record.name, record.holder, idle_timeout, record.cells, record.broken)
+
+    def record(self) -> SessionRecord:
+        return SessionRecord.model_construct(
+            id=self.id, name=self.name, holder=self.holder, cells=self.cells, broken=self.broken
+        )
 
 
 class SessionTable:
@@ -133,15 +147,18 @@ class SessionTable:
         now = self.clock.now()
         for job in active:
             record = records.get(job.id) or _lost_record(job)
-            s = self._live[job.id] = _Session(record, _idle_timeout(job))
+            s = self._live[job.id] = _Session.of(record, _idle_timeout(job))
+            newest = await self.store.list_cells(job.id, limit=1)
+            s.cells = max(s.cells, newest[0].number if newest else 0)
             if job.state == JobState.RUNNING:
                 s.idle_since = now
                 self._arm(s)
 
     def close(self) -> None:
         for s in self._live.values():
-            if s.timer is not None:
-                s.timer.cancel()
+            for timer in (s.timer, s.announcing):
+                if timer is not None:
+                    timer.cancel()
         for t in self._tasks:
             t.cancel()
 
@@ -150,18 +167,28 @@ class SessionTable:
     def info(self, s: _Session, job: Job | None = None) -> SessionInfo:
         job = job or self.jobs.cached(s.id)
         assert job is not None
-        return SessionInfo(
+        status = self._status(s, job)
+        idle_since = s.idle_since if s.running is None else None
+        ends = (
+            idle_since + s.idle_timeout
+            if status == SessionStatus.IDLE and idle_since is not None
+            else None
+        )
+        # Built from values this part already holds valid (twice per cell: not re-validated);
+        # ``ends_at`` as the contract's own rule computes it.
+        return SessionInfo.model_construct(
             id=s.id,
-            name=s.record.name,
-            status=self._status(s, job),
+            name=s.name,
+            status=status,
             job=job,
-            holder=s.record.holder,
+            holder=s.holder,
             ranks=_ranks(job),
-            cells=s.record.cells,
+            cells=s.cells,
             busy_cell=s.running.number if s.running is not None else None,
-            idle_since=s.idle_since if s.running is None else None,
+            idle_since=idle_since,
             idle_timeout=s.idle_timeout,
-            reason=s.record.broken if not job.state.terminal else job.reason,
+            reason=s.broken if not job.state.terminal else job.reason,
+            ends_at=ends,
         )
 
     def _status(self, s: _Session, job: Job) -> SessionStatus:
@@ -169,7 +196,7 @@ class SessionTable:
             return SessionStatus.ENDED
         if job.state != JobState.RUNNING:
             return SessionStatus.WAITING
-        if s.record.broken is not None:
+        if s.broken is not None:
             return SessionStatus.BROKEN
         if s.running is not None or s.queue or s.restarting:
             return SessionStatus.BUSY
@@ -188,18 +215,18 @@ class SessionTable:
         s = self._live.get(job_id)
         if s is None:
             return None
-        return s.record.holder.label, (s.idle_since if s.running is None else None)
+        return s.holder.label, (s.idle_since if s.running is None else None)
 
     async def find(self, ref: str, who: Identity | None = None) -> tuple[_Session, Job]:
         """A session ``who`` may read, by name (live ones first) or by its job's id (or a
         unique prefix); another user's is ``not_yours``."""
         s, job = await self._find(ref)
-        check_read(who, job.owner, f"session {s.record.name}")
+        check_read(who, job.owner, f"session {s.name}")
         return s, job
 
     async def _find(self, ref: str) -> tuple[_Session, Job]:
-        named = [s for s in self._live.values() if s.record.name == ref]
-        named = named or [s for s in reversed(self._ended.values()) if s.record.name == ref]
+        named = [s for s in self._live.values() if s.name == ref]
+        named = named or [s for s in reversed(self._ended.values()) if s.name == ref]
         if named:
             s = named[0]
             return s, await self.jobs.get(s.id)
@@ -219,7 +246,7 @@ class SessionTable:
         if known is not None:
             return known, job
         records = await self.store.load_sessions([job.id])
-        s = _Session(records[0] if records else _lost_record(job), _idle_timeout(job))
+        s = _Session.of(records[0] if records else _lost_record(job), _idle_timeout(job))
         s.ended = job.state.terminal
         self._remember_ended(s)
         return s, job
@@ -227,11 +254,11 @@ class SessionTable:
     async def _acting(self, ref: str, who: Identity | None) -> tuple[_Session, Job]:
         """A session ``who`` may act on (its owner, or an admin)."""
         s, job = await self._find(ref)
-        check_act(who, job.owner, f"session {s.record.name}")
+        check_act(who, job.owner, f"session {s.name}")
         return s, job
 
     def _unknown(self, ref: str) -> NotFound:
-        names = sorted(s.record.name for s in self._live.values())
+        names = sorted(s.name for s in self._live.values())
         known = f" (live sessions: {', '.join(names)})" if names else " (no session is live)"
         return NotFound(
             f"no session {ref!r}{known}",
@@ -246,9 +273,9 @@ class SessionTable:
 
     async def start(self, spec: SessionSpec, who: Identity | None = None) -> SessionInfo:
         """Queue a session's job as ``who``'s; its name must be free among live sessions."""
-        taken = next((s for s in self._live.values() if s.record.name == spec.name), None)
+        taken = next((s for s in self._live.values() if s.name == spec.name), None)
         if taken is not None or spec.name in self._starting:
-            holder = taken.record.holder.label if taken is not None else "another client"
+            holder = taken.holder.label if taken is not None else "another client"
             raise Conflict(
                 f"a session named {spec.name!r} is already live, held by {holder}",
                 hint=f"attach to it (%gpulayer session attach {spec.name}), stop it, or start "
@@ -270,8 +297,7 @@ class SessionTable:
 
         def added(job: Job) -> None:
             # Before the job's first change can reach ``job_changed``: no await in between.
-            record = SessionRecord(id=job.id, name=spec.name, holder=spec.holder)
-            s = self._live[job.id] = _Session(record, spec.idle_timeout)
+            s = self._live[job.id] = _Session(job.id, spec.name, spec.holder, spec.idle_timeout)
             made.append(s)
 
         self._starting.add(spec.name)
@@ -280,7 +306,7 @@ class SessionTable:
         finally:
             self._starting.discard(spec.name)
         s = made[0]
-        await self.store.save_sessions([s.record])
+        await self.store.save_sessions([s.record()])
         info = self.info(s, self.jobs.cached(job.id) or job)
         self.events.session(info)
         return info
@@ -291,8 +317,8 @@ class SessionTable:
         """Make ``holder`` the session's holder (a restarted kernel takes its session back)."""
         s, job = await self._acting(ref, who)
         self._check_live(s, job)
-        s.record = s.record.model_copy(update={"holder": holder})
-        await self.store.save_sessions([s.record])
+        s.holder = holder
+        await self.store.save_sessions([s.record()])
         return self._announce(s)
 
     async def stop(
@@ -314,28 +340,28 @@ class SessionTable:
         self._check_live(s, job)
         if job.state != JobState.RUNNING:
             raise Conflict(
-                f"session {s.record.name} is not up yet ({job.state.value})",
+                f"session {s.name} is not up yet ({job.state.value})",
                 hint="wait until `%gpulayer session start` says it is ready; "
                 f"`gpulayer explain {job.id}` says why it waits",
                 details={"session": s.id, "state": job.state.value},
                 code="session_not_ready",
             )
-        holder = s.record.holder
+        holder = s.holder
         if req.client is not None and req.client != holder.client:
             raise Forbidden(
-                f"session {s.record.name} is held by {holder.label}; only its holder runs cells",
-                hint=f"take it over with %gpulayer session attach {s.record.name}, or start a "
+                f"session {s.name} is held by {holder.label}; only its holder runs cells",
+                hint=f"take it over with %gpulayer session attach {s.name}, or start a "
                 "session of your own",
                 details={"session": s.id, "holder": holder.model_dump()},
                 code="session_held",
             )
-        if s.record.broken is not None:
+        if s.broken is not None:
             raise _broken(s)
         first_seq = await self.tails.last_seq(s.id)
         self._check_live(s, self.jobs.cached(s.id) or job)
         # No await from here on: the number and the queue's order are taken together.
-        number = s.record.cells + 1
-        s.record = s.record.model_copy(update={"cells": number})
+        number = s.cells + 1
+        s.cells = number
         cell = CellRun(
             session_id=s.id,
             number=number,
@@ -350,7 +376,7 @@ class SessionTable:
         s.requests[number] = req
         s.queue.append(cell)
         self._next(s)
-        self._announce(s)
+        self._announce_soon(s)
         return await self.follow_cell(s, number, cell.first_seq, wait)
 
     async def follow(
@@ -378,7 +404,7 @@ class SessionTable:
         found = s.recent.get(number) or await self.store.get_cell(s.id, number)
         if found is None:
             raise NotFound(
-                f"session {s.record.name} has no cell {number} (it has run {s.record.cells})",
+                f"session {s.name} has no cell {number} (it has run {s.cells})",
                 code="cell_not_found",
                 details={"session": s.id, "cell": number},
             )
@@ -428,26 +454,32 @@ class SessionTable:
         s = self._live.get(job.id)
         if s is None:
             return
-        lines = [ln.model_copy(update={"cell": report.number}) for ln in report.lines]
+        n = report.number
+        lines = [ln if ln.cell == n else ln.model_copy(update={"cell": n}) for ln in report.lines]
         cell = s.running
-        if cell is None or cell.number != report.number:
-            if report.number > s.record.cells:
+        if cell is None or cell.number != n:
+            if n > s.cells:
                 await self._orphan(s, report, lines)  # from before this control plane started
             return  # a repeated report of a cell that ended: taken once already
-        if lines:
-            await self.tails.append(s.id, lines)
         s.reports[worker_id] = report
-        if report.broken and s.record.broken is None:
-            s.record = s.record.model_copy(update={"broken": report.broken})
+        if report.broken and s.broken is None:
+            s.broken = report.broken
+            self._spawn(self.store.save_sessions([s.record()]))
         assert job.placement is not None
         waiting = [w for w in job.placement.worker_ids if w not in s.reports]
         if any(r.status != "ok" for r in report.ranks):
             for w in waiting:  # the root cause is here: the other workers' ranks stop
                 self.dispatch.interrupt(w, s.id)
-        if not waiting:
-            await self._finish(s)
+        if waiting:
+            if lines:
+                await self.tails.append(s.id, lines)
+            return
+        # The last output lines and the cell's end share one group commit (one thread hop on
+        # a short cell's path, not two); its waiters wake once both are stored.
+        await asyncio.gather(self.tails.append(s.id, lines), self._ended_cell(s, self._end_of(s)))
 
-    async def _finish(self, s: _Session) -> None:
+    def _end_of(self, s: _Session) -> CellRun:
+        """The running cell as its workers' reports say it ended."""
         cell = s.running
         assert cell is not None
         reports = list(s.reports.values())
@@ -480,7 +512,7 @@ class SessionTable:
                 "outputs_blob": zero.outputs_blob if zero else None,
             }
         )
-        await self._ended_cell(s, done)
+        return done
 
     async def _ended_cell(self, s: _Session, done: CellRun) -> None:
         s.running = None
@@ -489,18 +521,20 @@ class SessionTable:
         while len(s.recent) > RECENT_CELLS:
             s.recent.popitem(last=False)
         s.idle_since = self.clock.now()
-        await asyncio.gather(self.store.save_cells([done]), self.store.save_sessions([s.record]))
+        # Waiters are woken before the write: the result is in ``recent`` already, and the
+        # worker's report is acknowledged only once the write is done.
         self.jobs.wake(s.id)
         self._next(s)
         if s.running is None and not s.ended:
             self._arm(s)
-        self._announce(s)
+        self._announce_soon(s)
+        await self.store.save_cells([done])
 
     async def _orphan(self, s: _Session, report: CellReport, lines: list[LogLine]) -> None:
         """A cell that ran across a control-plane restart: record what its report says."""
         if lines:
             await self.tails.append(s.id, lines)
-        s.record = s.record.model_copy(update={"cells": report.number})
+        s.cells = report.number
         ranks = sorted(report.ranks, key=lambda r: r.rank)
         error = _root_cause(ranks)
         cell = CellRun(
@@ -536,7 +570,7 @@ class SessionTable:
         self._check_live(s, job)
         if job.state != JobState.RUNNING or job.placement is None:
             raise Conflict(
-                f"session {s.record.name} is not up yet ({job.state.value}): nothing to restart",
+                f"session {s.name} is not up yet ({job.state.value}): nothing to restart",
                 code="session_not_ready",
             )
         for cell in s.queue:
@@ -552,10 +586,10 @@ class SessionTable:
             )
         s.queue.clear()
         s.restarting = set(job.placement.worker_ids)
-        s.record = s.record.model_copy(update={"broken": None})
+        s.broken = None
         for worker_id in job.placement.worker_ids:
             self.dispatch.restart(worker_id, s.id)
-        await self.store.save_sessions([s.record])
+        await self.store.save_sessions([s.record()])
         return self._announce(s)
 
     async def report_session(self, worker_id: str, job: Job, report: SessionReport) -> None:
@@ -564,10 +598,10 @@ class SessionTable:
             return
         if report.status == "broken":
             s.restarting.clear()
-            s.record = s.record.model_copy(update={"broken": report.reason or "it broke"})
+            s.broken = report.reason or "it broke"
         else:
             s.restarting.discard(worker_id)
-        await self.store.save_sessions([s.record])
+        await self.store.save_sessions([s.record()])
         if not s.restarting:
             s.idle_since = self.clock.now()
             self._next(s)
@@ -615,9 +649,11 @@ class SessionTable:
             self._ended.popitem(last=False)
 
     def _arm(self, s: _Session) -> None:
-        """(Re)start the idle timer: idle past the timeout, the session's job is cancelled."""
+        """Start the idle timer: idle past the timeout, the session's job is cancelled. A
+        timer already armed stays (idleness only starts later, never sooner): when it fires,
+        ``_expire`` re-arms it for the deadline of the latest idle start."""
         if s.timer is not None:
-            s.timer.cancel()
+            return
         since = s.idle_since or self.clock.now()
         left = since + s.idle_timeout - self.clock.now()
         s.timer = self.clock.call_later(max(0.0, left), lambda: self._spawn(self._expire(s)))
@@ -646,15 +682,29 @@ class SessionTable:
         task.add_done_callback(_log_error)
 
     def _announce(self, s: _Session, job: Job | None = None) -> SessionInfo:
+        if s.announcing is not None:
+            s.announcing.cancel()
+            s.announcing = None
         info = self.info(s, job)
         self.events.session(info)
         return info
+
+    def _announce_soon(self, s: _Session) -> None:
+        """Announce cell progress within ``ANNOUNCE_EVERY`` seconds, once for all the cells
+        that started or ended meanwhile."""
+        if s.announcing is None:
+            s.announcing = self.clock.call_later(ANNOUNCE_EVERY, lambda: self._announced(s))
+
+    def _announced(self, s: _Session) -> None:
+        s.announcing = None
+        if not s.ended:
+            self._announce(s)
 
     def _check_live(self, s: _Session, job: Job) -> None:
         if job.state.terminal or s.ended:
             why = f": {job.reason}" if job.reason else ""
             raise Conflict(
-                f"session {s.record.name} has ended ({job.state.value}{why})",
+                f"session {s.name} has ended ({job.state.value}{why})",
                 hint="start a new one with %gpulayer session start (its state is gone)",
                 details={"session": s.id, "state": job.state.value},
                 code="session_ended",
@@ -663,9 +713,9 @@ class SessionTable:
 
 def _broken(s: _Session) -> Conflict:
     return Conflict(
-        f"session {s.record.name} is broken: {s.record.broken}",
-        hint=f"restart it (its state is lost): %gpulayer session restart {s.record.name}",
-        details={"session": s.id, "reason": s.record.broken},
+        f"session {s.name} is broken: {s.broken}",
+        hint=f"restart it (its state is lost): %gpulayer session restart {s.name}",
+        details={"session": s.id, "reason": s.broken},
         code="session_broken",
     )
 

@@ -32,6 +32,9 @@ from .jobs import new_id
 
 SETTABLE = (WorkerState.READY, WorkerState.CORDONED, WorkerState.DRAINING)
 SUSPECT_GRACE = 3.0  # seconds a worker whose connection closed has to call again
+# Heartbeats closer together than this leave the record as it is: liveness is judged in
+# seconds (timeouts of several), and the worker's long-poll rounds touch it on every wake-up.
+HEARTBEAT_RESOLUTION = 0.2
 log = logging.getLogger("gpulayer.controlplane")
 
 
@@ -192,7 +195,10 @@ class WorkerRegistry:
         w = self.require(worker_id)
         self._calm(worker_id)
         was_suspect = w.suspect is not None
-        w = w.model_copy(update={"last_heartbeat": self.clock.now(), "suspect": None})
+        now = self.clock.now()
+        if not was_suspect and 0 <= now - w.last_heartbeat < HEARTBEAT_RESOLUTION:
+            return w  # seen within the resolution: no copy (each long-poll round touches it)
+        w = w.model_copy(update={"last_heartbeat": now, "suspect": None})
         self._workers[worker_id] = w
         if was_suspect:
             log.info("worker %s called again: no longer suspect", w.name)

@@ -65,6 +65,8 @@ START_TIMEOUT = 120.0  # seconds for every rank to say ready (imports, the proce
 STOP_GRACE = 5.0  # seconds the other ranks get to stop after one failed, before it is broken
 EXIT_WAIT = 1.0  # seconds a rank gets to leave on its own when the session ends
 _LEN = struct.Struct(">I")
+_STOP = "stop"  # queue items besides cells: the session ends, or restarts
+_RESTART = "restart"
 
 
 @dataclass
@@ -123,6 +125,8 @@ class SessionExecutor:
         self._cancel = asyncio.Event()
         self._cancel_reason = "stopped"
         self._restarting = asyncio.Event()  # a restart asked for: a running cell is dropped
+        # Resolved by a stop or a restart while a cell runs: its wait ends at once.
+        self._abort: asyncio.Future[None] | None = None
         self._interrupted = False
         self._partial: dict[tuple[int, str], str] = {}  # (rank, stream) -> text without "\n"
         self._control: ControlReader | None = None
@@ -132,6 +136,8 @@ class SessionExecutor:
     def cancel(self, reason: str = "stopped") -> None:
         self._cancel_reason = reason
         self._cancel.set()
+        self._queue.put_nowait(_STOP)
+        self._drop_running_cell()
 
     def submit(self, cell: CellAssignment) -> None:
         self._queue.put_nowait(cell)
@@ -139,7 +145,12 @@ class SessionExecutor:
     def restart(self) -> None:
         """Kill every rank and start them again (a running cell is aborted; state is lost)."""
         self._restarting.set()
-        self._queue.put_nowait("restart")
+        self._queue.put_nowait(_RESTART)
+        self._drop_running_cell()
+
+    def _drop_running_cell(self) -> None:
+        if self._abort is not None and not self._abort.done():
+            self._abort.set_result(None)
 
     def interrupt(self) -> None:
         """KeyboardInterrupt in the running cell, on every local rank (no cell: nothing)."""
@@ -196,23 +207,16 @@ class SessionExecutor:
             self.cancel(exc.message)  # stopped or moved on between placement and start
 
     async def _serve(self) -> None:
-        """Run cells and restarts in order until the session is stopped."""
-        stopped = asyncio.create_task(self._cancel.wait())
-        try:
-            while not self._cancel.is_set():
-                take = asyncio.create_task(self._queue.get())
-                await asyncio.wait({take, stopped}, return_when=asyncio.FIRST_COMPLETED)
-                if not take.done():
-                    take.cancel()
-                    return
-                item = take.result()
-                if item == "restart":
-                    await self._restart()
-                else:
-                    assert isinstance(item, CellAssignment)
-                    await self._run_cell(item)
-        finally:
-            stopped.cancel()
+        """Run cells and restarts in order until the session is stopped (no task per item:
+        a stop arrives through the queue too)."""
+        while not self._cancel.is_set():
+            item = await self._queue.get()
+            if item is _STOP:
+                return
+            if item is _RESTART:
+                await self._restart()
+            elif isinstance(item, CellAssignment):
+                await self._run_cell(item)
 
     # -- ranks -----------------------------------------------------------------------------------
 
@@ -462,39 +466,28 @@ class SessionExecutor:
 
     async def _await_ranks(self) -> dict[int, dict[str, Any]]:
         """Every rank's done frame; the first failure interrupts the rest, who get a grace."""
+        loop = asyncio.get_running_loop()
         pending = {r.rank: r for r in self.ranks}
         frames: dict[int, dict[str, Any]] = {}
         deadline: float | None = None
-        stopped = asyncio.create_task(self._cancel.wait())
-        restart = asyncio.create_task(self._restarting.wait())
-        try:
-            while pending:
-                waits: set[asyncio.Future[Any]] = {r.done for r in pending.values() if r.done}
-                left = None if deadline is None else max(0.0, deadline - self.clock.monotonic())
-                timer = asyncio.ensure_future(self.clock.sleep(left)) if left is not None else None
-                done, _ = await asyncio.wait(
-                    waits | {stopped, restart} | ({timer} if timer else set()),
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                if timer is not None:
-                    timer.cancel()
-                for rank, r in list(pending.items()):
-                    if r.done is not None and r.done.done():
-                        frames[rank] = r.done.result()
-                        del pending[rank]
-                failed = [f for f in frames.values() if f.get("status") != "ok"]
-                if pending and failed and deadline is None:
-                    # One rank failed: the others are interrupted (it is the root cause).
-                    deadline = self.clock.monotonic() + STOP_GRACE
-                    for r in pending.values():
-                        killpg(r.proc.pid, signal.SIGINT)
-                if stopped in done or restart in done:
-                    break
-                if timer is not None and timer in done and pending:
-                    break
-        finally:
-            stopped.cancel()
-            restart.cancel()
+        self._abort = abort = loop.create_future()
+        while pending and not abort.done():
+            futures = [r.done for r in pending.values() if r.done is not None]
+            left = None if deadline is None else max(0.0, deadline - self.clock.monotonic())
+            await self.clock.wait_for(_first_of([*futures, abort]), left)
+            for rank, r in list(pending.items()):
+                if r.done is not None and r.done.done():
+                    frames[rank] = r.done.result()
+                    del pending[rank]
+            failed = [f for f in frames.values() if f.get("status") != "ok"]
+            if pending and failed and deadline is None:
+                # One rank failed: the others are interrupted (it is the root cause).
+                deadline = self.clock.monotonic() + STOP_GRACE
+                for r in pending.values():
+                    killpg(r.proc.pid, signal.SIGINT)
+            elif deadline is not None and self.clock.monotonic() >= deadline:
+                break
+        self._abort = None
         if pending and not (self._cancel.is_set() or self._restarting.is_set()):
             first = _root_cause(frames)
             who = f"rank {first}" if first is not None else "another rank"
@@ -632,6 +625,19 @@ class _CellLines:
 
     def add(self, stream: Stream, text: str, rank: int | None = None) -> None:
         self.ex.shipper.add(stream, text, self.rank, self.ex.cell)
+
+
+def _first_of(futures: list[asyncio.Future[Any]]) -> asyncio.Future[None]:
+    """A future that resolves when the first of ``futures`` does (made without a task)."""
+    first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def settle(_: object) -> None:
+        if not first.done():
+            first.set_result(None)
+
+    for f in futures:
+        f.add_done_callback(settle)
+    return first
 
 
 def _root_cause(frames: dict[int, dict[str, Any]]) -> int | None:
