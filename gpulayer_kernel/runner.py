@@ -22,8 +22,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import job
-from .errors import NotJSON
+from . import job, transfer
+from .errors import NotJSON, TooLarge
 
 SESSION_ENTRYPOINT = "session:"
 # ensure_json's size limit (contracts._base.MAX_JSON_BYTES); bigger values take the slow path.
@@ -62,6 +62,7 @@ def main(argv: list[str]) -> int:
     try:
         if entry.startswith("cell:"):
             namespace: dict[str, Any] = {"__name__": "__main__", **args}
+            namespace.update(_moved_inputs())
             has_value, value = run_cell(Path(entry.removeprefix("cell:")), namespace)
         elif entry.endswith(".py"):
             import runpy
@@ -99,28 +100,55 @@ def main(argv: list[str]) -> int:
         except (NotJSON, ValueError) as exc:
             if cell:
                 # As in Jupyter, a cell's last value is shown, whatever it is; its work is done,
-                # so a value JSON cannot carry is sent as its text form, not made a failure.
-                job.write_result(shown_value(value, str(exc)))
+                # so a value JSON cannot carry is sent as its display, not made a failure.
+                job.write_result({**shown_value(value, str(exc)), **_moved_value(value)})
                 return 0
             print(f"error: {exc}", file=sys.stderr)
             return 1
     return 0
 
 
-SHOWN_KEY = "gpulayer/shown"  # a cell result that is only the text form of a non-JSON value
+LAST_VALUE = "the cell's last value"  # its name in the --out artifact (and in its errors)
+SHOWN_KEY = "gpulayer/shown"  # a cell result that is only the display of a non-JSON value
 MAX_SHOWN = 20_000
+# A one-shot cell's displayed value travels in its result, which the API takes up to 1 MiB.
+MAX_SHOWN_DISPLAY = 768 << 10
 
 
-def shown_value(value: Any, why: str) -> dict[str, str]:
-    """The text form of a cell's last value, for showing in the notebook (never for ``--out``)."""
-    try:
-        text = repr(value)
-    except Exception as exc:  # a broken __repr__ must not lose the work either
-        text = f"<{type(value).__qualname__} object: repr failed: {exc!r}>"
+def shown_value(value: Any, why: str) -> dict[str, Any]:
+    """How a cell's last value is shown in the notebook (never for ``--out``): its MIME bundle,
+    made as a session cell's is (``display.format_value``: ``_repr_html_``, ``_repr_png_``…,
+    and ``repr`` as text/plain), and the text form alone for the shortest readers."""
+    from . import display  # the slow path only: a value JSON could not carry
+
+    shown = display.format_value(value)
+    shown = display.bound(shown, min(MAX_SHOWN_DISPLAY, display.max_bytes()))
+    text = display.text_of(shown)
     if len(text) > MAX_SHOWN:
         text = text[:MAX_SHOWN] + f"… ({len(text) - MAX_SHOWN} more characters)"
     kind = f"{type(value).__module__}.{type(value).__qualname__}"
-    return {SHOWN_KEY: text, "type": kind, "why": why}
+    return {SHOWN_KEY: text, "type": kind, "why": why, "display": shown}
+
+
+def _moved_inputs() -> dict[str, Any]:
+    """The ``--in`` values JSON could not carry (tensors, arrays), from the cell's bundle."""
+    path = Path(transfer.CELL_INPUTS)
+    if not path.is_file():
+        return {}
+    return transfer.decode(path.read_bytes())
+
+
+def _moved_value(value: Any) -> dict[str, Any]:
+    """With ``--out`` (``OUT_ENV``): a last value JSON cannot carry, as a tensor-safe artifact
+    the kernel assigns; or why it cannot be (the magic says so and shows the value)."""
+    if not os.environ.get(transfer.OUT_ENV) or os.environ.get("RANK", "0") != "0":
+        return {}  # (only rank 0's value is the result)
+    try:
+        data = transfer.encode({LAST_VALUE: value}, across="from a job to the kernel")
+    except (NotJSON, TooLarge) as exc:
+        return {"refused": exc.message, "refused_hint": exc.hint}
+    (job.output_dir() / transfer.CELL_VALUE).write_bytes(data)
+    return {"artifact": transfer.CELL_VALUE}
 
 
 def _plain_json(value: Any) -> bool:

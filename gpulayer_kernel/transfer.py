@@ -1,14 +1,15 @@
 """Moving values between a kernel and a session without pickle: one safetensors file.
 
-``%gpulayer push``/``pull`` and a session cell's ``--in``/``--out`` carry plain JSON as it is, and
-also torch tensors, numpy arrays and (nested) dicts, lists and tuples of them. Those travel as a
-file in the `safetensors <https://github.com/huggingface/safetensors>`_ format, written and read
-here without the package: an 8-byte little-endian header length, a JSON header naming each
-tensor's dtype, shape and byte range, then the raw bytes. The structure around the tensors (the
-dicts, lists, tuples, JSON leaves, and which leaves are torch or numpy) is JSON in the header's
-``__metadata__``. Reading never runs code: nothing is unpickled, so a file from anywhere is safe
-to load. Anything else — a function, a generator, an open file, a model object — is refused with
-an error that names the path of the value and says what to do instead.
+``%gpulayer push``/``pull`` and a cell's ``--in``/``--out`` (in a session or one-shot) carry
+plain JSON as it is, and also torch tensors, numpy arrays and (nested) dicts, lists and tuples
+of them. Those travel as a file in the `safetensors
+<https://github.com/huggingface/safetensors>`_ format, written and read here without the
+package: an 8-byte little-endian header length, a JSON header naming each tensor's dtype, shape
+and byte range, then the raw bytes. The structure around the tensors (the dicts, lists, tuples,
+JSON leaves, and which leaves are torch or numpy) is JSON in the header's ``__metadata__``.
+Reading never runs code: nothing is unpickled, so a file from anywhere is safe to load. Anything
+else — a function, a generator, an open file, a model object — is refused with an error that
+names the path of the value and says what to do instead.
 
 Tensors arrive on the CPU (``x.to(device)`` in the cell that needs them); bfloat16 and the other
 torch dtypes keep their bytes exactly. numpy and torch are imported only when a value needs them.
@@ -73,6 +74,15 @@ ACCEPTS = (
 )
 
 
+# A one-shot cell's ``--in`` values JSON cannot carry travel in its bundle as this file; with
+# ``--out`` (the runner sees ``OUT_ENV``), a last value JSON cannot carry comes back as this
+# artifact.
+CELL_INPUTS = "gpulayer-inputs.safetensors"
+CELL_VALUE = "gpulayer-value.safetensors"
+OUT_ENV = "GPULAYER_CELL_OUT"
+KERNEL_AND_SESSION = "between the kernel and a session"
+
+
 def max_bytes() -> int:
     try:
         return max(1, int(os.environ.get(MAX_ENV, "")))
@@ -101,7 +111,7 @@ def is_plain_json(value: Any) -> bool:
     return True
 
 
-def refusal(value: Any, path: str) -> InvalidInput:
+def refusal(value: Any, path: str, across: str = KERNEL_AND_SESSION) -> InvalidInput:
     """Why ``value`` (at ``path``) cannot be moved, with what to do instead."""
     import inspect
     import io
@@ -113,7 +123,10 @@ def refusal(value: Any, path: str) -> InvalidInput:
         what, hint = "an open file", "send the file itself with --files, or its contents"
     elif inspect.isroutine(value) or inspect.isclass(value) or inspect.ismodule(value):
         what = "code (a function, class or module)"
-        hint = "define it in the session: run the cell that defines it there, not in the kernel"
+        hint = (
+            "define it where the code runs: in a session, run the cell that defines it there; "
+            "in a one-shot cell, define it in the cell (or import it from a file sent with --files)"
+        )
     elif hasattr(value, "state_dict") and callable(value.state_dict):
         what = f"a {kind} object"
         hint = "move its tensors instead (model.state_dict()), and build the object there"
@@ -121,16 +134,19 @@ def refusal(value: Any, path: str) -> InvalidInput:
         what = f"a {kind} object"
         hint = "convert it to those, or save it to $GPULAYER_OUTPUT and fetch it as an artifact"
     return NotJSON(
-        f"{path} is {what}, which cannot move between the kernel and a session; only {ACCEPTS} "
-        "can (GPUlayer never pickles)",
+        f"{path} is {what}, which cannot move {across}; only {ACCEPTS} can (GPUlayer never "
+        "pickles)",
         hint=hint,
         details={"path": path, "type": kind},
         code="not_transferable",
     )
 
 
-def encode(values: Mapping[str, Any], limit: int | None = None) -> bytes:
-    """``values`` (name → value) as one safetensors file; refuses what cannot move, naming it."""
+def encode(
+    values: Mapping[str, Any], limit: int | None = None, across: str = KERNEL_AND_SESSION
+) -> bytes:
+    """``values`` (name → value) as one safetensors file; refuses what cannot move, naming it
+    (``across`` says where to, in the error)."""
     limit = max_bytes() if limit is None else limit
     tensors: list[tuple[str, str, list[int], bytes]] = []
     total = 0
@@ -158,13 +174,13 @@ def encode(values: Mapping[str, Any], limit: int | None = None) -> bytes:
             return {"$dict": mapping} if any(k.startswith("$") for k in v) else mapping
         leaf = _tensor_leaf(v, path)
         if leaf is None:
-            raise refusal(v, path)
+            raise refusal(v, path, across)
         source, dtype, shape, raw = leaf
         total += len(raw)
         if total > limit:
             raise TooLarge(
                 f"{path}: the values add up to more than the {limit}-byte limit of a move "
-                f"between kernel and session ({MAX_ENV})",
+                f"{across} ({MAX_ENV})",
                 hint="move large data as files: write it to $GPULAYER_OUTPUT in the session and "
                 "fetch the artifact, or ship it with --files",
                 details={"limit": limit, "path": path},

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import bundles
+from .. import bundles, transfer
 from ..contracts import ensure_json
-from ..errors import GPUlayerError, InvalidInput, NotJSON
+from ..errors import GPUlayerError, InvalidInput, NotJSON, TooLarge
 from ..jobenv import env_option
 from .handle import CellError
 
@@ -26,21 +26,6 @@ CELL_FILE = "cell.py"
 CELL_HEADER = "# %%gpulayer cell (this line stands for the magic line)\n"
 # The job label naming the notebook that submitted it (the panel's Notebook button reads it).
 NOTEBOOK_LABEL = "gpulayer.io/notebook"
-
-IN_ACCEPTS = "--in sends plain JSON values: numbers, strings, booleans, None, and lists or dicts"
-IN_HINT = (
-    f"{IN_ACCEPTS} of them. For a tensor or an array, send a list (x.tolist()) when it is small, "
-    "or save it to a file (torch.save, numpy.save) and send the file with --files PATH; a job's "
-    "own files come back as artifacts"
-)
-IN_CODE_HINT = (
-    f"{IN_ACCEPTS} of them, not code. Define the function or class inside the cell, or put it in "
-    "a .py file, send it with --files PATH and import it there"
-)
-IN_OTHER_HINT = (
-    f"{IN_ACCEPTS} of them. Convert the value to those, or save it to a file and send the file "
-    "with --files PATH"
-)
 
 # JobSpec fields named by a validation error, and the option the user typed.
 OPTION_OF = {
@@ -64,19 +49,13 @@ def cell_error(exc: GPUlayerError) -> CellError:
     return CellError(message, hint=exc.hint, details=exc.details, code=exc.code)
 
 
-def in_hint(value: Any) -> str:
-    """What to do instead, for an ``--in`` value that is not JSON (a tensor, a lambda, …)."""
-    if hasattr(value, "tolist") or hasattr(value, "__array__"):
-        return IN_HINT
-    if callable(value) or isinstance(value, type(os)):
-        return IN_CODE_HINT
-    return IN_OTHER_HINT
-
-
-def cell_inputs(ns: Mapping[str, Any], specs: list[str]) -> dict[str, Any]:
-    """The ``--in a,b`` kernel variables as the job's JSON arguments, checked and named."""
+def cell_inputs(ns: Mapping[str, Any], specs: list[str]) -> tuple[dict[str, Any], bytes | None]:
+    """The ``--in a,b`` kernel variables, checked and named: the JSON ones as the job's
+    arguments, the others (tensors, arrays, dicts of them) as one tensor-safe file for the
+    bundle (``transfer.CELL_INPUTS``); anything else is the cell's error."""
     names = [n.strip() for s in specs for n in s.split(",") if n.strip()]
     out: dict[str, Any] = {}
+    moved: dict[str, Any] = {}
     for name in names:
         if not name.isidentifier():
             raise CellError(f"--in {name!r} is not a variable name", hint="write --in a,b")
@@ -87,13 +66,21 @@ def cell_inputs(ns: Mapping[str, Any], specs: list[str]) -> dict[str, Any]:
             )
         try:
             ensure_json(ns[name], f"--in {name}")
-        except NotJSON as exc:
-            raise CellError(
-                exc.message, hint=in_hint(ns[name]), details=exc.details, code=exc.code
-            ) from None
+        except NotJSON:
+            moved[name] = ns[name]
+            continue
         # Tuples become lists here, as they would on the wire.
         out[name] = json.loads(json.dumps(ns[name]))
-    return out
+    if not moved:
+        return out, None
+    # The file rides in the bundle, so the bundle's limit is its limit too.
+    limit = min(transfer.max_bytes(), bundles.MAX_BUNDLE_BYTES // 2)
+    try:
+        return out, transfer.encode(moved, limit, across="to a job")
+    except (NotJSON, TooLarge) as exc:
+        raise CellError(
+            f"--in {exc.message}", hint=exc.hint, details=exc.details, code=exc.code
+        ) from None
 
 
 def env_values(values: list[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -133,15 +120,21 @@ def check_syntax(cell: str) -> None:
         ) from None
 
 
-def bundle(cell: str, files: list[str]) -> tuple[str, bytes]:
-    """The cell (+ files) as a content-addressed bundle: same source, same digest."""
+def bundle(cell: str, files: list[str], inputs: bytes | None = None) -> tuple[str, bytes]:
+    """The cell (+ files, + the ``--in`` values JSON cannot carry) as a content-addressed
+    bundle: same source, same digest."""
     source = (CELL_HEADER + cell).encode()
-    digest, data = bundles.build_from_paths(
-        [Path(f) for f in files], Path.cwd(), extra={CELL_FILE: source}
-    )
-    if files and bundles.read_files(data).get(CELL_FILE) != source:
-        raise CellError(
-            f"--files: a file named {CELL_FILE} would replace the cell's own source",
-            hint=f"rename it; {CELL_FILE} at the top of the bundle is the cell",
-        )
+    extra = {CELL_FILE: source}
+    what = {CELL_FILE: "source", transfer.CELL_INPUTS: "--in values"}
+    if inputs is not None:
+        extra[transfer.CELL_INPUTS] = inputs
+    digest, data = bundles.build_from_paths([Path(f) for f in files], Path.cwd(), extra=extra)
+    if files:
+        inside = bundles.read_files(data)
+        for name, content in extra.items():
+            if inside.get(name) != content:
+                raise CellError(
+                    f"--files: a file named {name} would replace the cell's own {what[name]}",
+                    hint=f"rename it; {name} at the top of the bundle is GPUlayer's",
+                )
     return digest, data

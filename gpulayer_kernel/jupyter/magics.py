@@ -29,9 +29,9 @@ try:
 except ImportError as exc:  # a wheel installed without the jupyter extra
     raise MissingExtra.of("jupyter", "the %%gpulayer magics", exc) from None
 
-from .. import render
+from .. import render, transfer
 from ..contracts import Job, JobSpec, JobState, parse
-from ..runner import SHOWN_KEY
+from ..runner import LAST_VALUE, SHOWN_KEY
 from ..sessions import SessionCellError
 from .bridge import Bridge, Target, get_bridge, reconnect
 from .cellspec import (
@@ -103,16 +103,27 @@ def _say_no_widgets(exc: ImportError) -> None:
 
 
 class Shown:
-    """A remote cell's last value that JSON could not carry, shown by its text form."""
+    """A one-shot cell's last value that JSON could not carry, shown from the MIME bundle the
+    worker made of it (as a session cell's value is: HTML, images, text), or its text form."""
 
-    def __init__(self, text: str, kind: str) -> None:
-        self.text, self.kind = text, kind
+    def __init__(self, text: str, kind: str, content: dict[str, Any] | None = None) -> None:
+        self.text, self.kind, self.content = text, kind, content
 
     @classmethod
     def of(cls, result: Any) -> Shown | None:
         if isinstance(result, dict) and isinstance(result.get(SHOWN_KEY), str):
-            return cls(result[SHOWN_KEY], str(result.get("type", "object")))
+            content = result.get("display")
+            return cls(
+                result[SHOWN_KEY],
+                str(result.get("type", "object")),
+                content if isinstance(content, dict) else None,
+            )
         return None
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        if self.content is None:
+            return {"text/plain": self.text}, {}
+        return dict(self.content.get("data") or {}), dict(self.content.get("metadata") or {})
 
     def __repr__(self) -> str:
         return self.text
@@ -271,8 +282,8 @@ class GPUlayerMagics(Magics):
         if not cell.strip():
             raise CellError("the cell is empty", hint="write the code to run below %%gpulayer")
         check_syntax(cell)
-        inputs = cell_inputs(self.ns, args.inputs)
-        digest, data = bundle(cell, args.files)
+        inputs, moved = cell_inputs(self.ns, args.inputs)
+        digest, data = bundle(cell, args.files, moved)
         notebook = notebook_path(self.ns)
         spec = parse(
             JobSpec,
@@ -291,7 +302,7 @@ class GPUlayerMagics(Magics):
                     "fallback": [args.fallback] if args.fallback else [],
                     "worker": args.worker,
                 },
-                "env": env_values(args.env),
+                "env": env_values(args.env) | ({transfer.OUT_ENV: "1"} if args.out else {}),
                 "secrets": args.secret,
                 "labels": {NOTEBOOK_LABEL: notebook} if notebook else {},
                 "timeout": args.timeout,
@@ -322,12 +333,18 @@ class GPUlayerMagics(Magics):
         value = result_of(final)
         shown = Shown.of(value)
         if args.out is not None:
+            if shown is not None and isinstance(value.get("artifact"), str):
+                # A tensor, an array or a dict of them: it came back tensor-safe, as an artifact.
+                back = transfer.decode(handle.read_artifact(value["artifact"]))
+                self.ns[args.out] = back[LAST_VALUE]
+                return None
             if shown is not None:
                 # The work succeeded; only the assignment cannot happen. Say so, show the value.
+                why = value.get("refused") or f"a {shown.kind} is not JSON"
                 print(
-                    f"gpulayer: --out {args.out}: the cell's last value is a {shown.kind}, which "
-                    f"is not JSON, so {args.out} was not assigned; its text form is shown below "
-                    "(return JSON, or save it to $GPULAYER_OUTPUT as an artifact)",
+                    f"gpulayer: --out {args.out}: {why}, so {args.out} was not assigned; the "
+                    "value is shown below (end the cell with JSON, tensors or arrays, or save it "
+                    "to $GPULAYER_OUTPUT as an artifact)",
                     file=sys.stderr,
                 )
                 return shown

@@ -7,6 +7,7 @@ real as a subprocess. Option parsing and bad input are checked here; the kernel-
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from collections.abc import Iterator
@@ -111,16 +112,40 @@ def test_help_documents_every_option_and_submits_nothing(
     assert job_count() == before
 
 
-def test_non_json_in_value_is_refused_with_a_pointer_to_files(ip: InteractiveShell) -> None:
+def test_tensors_travel_through_in_and_out_of_a_one_shot_cell_without_pickle(
+    ip: InteractiveShell,
+) -> None:
+    # Issue 13 item 5: --in/--out carry tensors, arrays and dicts of them, tensor-safe.
+    import numpy as np
     import torch
 
-    ip.user_ns["weights"] = torch.zeros(3)
+    ip.user_ns["weights"] = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    ip.user_ns["batch"] = {"x": np.ones((2, 2), dtype=np.float32), "n": 2}
+    ip.user_ns.pop("doubled", None)
+    cell(
+        ip,
+        "--in weights,batch --out doubled",
+        "import torch\n"
+        "assert weights.dtype == torch.bfloat16 and batch['n'] == 2\n"
+        "{'w': weights * 2, 'x': batch['x'] + 1}\n",
+    )
+    doubled = ip.user_ns["doubled"]
+    assert torch.equal(doubled["w"], ip.user_ns["weights"] * 2)
+    assert doubled["w"].dtype == torch.bfloat16
+    assert isinstance(doubled["x"], np.ndarray) and (doubled["x"] == 2).all()
+
+
+def test_an_in_value_that_cannot_travel_is_refused_before_anything_runs(
+    ip: InteractiveShell,
+) -> None:
+    ip.user_ns["gen"] = (i for i in range(3))
     before = job_count()
     with pytest.raises(CellError) as err:
-        cell(ip, "--in weights", "weights")
-    assert err.value.code == "not_json"
-    assert "--in weights is a torch.Tensor, which is not JSON" in err.value.message
-    assert "--files" in err.value.hint and "tolist" in err.value.hint
+        cell(ip, "--in gen", "list(gen)")
+    assert err.value.code == "not_transferable"
+    assert "--in gen is a generator, which cannot move to a job" in err.value.message
+    assert "GPUlayer never pickles" in err.value.message
+    assert "list(gen)" in (err.value.hint or "")
     assert job_count() == before
     # Shown as one clean message, not a traceback through GPUlayer's code.
     assert err.value._render_traceback_()[0].endswith(err.value.message)
@@ -173,14 +198,15 @@ def test_env_name_alone_passes_the_kernels_value_and_an_unset_one_is_named(
     assert job_count() == before
 
 
-def test_a_non_json_function_gets_a_hint_about_what_in_accepts(ip: InteractiveShell) -> None:
+def test_a_function_in_value_gets_a_hint_about_defining_it_where_it_runs(
+    ip: InteractiveShell,
+) -> None:
     ip.user_ns["square"] = lambda x: x * x
     with pytest.raises(CellError) as err:
         cell(ip, "--in square", "square(3)")
+    assert "torch tensors, numpy arrays" in err.value.message
     hint = err.value.hint or ""
-    assert "numbers, strings, booleans, None, and lists or dicts" in hint
-    assert "tensor" not in hint and "tolist" not in hint
-    assert "Define the function" in hint
+    assert "define it in the cell" in hint and "--files" in hint
 
 
 def test_cells_carry_the_notebook_label_when_the_kernel_knows_its_notebook(
@@ -241,7 +267,32 @@ def test_a_cells_last_value_is_shown_like_a_local_cells(
     assert repr(shown) == "{1, 2}" and "kept" not in ip.user_ns
     err = capsys.readouterr().err
     # (the job succeeded: a failed job raises JobFailed from the magic)
-    assert "--out kept: the cell's last value is a builtins.set, which is not JSON" in err
+    assert (
+        "--out kept: the cell's last value is a builtins.set object, which cannot move from a "
+        "job to the kernel" in err
+    )
+
+
+def test_a_fresh_cells_value_shows_through_the_same_mime_path_as_a_session_cells(
+    ip: InteractiveShell,
+) -> None:
+    # Issue 13 item 7: a one-shot cell's value JSON cannot carry comes back as the MIME bundle
+    # the worker made of it (its _repr_html_, _repr_png_…), not only its text form.
+    code = (
+        "class Table:\n"
+        "    def _repr_html_(self): return '<table><tr><td>7</td></tr></table>'\n"
+        "    def _repr_png_(self): return b'\\x89PNG fake'\n"
+        "    def __repr__(self): return 'Table(1x1)'\n"
+        "Table()\n"
+    )
+    shown = cell(ip, "--fresh", code)
+    data, _ = shown._repr_mimebundle_()
+    assert data["text/html"] == "<table><tr><td>7</td></tr></table>"
+    assert base64.b64decode(data["image/png"]) == b"\x89PNG fake"
+    assert data["text/plain"] == "Table(1x1)" and repr(shown) == "Table(1x1)"
+    # IPython's own formatter takes it as it would a local value.
+    formatted, _ = ip.display_formatter.format(shown)
+    assert formatted["text/html"].startswith("<table>")
 
 
 def test_failure_shows_the_traceback_with_cell_line_numbers(
