@@ -71,7 +71,7 @@ class SessionCellError(GPUlayerError):
         where = f" (rank {error.rank})" if ranked else ""
         super().__init__(
             f"cell {cell.number} of session {session} raised {error.ename}{where}: {error.evalue}",
-            hint="the traceback above is the session's; the session keeps its state",
+            hint=_hint_for(error),
             details={"session": cell.session_id, "cell": cell.number, "rank": error.rank},
         )
         self.cell = cell
@@ -83,6 +83,17 @@ class SessionCellError(GPUlayerError):
         if self.cell.ranks_expected > 1 and self.error.rank is not None:
             lines.insert(0, f"\x1b[1m[rank {self.error.rank}]\x1b[0m (the first rank to fail)")
         return lines
+
+
+def _hint_for(error: CellError) -> str:
+    if error.ename.endswith("OutOfMemoryError"):
+        # torch frees the failed allocation and goes on: the session is alive, only full.
+        return (
+            "the session's GPU ran out of memory; the session keeps its state: free what it "
+            "holds (del big_tensor; torch.cuda.empty_cache()), use smaller batches, or "
+            "restart it with more GPUs"
+        )
+    return "the traceback above is the session's; the session keeps its state"
 
 
 @dataclass

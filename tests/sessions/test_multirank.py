@@ -9,6 +9,7 @@ import pytest
 
 from gpulayer_kernel.contracts import CellState, SessionStatus
 from gpulayer_kernel.controlplane import ControlPlane
+from gpulayer_kernel.sessions import SessionCellError
 from gpulayer_kernel.testing import until
 
 from ..conftest import WorkerFactory
@@ -117,3 +118,46 @@ async def test_a_rank_stuck_in_a_collective_breaks_the_group_and_restart_mends_i
         return (await gl_cp.get_session("s1")).cells >= 2
 
     await until(two_cells_later, what="the restarted session to count its cells")
+
+
+async def test_a_two_node_session_is_one_process_group_across_its_workers(
+    gl_cp: ControlPlane, gl_worker: WorkerFactory
+) -> None:
+    await gl_worker("w1", gpus=1)
+    await gl_worker("w2", gpus=1)
+    await gl_cp.start_session(spec(gpus=1, nodes=2))
+    info = await up(gl_cp, "s1", timeout=120)
+    assert info.ranks == 2
+    every = await run(
+        gl_cp,
+        "s1",
+        "import os, torch, torch.distributed as dist\nt = torch.ones(1) * (dist.get_rank() + 1)\n"
+        "dist.all_reduce(t)\n(dist.get_rank(), os.environ['GROUP_RANK'], t.item())",
+        all_ranks=True,
+    )
+    shown = [r.value["data"]["text/plain"] for r in every.cell.ranks]  # type: ignore[index]
+    assert shown == ["(0, '0', 3.0)", "(1, '1', 3.0)"]
+
+
+async def test_running_out_of_gpu_memory_is_the_cells_error_and_the_session_survives(
+    gl_cp: ControlPlane, gl_worker: WorkerFactory
+) -> None:
+    # No GPU here: the cell raises the error torch raises for a CUDA OOM, as a cell whose
+    # allocation failed would (torch survives an OOM; the session does too).
+    await gl_worker(gpus=1)
+    await gl_cp.start_session(spec(gpus=1))
+    await up(gl_cp, "s1", timeout=120)
+    await run(gl_cp, "s1", "import torch\nkept = torch.ones(2)")
+    page = await run(
+        gl_cp,
+        "s1",
+        "raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 80.00 GiB')",
+    )
+    assert page.cell.state == CellState.ERROR and page.cell.error is not None
+    assert page.cell.error.ename == "OutOfMemoryError"
+    assert "Tried to allocate 80.00 GiB" in page.cell.error.evalue
+    assert (await gl_cp.get_session("s1")).status == SessionStatus.IDLE
+    assert text(await run(gl_cp, "s1", "kept.sum().item()")) == "2.0"
+    # The notebook's error says what to do about it.
+    hint = SessionCellError(page.cell, "s1").hint or ""
+    assert "ran out of memory" in hint and "torch.cuda.empty_cache()" in hint
