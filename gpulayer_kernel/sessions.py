@@ -297,9 +297,16 @@ class SessionHandle:
         self.bridge.call(lambda s: s.restart_session(self.id))
         return self.wait_ready(wait)
 
-    def stop(self, reason: str = "stopped by the user") -> SessionInfo:
-        """End the session and free its GPUs (``reason`` is what its job and cells say)."""
-        return self.bridge.call(lambda s: s.stop_session(self.id, reason))
+    def stop(self, reason: str = "stopped by the user", wait: float | None = 30.0) -> SessionInfo:
+        """End the session and free its GPUs (``reason`` is what its job and cells say).
+
+        ``wait``: seconds to wait until its processes are gone and its GPUs free again (as
+        ``cancel`` does for a job; 0 returns at once)."""
+        info = self.bridge.call(lambda s: s.stop_session(self.id, reason))
+        if wait and info.status != SessionStatus.ENDED:
+            self.bridge.call(lambda s: s.wait(self.id, wait))
+            info = self.info
+        return info
 
     def attach(self, holder: SessionHolder | None = None) -> SessionInfo:
         holder = holder or SessionHolder(client=self.client)

@@ -124,8 +124,9 @@ def refusal(value: Any, path: str, across: str = KERNEL_AND_SESSION) -> InvalidI
     elif inspect.isroutine(value) or inspect.isclass(value) or inspect.ismodule(value):
         what = "code (a function, class or module)"
         hint = (
-            "define it where the code runs: in a session, run the cell that defines it there; "
-            "in a one-shot cell, define it in the cell (or import it from a file sent with --files)"
+            "define it in the session: run the cell that defines it there, not in the kernel"
+            if across == KERNEL_AND_SESSION
+            else "define it in the cell, or import it from a file sent with --files"
         )
     elif hasattr(value, "state_dict") and callable(value.state_dict):
         what = f"a {kind} object"

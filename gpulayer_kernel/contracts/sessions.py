@@ -289,10 +289,15 @@ class CellRun(Contract):
             ranked = self.error.rank is not None and self.ranks_expected > 1
             where = f" on rank {self.error.rank}" if ranked else ""
             value = f": {self.error.evalue}" if self.error.evalue else ""
-            return f"{self.error.ename}{where}{value}"[:300]
+            return _one_line(f"{self.error.ename}{where}{value}")
         if self.reason:
-            return self.reason[:300]
-        return display.text_of(self.value)[:300]
+            return _one_line(self.reason)
+        return _one_line(display.text_of(self.value))
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 class CellList(Contract):

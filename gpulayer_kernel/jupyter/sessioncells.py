@@ -120,7 +120,8 @@ def run_session_cell(
         if args.out not in result.outputs:
             raise CellError(
                 f"--out {args.out}: {cell.reason or 'nothing came back'}",
-                hint="end the cell with a variable of that name, or assign it in the cell",
+                hint="end the cell with the value to assign, or assign a variable of that "
+                "name in it",
                 code="no_result",
             )
         ns[args.out] = result.outputs[args.out]

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import display, transfer
+from ..errors import MissingExtra
 
 FLUSH_EVERY = 0.05  # seconds between two output frames of a running cell
 MAX_FRAME = 256 << 20
@@ -310,6 +311,7 @@ class Host:
         self.channel.cell = n
         started = time.monotonic()
         broken: str | None = None
+        last: Any = None  # the value of the cell's last expression (what Out[n] shows)
         try:
             self._bind(request)
             if request.get("count") is not None:
@@ -318,7 +320,10 @@ class Host:
             # cell runs; ignored again the moment it ends.
             signal.signal(signal.SIGINT, signal.default_int_handler)
             try:
-                shell.run_cell(request.get("code", ""), store_history=bool(request["history"]))
+                ran = shell.run_cell(
+                    request.get("code", ""), store_history=bool(request["history"])
+                )
+                last = ran.result
             finally:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
         except KeyboardInterrupt:
@@ -339,7 +344,7 @@ class Host:
             "broken": broken,
         }
         if request.get("outputs") and error is None:
-            outcome.update(self._outputs(request))
+            outcome.update(self._outputs(request, last))
         return self._done(request, outcome, duration)
 
     def _done(
@@ -356,14 +361,20 @@ class Host:
         if path:
             ns.update(transfer.decode(Path(path).read_bytes()))
 
-    def _outputs(self, request: dict[str, Any]) -> dict[str, Any]:
-        """The variables ``--out``/pull asked for: as JSON, or a transfer file, or why not."""
+    def _outputs(self, request: dict[str, Any], last: Any) -> dict[str, Any]:
+        """What ``--out``/pull asked for: as JSON, or a transfer file, or why not. A cell's
+        ``--out NAME`` is its last value, as for a one-shot cell, or without one the session's
+        variable ``NAME``; pull (a cell with no code) takes variables."""
         ns = self.shell.user_ns
         names: list[str] = list(request["outputs"])
-        missing = [n for n in names if n not in ns]
-        if missing:
-            return {"outputs_error": f"the session has no variable {', '.join(missing)}"}
-        values = {n: ns[n] for n in names}
+        if len(names) == 1 and last is not None:
+            values = {names[0]: last}
+        else:
+            missing = [n for n in names if n not in ns]
+            if missing:
+                why = "the cell has no value and " if request.get("code", "").strip() else ""
+                return {"outputs_error": f"{why}the session has no variable {', '.join(missing)}"}
+            values = {n: ns[n] for n in names}
         if all(transfer.is_plain_json(v) for v in values.values()):
             try:
                 json.dumps(values, allow_nan=False)
@@ -399,6 +410,9 @@ def main(open_socket: Callable[[], socket.socket] | None = None) -> int:
     try:
         host.start()
     except BaseException as exc:
+        if isinstance(exc, ImportError) and (exc.name or "").split(".")[0] == "IPython":
+            # A worker installed without the jupyter extra: say what to install, where.
+            exc = MissingExtra.of("jupyter", "a session on this worker", exc)
         host.channel.send({"fatal": f"{type(exc).__name__}: {exc}", **_error_of(exc)})
         _drain(host.channel)
         return 1

@@ -169,6 +169,21 @@ def test_session_list_show_and_stop(kernel: Kernel) -> None:
     assert "nb [idle]" in shown and "] error" in shown and "KeyboardInterrupt\n" in shown
 
 
+def test_stop_returns_once_the_sessions_job_has_ended(kernel: Kernel) -> None:
+    # "its GPUs are free" must be true when it is printed: the next placement may need them.
+    assert kernel.run("%gpulayer session start --name brief", timeout=120).ok
+    stopped = kernel.run("%gpulayer session stop brief")
+    assert stopped.ok and "session brief stopped: its GPUs are free" in stopped.stream()
+    state = kernel.run(
+        "from gpulayer_kernel.jupyter.bridge import get_bridge\n"
+        "get_bridge().call(lambda s: s.get_session('brief')).status.value"
+    )
+    assert state.result_text() == "'ended'"
+    # The kernel's current session is no longer the stopped one: cells need a session again.
+    assert "* nb" not in kernel.run("%gpulayer session list").stream()
+    assert kernel.run("%gpulayer session attach nb").ok
+
+
 def test_a_kernel_restart_keeps_its_sessions_and_a_shutdown_stops_them(tmp_path: Path) -> None:
     """On a served control plane (the kernel is a client): restart leaves the session for the
     new kernel to attach; shutdown stops it, saying why."""

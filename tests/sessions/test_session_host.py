@@ -26,7 +26,7 @@ ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class Host:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, prelude: str = "pass") -> None:
         ours, theirs = socket.socketpair()
         self.sock = ours
         self.tmp = tmp
@@ -35,7 +35,7 @@ class Host:
             [
                 sys.executable,
                 "-c",
-                "import sys; from gpulayer_kernel.worker import "
+                f"import sys; {prelude}; from gpulayer_kernel.worker import "
                 "session_host as h; sys.exit(h.main())",
             ],
             stdin=theirs.fileno(),
@@ -166,6 +166,16 @@ def test_inputs_and_outputs_travel_as_json_or_as_a_transfer_file(host: Host) -> 
     assert host.run("", outputs=["k"])["outputs"] == {"k": 3}
 
 
+def test_a_cells_out_is_its_last_value_as_in_a_one_shot_cell_else_the_variable(
+    host: Host,
+) -> None:
+    assert host.run("x = 1\nx + 1", outputs=["x"])["outputs"] == {"x": 2}
+    assert host.run("y = 5", outputs=["y"])["outputs"] == {"y": 5}  # no value: the variable
+    assert host.run("y = 6\ny;", outputs=["y"])["outputs"] == {"y": 6}  # hidden: the same
+    missing = host.run("z = 1", outputs=["nope"])["outputs_error"]
+    assert missing == "the cell has no value and the session has no variable nope"
+
+
 def test_outputs_that_cannot_move_say_why(host: Host) -> None:
     host.run("f = lambda: 1")
     assert "no variable nope" in host.run("", outputs=["nope"])["outputs_error"]
@@ -183,3 +193,20 @@ def test_fd_level_output_goes_to_the_process_pipes(host: Host) -> None:
     host.run("import os\nos.write(1, b'raw\\n')")
     out, _ = host.close()
     assert b"raw" in out
+
+
+def test_a_worker_without_ipython_says_which_extra_to_install(tmp_path: Path) -> None:
+    # sys.modules[name] = None makes `import IPython` raise ImportError, as when it is missing.
+    h = Host(tmp_path, prelude="sys.modules['IPython'] = None")
+    try:
+        assert h.ready is not None and "fatal" in h.ready
+        assert (
+            "a session on this worker: the 'jupyter' extra of gpulayer is not installed"
+            in (h.ready["fatal"])
+        )
+        assert "pip install 'gpulayer[jupyter]'" in h.ready["fatal"]
+        assert h.proc.wait(timeout=10) == 1
+    finally:
+        h.sock.close()
+        h.proc.stdout.close()  # type: ignore[union-attr]
+        h.proc.stderr.close()  # type: ignore[union-attr]
