@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import abc
-from typing import Any, TypeAlias
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-OptimizerSetup: TypeAlias = torch.optim.Optimizer | tuple[torch.optim.Optimizer, LRScheduler | None]
-"""What ``configure_optimizers`` returns: an optimizer, or an optimizer and its scheduler."""
+if TYPE_CHECKING:
+    pass
+
+OptimizerSetup: TypeAlias = (
+    torch.optim.Optimizer
+    | tuple[torch.optim.Optimizer, LRScheduler | Mapping[str, Any] | None]
+    | Mapping[str, Any]
+)
+"""What ``configure_optimizers`` returns: an optimizer, ``(optimizer, scheduler)``,
+``(optimizer, {"scheduler": s, "interval": "epoch", "monitor": "val_loss"})`` or Lightning's
+``{"optimizer": o, "lr_scheduler": ...}``."""
 
 
 class Module(torch.nn.Module, abc.ABC):
@@ -39,13 +49,22 @@ class Module(torch.nn.Module, abc.ABC):
         ``ReduceLROnPlateau`` is refused; so are Lightning's lists and dicts.
         """
 
-    def validation_step(self, batch: Any) -> dict[str, torch.Tensor]:
+    def validation_step(self, batch: Any) -> dict[str, torch.Tensor] | None:
         """Return scalar metrics of one validation batch, e.g. ``{"loss": ..., "acc": ...}``.
 
-        The Trainer averages each over batches and ranks and reports it as ``val_<name>``.
-        Runs under ``torch.no_grad()`` with the module in eval mode.
+        The Trainer averages each over batches and ranks and reports it as ``val_<name>``;
+        or call ``self.log("val_acc", acc)`` and return None. Runs under ``torch.no_grad()``
+        with the module in eval mode.
         """
         raise NotImplementedError(f"{type(self).__name__} does not define validation_step")
+
+    def test_step(self, batch: Any) -> dict[str, torch.Tensor] | None:
+        """Like :meth:`validation_step`, for :meth:`Trainer.test`; reported as ``test_<name>``."""
+        raise NotImplementedError(f"{type(self).__name__} does not define test_step")
+
+    def predict_step(self, batch: Any) -> Any:
+        """The prediction for one batch, collected by :meth:`Trainer.predict` (default: none)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define predict_step")
 
     def flops_per_sample(self) -> float | None:
         """Training FLOPs (forward and backward) per sample, for MFU; None when unknown.
@@ -57,4 +76,9 @@ class Module(torch.nn.Module, abc.ABC):
 
 def has_validation_step(module: Module) -> bool:
     """True when ``module``'s class overrides :meth:`Module.validation_step`."""
-    return type(module).validation_step is not Module.validation_step
+    return has_hook(module, "validation_step")
+
+
+def has_hook(module: Module, name: str) -> bool:
+    """True when ``module``'s class overrides the optional hook ``name`` of :class:`Module`."""
+    return getattr(type(module), name) is not getattr(Module, name)
