@@ -46,6 +46,8 @@ class MetricLog:
 
     def __init__(self, device: torch.device, stage: str = "train") -> None:
         self.device = device
+        # float64 keeps logged values as logged (MPS has no float64: float32 there)
+        self.dtype = torch.float32 if device.type == "mps" else torch.float64
         self.stage = stage
         self.metrics: dict[str, _Metric] = {}
 
@@ -110,7 +112,7 @@ class MetricLog:
         for metric in self.metrics.values():
             if not metric.window:
                 continue
-            total = _sum(metric.window, self.device)
+            total = _sum(metric.window, self.device, self.dtype)
             count = len(metric.window)
             metric.window = []
             if metric.on_epoch and self.stage == "train":
@@ -121,7 +123,8 @@ class MetricLog:
                 continue  # reported at the epoch's end only
             (synced if metric.sync_dist else local).append(metric)
             parts[metric.sync_dist].append(torch.stack([total, total.new_tensor(float(count))]))
-        return synced, _cat(parts[True], self.device), local, _cat(parts[False], self.device)
+        synced_t, local_t = _cat(parts[True], self), _cat(parts[False], self)
+        return synced, synced_t, local, local_t
 
     def unpack(self, synced: list[_Metric], local: list[_Metric], values: list[float]) -> Reduced:
         """Means from the host copy of ``cat([synced tensor, local tensor])``."""
@@ -146,7 +149,7 @@ class MetricLog:
             for m in metrics
             if m.epoch_sum is not None
         ]
-        packed = torch.stack(rows).float()
+        packed = torch.stack(rows).to(self.dtype)
         flags = [m.sync_dist for m in metrics]
         if any(flags) and world_size() > 1:
             mask = torch.tensor(flags, device=packed.device).unsqueeze(1)
@@ -180,20 +183,20 @@ class MetricLog:
         return names
 
 
-def _sum(window: list[Any], device: torch.device) -> torch.Tensor:
+def _sum(window: list[Any], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     tensors = [
-        v.reshape(()).float()
+        v.reshape(()).to(device, dtype)
         if isinstance(v, torch.Tensor)
-        else torch.tensor(v, dtype=torch.float32, device=device)
+        else torch.tensor(v, dtype=dtype, device=device)
         for v in window
     ]
-    return torch.stack(tensors).to(device).sum()
+    return torch.stack(tensors).sum()
 
 
-def _cat(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+def _cat(parts: list[torch.Tensor], log: MetricLog) -> torch.Tensor:
     if not parts:
-        return torch.zeros(0, dtype=torch.float32, device=device)
-    return torch.cat(parts).to(torch.float32)
+        return torch.zeros(0, dtype=log.dtype, device=log.device)
+    return torch.cat(parts).to(log.dtype)
 
 
 def _what(value: object) -> str:

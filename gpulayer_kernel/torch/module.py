@@ -31,7 +31,38 @@ class Module(torch.nn.Module, abc.ABC):
     Call ``self(...)`` (not ``self.forward(...)``) inside the hooks so that DDP, hooks and
     ``torch.compile`` see the call. The Trainer checks what the hooks return (once, up front)
     and raises an error naming the hook, e.g. ``TrainingStepInvalid``, for anything else.
+    :meth:`log` records a metric from any step hook without a device sync.
     """
+
+    #: set by the Trainer for the duration of a loop; None: ``log`` is a no-op
+    _gl_metrics: MetricLog | None = None
+
+    def log(
+        self,
+        name: str,
+        value: torch.Tensor | float,
+        prog_bar: bool = False,
+        on_step: bool = True,
+        on_epoch: bool = False,
+        sync_dist: bool = False,
+    ) -> None:
+        """Record a scalar metric; it stays on the device until the next log boundary.
+
+        ``prog_bar``: also shown in the job's progress (widget, panel, live chart, the text
+        line); loggers and ``FitResult.history`` get every metric. ``on_step``: reported every
+        ``log_every`` steps as the mean over those steps; ``on_epoch``: the mean over the epoch,
+        at its end (both: ``name_step`` and ``name_epoch``). ``sync_dist``: averaged over ranks
+        (one ``all_reduce`` per log interval for all such metrics together); otherwise each
+        rank keeps its own and rank zero's is shown. Outside a Trainer loop it does nothing.
+        """
+        metrics = self._gl_metrics
+        if metrics is not None:
+            metrics.log(name, value, prog_bar, on_step, on_epoch, sync_dist)
+
+    def log_dict(self, values: Mapping[str, torch.Tensor | float], **options: Any) -> None:
+        """:meth:`log` each item of ``values`` with the same options."""
+        for name, value in values.items():
+            self.log(name, value, **options)
 
     @abc.abstractmethod
     def training_step(self, batch: Any) -> torch.Tensor:
@@ -45,8 +76,9 @@ class Module(torch.nn.Module, abc.ABC):
     def configure_optimizers(self) -> OptimizerSetup:
         """Return an optimizer over ``self.parameters()``, or ``(optimizer, scheduler)``.
 
-        A scheduler steps once per optimizer step (not per epoch), without a metric, so
-        ``ReduceLROnPlateau`` is refused; so are Lightning's lists and dicts.
+        A bare scheduler steps once per optimizer step; Lightning's scheduler config
+        ``{"scheduler": s, "interval": "epoch", "frequency": 1, "monitor": "val_loss"}`` says
+        otherwise (``ReduceLROnPlateau`` needs its ``monitor``). Lists of optimizers are refused.
         """
 
     def validation_step(self, batch: Any) -> dict[str, torch.Tensor] | None:

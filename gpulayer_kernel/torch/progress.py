@@ -80,20 +80,22 @@ class MetricWindow:
         finite = torch.isfinite(window)
         n = window.numel()
         first_bad = torch.where(finite, n, torch.arange(n, device=window.device)).min()
-        empty = window.new_zeros(0)
-        synced = empty if synced is None else synced.to(window.device, torch.float32)
-        local = empty if local is None else local.to(window.device, torch.float32)
+        # float64 keeps logged values as logged (MPS has no float64: float32 there)
+        dtype = torch.float32 if window.device.type == "mps" else torch.float64
+        empty = window.new_zeros(0, dtype=dtype)
+        synced = empty if synced is None else synced.to(window.device, dtype)
+        local = empty if local is None else local.to(window.device, dtype)
         stats = torch.cat(
             [
-                torch.where(finite, window, 0.0).sum().reshape(1),
-                window.new_tensor([float(self.samples), float(stop)]),
+                torch.where(finite, window, 0.0).sum().reshape(1).to(dtype),
+                window.new_tensor([float(self.samples), float(stop)], dtype=dtype),
                 synced,
             ]
         )
         if world_size() > 1:
             dist.all_reduce(stats)
         # The window's one host copy: everything reduced above, the local metrics, first_bad.
-        host = torch.cat([stats, local, first_bad.float().reshape(1)]).tolist()
+        host = torch.cat([stats, local, first_bad.to(dtype).reshape(1)]).tolist()
         bad_index = int(host[-1])
         loss_sum, samples, stops = host[0], host[1], host[2]
         bad_step = first_step + bad_index // accumulate if bad_index < n else None

@@ -141,6 +141,7 @@ class _Run:
     val_limit: int | None = None
     deadline: float | None = None  # time.monotonic() at which max_time is up
     timed_out: bool = False
+    epoch_report: bool = False  # something reads metrics at each epoch's end: reduce there
     flops: float | None = None  # training FLOPs per sample, for MFU
     peak: float | None = None  # the device's peak FLOP/s, for MFU
 
@@ -214,6 +215,12 @@ class _Run:
             log=MetricLog(dev),
         )
         run.train_step = functools.partial(run._first_train_step, train_step)
+        run.epoch_report = (scheduler is not None and scheduler.interval == "epoch") or any(
+            not (
+                isinstance(cb, ModelCheckpoint) and cb.every_n_epochs is None and cb.monitor is None
+            )
+            for cb in callbacks.by_hook["on_train_epoch_end"]
+        )
         if checkpoint is not None:
             run._load(checkpoint)
         run._plan(train_loader, val_loader)
@@ -322,7 +329,7 @@ class _Run:
             and self.epoch % every == 0
             and self.validated_step != self.step
         )
-        if epoch_metrics or validate:
+        if epoch_metrics or validate or (self.epoch_report and self.window.losses):
             self.report(validate)
         if self.scheduler is not None and self.scheduler.due("epoch", self.epoch):
             self.scheduler.step(self.metrics)
@@ -380,7 +387,7 @@ class _Run:
     def publish(self) -> None:
         """History, the progress display (widget, panel, text) and the loggers get the metrics."""
         metrics = {k: _finite(v) for k, v in self.metrics.items()}
-        self.history.append({"step": self.step, **metrics})
+        self.history.append({"step": self.step, "epoch": self.epoch, **metrics})
         shown = {k: v for k, v in metrics.items() if k not in self.hidden or k in _ALWAYS_SHOWN}
         self.display.update({"step": self.step, "total": self.total, "epoch": self.epoch, **shown})
         if is_rank_zero():
