@@ -63,12 +63,13 @@ class CSVLogger:
         if self.path is None:
             self.log_hyperparams({})
         assert self.path is not None
-        if not self.rows and self.path.exists():
+        resumed = not self.rows and self.path.exists()
+        if resumed:
             self._keep_earlier_rows(step)
         row = {"step": step, **metrics}
         self.rows.append(row)
         new = [key for key in row if key not in self.columns]
-        if new or not self.path.exists():
+        if new or resumed or not self.path.exists():
             self.columns += new
             self._rewrite()
             return

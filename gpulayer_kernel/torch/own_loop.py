@@ -15,8 +15,9 @@
 On one CPU, one GPU and DDP ranks alike: ``prepare`` joins the process group torchrun's
 variables describe, moves the model to :func:`device`, wraps it in DDP when there are several
 ranks, shards a DataLoader across ranks (a DistributedSampler, ``set_epoch`` each epoch) and
-moves its batches. The state is per process, like accelerate's ``Accelerator`` (one set of
-prepared objects at a time: a new ``prepare`` of a model replaces the old).
+moves its batches. The state is per process, like accelerate's ``Accelerator``: one set of
+prepared objects at a time. A ``prepare`` call that includes a model starts a new set (what
+``save_state`` saves); one without adds to the current set (a loader prepared later).
 """
 
 from __future__ import annotations
@@ -128,6 +129,8 @@ def prepare(*objects: Any, precision: Precision = "32", accumulate: int = 1) -> 
             f"precision '16-mixed' needs a CUDA device; this rank runs on {dev.type}",
             hint="use precision='bf16-mixed' (runs on CPUs and recent GPUs) or '32'",
         )
+    if any(isinstance(obj, torch.nn.Module) for obj in objects):
+        _state.models, _state.optimizers, _state.schedulers, _state.loaders = [], [], [], []
     _state.precision, _state.accumulate, _state.micro = precision, max(1, accumulate), 0
     _state.sync_gradients = True
     _state.scaler = torch.amp.GradScaler(dev.type, enabled=precision == "16-mixed")
