@@ -138,9 +138,19 @@ class MetricLog:
         both = self.stage == "train" and metric.on_step and metric.on_epoch
         return f"{metric.name}_step" if both else metric.name
 
+    def epoch_pending(self) -> bool:
+        """True when an ``on_epoch`` metric has values of this epoch to report."""
+        return any(
+            m.on_epoch and (m.epoch_sum is not None or m.window) for m in self.metrics.values()
+        )
+
     def epoch_reduce(self) -> Reduced:
-        """The epoch means of ``on_epoch`` metrics (one host copy, one all_reduce if synced)."""
-        self.pack()  # fold what is left of the last window
+        """The epoch means of ``on_epoch`` metrics (one host copy, one all_reduce if synced).
+
+        Call it after the last window of the epoch was reduced (``pack``): windows still
+        holding values here would have their step values folded into the epoch only.
+        """
+        self.pack()  # only on_epoch-only metrics can still hold values here
         metrics = [m for m in self.metrics.values() if m.epoch_sum is not None]
         if not metrics:
             return {}

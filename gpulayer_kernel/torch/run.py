@@ -320,8 +320,6 @@ class _Run:
         """Epoch aggregates, epoch validation and schedulers, then ``on_train_epoch_end``."""
         cfg = self.trainer.config
         self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-        epoch_metrics = self.log.epoch_reduce()
-        self.metrics.update(epoch_metrics)
         every = cfg.val_every_epochs
         validate = (
             self.val_loader is not None
@@ -329,8 +327,8 @@ class _Run:
             and self.epoch % every == 0
             and self.validated_step != self.step
         )
-        if epoch_metrics or validate or (self.epoch_report and self.window.losses):
-            self.report(validate)
+        if self.log.epoch_pending() or validate or (self.epoch_report and self.window.losses):
+            self.report(validate, epoch_end=True)
         if self.scheduler is not None and self.scheduler.due("epoch", self.epoch):
             self.scheduler.step(self.metrics)
         self.callbacks.call("on_train_epoch_end", self.trainer, self.module)
@@ -351,7 +349,7 @@ class _Run:
             for logger in self.loggers:
                 logger.finalize(status)
 
-    def report(self, validate: bool) -> None:
+    def report(self, validate: bool, epoch_end: bool = False) -> None:
         cfg = self.trainer.config
         if self.window.losses:
             synced, synced_t, local, local_t = self.log.pack()
@@ -366,6 +364,8 @@ class _Run:
             self.hidden |= self.log.hidden_names()
             if stop and not self.timed_out:
                 self._time_up()  # every rank saw the same flag: they stop at the same step
+        if epoch_end:  # after the window: its values are in the epoch's sums now
+            self.metrics.update(self.log.epoch_reduce())
         self.logged_step = self.step
         self.metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
         if validate:
