@@ -433,6 +433,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--no-lightning", action="store_true", help="skip Lightning")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="what to time")
+    parser.add_argument(
+        "--mlp-only", action="store_true", help="skip the transformer block (the MLP rows only)"
+    )
     args = parser.parse_args()
     if args.clock == "cpu":
         CLOCK[0] = time.process_time
@@ -456,9 +459,10 @@ def main() -> int:
     elif not args.no_lightning:
         print("lightning: not installed, skipped")
 
-    block = {"vocab": 256, "d": 128, "heads": 4, "layers": 1, "seq": 64, "batch": 32}
-    transformer = gpt_workload("transformer", 8, device, **block)
-    report(transformer, measure(transformer, contenders, steps, warm, rounds, device))
+    if not args.mlp_only:
+        block = {"vocab": 256, "d": 128, "heads": 4, "layers": 1, "seq": 64, "batch": 32}
+        transformer = gpt_workload("transformer", 8, device, **block)
+        report(transformer, measure(transformer, contenders, steps, warm, rounds, device))
 
     mlp_w = mlp_workload(16, device)
     mlp_contenders = dict(contenders)

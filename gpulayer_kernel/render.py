@@ -9,6 +9,7 @@ a placement or a progress line reads the same everywhere.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -170,15 +171,22 @@ def chart_point(fields: Mapping[str, Any] | None) -> tuple[float, dict[str, floa
 
 
 def curve(name: str, values: Sequence[float], width: int = 24) -> str:
-    """``loss 2.301 → 0.4123 (min 0.3988) ▇▆▅▃▂▂▁``: a metric's curve as one line of text."""
-    picked = [values[round(i * (len(values) - 1) / (width - 1))] for i in range(width)]
-    if len(values) <= width:
-        picked = list(values)
+    """``loss 2.301 → 0.4123 (min 0.3988, max 2.301) █▆▅▃▂▂▁``: a metric's curve as one line.
+
+    The sparkline is on a log scale when the values are positive and span more than a decade
+    (a loss falling from 2.3 to 0.02 would read as one bar and a flat line otherwise).
+    """
+    picked = list(values)
+    if len(values) > width:
+        picked = [values[round(i * (len(values) - 1) / (width - 1))] for i in range(width)]
     low, high = min(values), max(values)
+    scaled = picked
+    if low > 0 and high / low > 10:
+        scaled, low, high = [math.log(v) for v in picked], math.log(low), math.log(high)
     span = (high - low) or 1.0
-    spark = "".join(SPARK[min(7, int((v - low) / span * 7.999))] for v in picked)
-    best = f" (min {number(low)})" if "loss" in name else f" (max {number(high)})"
-    return f"{name} {number(values[0])} → {number(values[-1])}{best} {spark}"
+    spark = "".join(SPARK[min(7, int((v - low) / span * 7.999))] for v in scaled)
+    first, last = number(values[0]), number(values[-1])
+    return f"{name} {first} → {last} (min {number(min(values))}, max {number(max(values))}) {spark}"
 
 
 def state_line(job: Job, now: float | None = None) -> str:

@@ -88,6 +88,11 @@ class Callback:
         """Plain data (numbers, str, lists, dicts) to save in checkpoints."""
         return {}
 
+    def reads_epoch_metrics(self, validates: bool) -> bool:
+        """True when ``on_train_epoch_end`` reads ``trainer.metrics``: the Trainer then reduces
+        the metrics at each epoch's end too (an extra report). Default: when it overrides it."""
+        return _overrides(self, "on_train_epoch_end")
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take back what :meth:`state_dict` saved."""
 

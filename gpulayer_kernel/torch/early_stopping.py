@@ -73,6 +73,9 @@ class EarlyStopping(Callback):
         if not trainer.validates:
             self._check(trainer)
 
+    def reads_epoch_metrics(self, validates: bool) -> bool:
+        return not validates
+
     def _check(self, trainer: Trainer) -> None:
         value = trainer.metrics.get(self.monitor)
         if value is None:

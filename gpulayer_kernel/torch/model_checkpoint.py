@@ -86,6 +86,9 @@ class ModelCheckpoint(Callback):
         elif every is None and self.monitor is not None and not trainer.validates:
             self._save_or_check(trainer)
 
+    def reads_epoch_metrics(self, validates: bool) -> bool:
+        return self.every_n_epochs is not None or (self.monitor is not None and not validates)
+
     def at_fit_end(self, trainer: Trainer) -> None:
         """The end-of-fit save (before ``on_fit_end``): once more unless this step saved."""
         if self.save_at_end and self.saved_step != trainer.step:
