@@ -10,7 +10,7 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 
 if TYPE_CHECKING:
-    pass
+    from .metrics import MetricLog
 
 OptimizerSetup: TypeAlias = (
     torch.optim.Optimizer

@@ -150,7 +150,7 @@ def _prepare_one(obj: Any, dev: torch.device, precision: str) -> Any:
                 with context():
                     return forward(*args, **kwargs)
 
-            obj.forward = autocast_forward  # type: ignore[method-assign]
+            obj.forward = autocast_forward
         model: torch.nn.Module = obj
         if world_size() > 1:
             model = DistributedDataParallel(
@@ -179,7 +179,7 @@ def _shard(loader: DataLoader[Any]) -> DataLoader[Any]:
     """The same loader, over this rank's shard of its dataset when there are several ranks."""
     if world_size() <= 1 or isinstance(loader.sampler, DistributedSampler):
         return loader
-    sampler = DistributedSampler(
+    sampler: DistributedSampler[Any] = DistributedSampler(
         loader.dataset,
         num_replicas=world_size(),
         rank=rank(),

@@ -113,7 +113,8 @@ class LoggingRegressor(TinyRegressor):
         return {"loss": torch.nn.functional.mse_loss(self(x), y)}
 
     def predict_step(self, batch: Any) -> torch.Tensor:
-        return self(batch[0])
+        out: torch.Tensor = self(batch[0])
+        return out
 
 
 class RecordingCallback(Callback):

@@ -19,20 +19,20 @@ from gpulayer_kernel.torch import (  # noqa: E402
     EarlyStopping,
     LossNotFinite,
     ModelCheckpoint,
-    accumulate,
-    backward,
-    gather,
-    prepare,
-    save_state,
-    unwrap,
     Trainer,
     TrainerConfig,
+    accumulate,
     all_reduce_mean,
+    backward,
     barrier,
     destroy_distributed,
     distributed_loader,
+    gather,
     init_distributed,
+    prepare,
     rank,
+    save_state,
+    unwrap,
     world_size,
 )
 from gpulayer_kernel.torch.testing import (  # noqa: E402
@@ -133,7 +133,7 @@ def test_allreduce_example_under_torchrun() -> None:
 
 
 def _features_main(out_dir: str) -> None:
-    """One rank: callbacks, self.log, a logger, early stopping, best-k; then the own-loop helpers."""
+    """One rank: callbacks, self.log, a logger, early stopping, best-k; then the own loop."""
     init_distributed()
     out = Path(out_dir)
     torch.manual_seed(0)

@@ -15,7 +15,7 @@ from gpulayer_kernel.torch import MetricInvalid, Module, Trainer  # noqa: E402
 from gpulayer_kernel.torch.metrics import MetricLog  # noqa: E402
 from gpulayer_kernel.torch.testing import LoggingRegressor, TinyRegressor  # noqa: E402
 
-from .conftest import batches, tiny  # noqa: E402
+from .conftest import batches  # noqa: E402
 from .test_trainer import CountingSyncs  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("single_process")]
