@@ -28,18 +28,45 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from ..errors import GPUlayerError
+from .config import TrainerConfig
 from .errors import CallbackFailed
 from .runtime import world_size
 
 if TYPE_CHECKING:
     from .module import Module
-    from .trainer import Trainer
+
+
+class Trainer(Protocol):
+    """What a callback sees of the Trainer (``gpulayer_kernel.torch.Trainer`` is one).
+
+    A protocol rather than the class, so the callbacks' modules need not import the Trainer's.
+    """
+
+    config: TrainerConfig
+    should_stop: bool  # set it (on every rank) to end the fit after this step
+    stop_reason: str | None
+
+    @property
+    def step(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def metrics(self) -> dict[str, float | None]: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def validates(self) -> bool: ...
+    @property
+    def checkpoint_dir(self) -> Path: ...
+    def save_checkpoint(self, path: str | Path) -> Path: ...
+
 
 HOOKS = (
     "on_fit_start",

@@ -12,14 +12,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from .callbacks import Callback, rank_zero_decides
+from .callbacks import Callback, Trainer, rank_zero_decides
 from .errors import CallbackInvalid
 from .model_checkpoint import Mode, _not_logged
 from .runtime import print0
 
 if TYPE_CHECKING:
     from .module import Module
-    from .trainer import Trainer
 
 
 class EarlyStopping(Callback):

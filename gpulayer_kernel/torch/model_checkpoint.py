@@ -18,13 +18,12 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from .callbacks import Callback, rank_zero_decides
+from .callbacks import Callback, Trainer, rank_zero_decides
 from .errors import CallbackInvalid, MetricNotFound
 from .runtime import is_rank_zero
 
 if TYPE_CHECKING:
     from .module import Module
-    from .trainer import Trainer
 
 Mode = Literal["min", "max"]
 

@@ -19,14 +19,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import InvalidInput
-from .callbacks import CallbackList
+from .callbacks import CallbackList, Trainer
 from .checkpoint import FORMAT, VERSION, capture_rng, restore_rng, save_checkpoint
 from .contract import check_optimizers, check_train_loader, check_training_step
 from .data import loader_length
@@ -42,8 +42,15 @@ from .runtime import barrier, is_rank_zero, rank, seed_everything
 from .runtime import world_size as get_world_size
 from .scheduling import ScheduledLR
 
-if TYPE_CHECKING:
-    from .trainer import Trainer
+
+class _Owner(Trainer, Protocol):
+    """What a fit needs of its Trainer beyond what callbacks see."""
+
+    loggers: list[Logger]
+
+    def fit_callbacks(self) -> tuple[CallbackList, list[ModelCheckpoint]]: ...
+    def best_and_last(self) -> tuple[str | None, str | None]: ...
+
 
 Metrics = dict[str, float | None]
 #: progress fields that are bookkeeping, not metrics (never hidden, never charted as a loss)
@@ -106,7 +113,7 @@ def _limit(value: int | float | None, batches: int | None, field_name: str) -> i
 class _Run:
     """The state of one fit: what to train, with what, where it has got to, what it reported."""
 
-    trainer: Trainer
+    trainer: _Owner
     module: Module
     device: torch.device
     optimizer: torch.optim.Optimizer
@@ -148,7 +155,7 @@ class _Run:
     @classmethod
     def start(
         cls,
-        trainer: Trainer,
+        trainer: _Owner,
         module: Module,
         dev: torch.device,
         train_loader: Iterable[Any],
