@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .callbacks import Callback, Trainer, rank_zero_decides
 from .errors import CallbackInvalid
-from .model_checkpoint import Mode, _not_logged
+from .model_checkpoint import Mode, _not_logged, check_mode
 from .runtime import print0
 
 if TYPE_CHECKING:
@@ -34,12 +34,7 @@ class EarlyStopping(Callback):
         check_finite: bool = True,
         verbose: bool = True,
     ) -> None:
-        if mode not in ("min", "max"):
-            raise CallbackInvalid(
-                f"EarlyStopping(mode={mode!r}): mode must be 'min' or 'max'",
-                hint="mode='min' for a loss, mode='max' for an accuracy",
-                details={"field": "mode"},
-            )
+        check_mode("EarlyStopping", mode)
         if not isinstance(patience, int) or patience < 1:
             raise CallbackInvalid(
                 f"EarlyStopping(patience={patience!r}) must be a positive int",

@@ -192,12 +192,7 @@ def _check(
     every_n_epochs: int | None,
     keep_newest: int,
 ) -> None:
-    if mode not in ("min", "max"):
-        raise CallbackInvalid(
-            f"ModelCheckpoint(mode={mode!r}): mode must be 'min' or 'max'",
-            hint="mode='min' for a loss, mode='max' for an accuracy",
-            details={"field": "mode"},
-        )
+    check_mode("ModelCheckpoint", mode)
     if monitor is None and save_top_k not in (0, 1):
         raise CallbackInvalid(
             f"ModelCheckpoint(save_top_k={save_top_k}) keeps the best {save_top_k} by a metric, "
@@ -224,6 +219,16 @@ def _check(
             f"ModelCheckpoint(keep_newest={keep_newest}) must keep at least one file",
             hint="keep_newest=1",
             details={"field": "keep_newest"},
+        )
+
+
+def check_mode(who: str, mode: str) -> None:
+    """Raise :class:`CallbackInvalid` unless ``mode`` is ``"min"`` or ``"max"``."""
+    if mode not in ("min", "max"):
+        raise CallbackInvalid(
+            f"{who}(mode={mode!r}): mode must be 'min' or 'max'",
+            hint="mode='min' for a loss, mode='max' for an accuracy",
+            details={"field": "mode"},
         )
 
 

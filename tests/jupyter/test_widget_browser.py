@@ -120,6 +120,19 @@ def lab(tmp_path: Path) -> Iterator[str]:
         yield url
 
 
+def run_first_two_cells(page: Any, url: str) -> None:
+    """Open the notebook, run its first cell (``%load_ext``), then start its second."""
+    page.goto(url)
+    page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
+    page.wait_for_function("() => document.body.innerText.includes('| Idle')", timeout=60_000)
+    page.click(".jp-Notebook .jp-Cell >> nth=0")
+    page.keyboard.press("Shift+Enter")
+    page.wait_for_function(
+        "() => document.body.innerText.includes('display: widget')", timeout=60_000
+    )
+    page.keyboard.press("Shift+Enter")
+
+
 def test_widget_streams_logs_and_cancel_interrupts_the_kernel(lab: str) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -140,17 +153,7 @@ def test_widget_streams_logs_and_cancel_interrupts_the_kernel(lab: str) -> None:
         )
         try:
             page = browser.new_page()
-            page.goto(lab)
-            page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
-            page.wait_for_function(
-                "() => document.body.innerText.includes('| Idle')", timeout=60_000
-            )
-            page.click(".jp-Notebook .jp-Cell >> nth=0")
-            page.keyboard.press("Shift+Enter")
-            page.wait_for_function(
-                "() => document.body.innerText.includes('display: widget')", timeout=60_000
-            )
-            page.keyboard.press("Shift+Enter")
+            run_first_two_cells(page, lab)
             page.wait_for_function(
                 "() => document.querySelector('.gpulayer-job .gl-logs')?.textContent"
                 ".includes('line 3')",

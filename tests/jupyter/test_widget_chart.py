@@ -15,7 +15,7 @@ import pytest
 
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
 
-from .test_widget_browser import lab_with
+from .test_widget_browser import lab_with, run_first_two_cells
 
 pytestmark = [
     pytest.mark.browser,
@@ -89,17 +89,7 @@ def test_a_training_cell_draws_a_live_chart(lab: str) -> None:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1100, "height": 900})
-            page.goto(lab)
-            page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
-            page.wait_for_function(
-                "() => document.body.innerText.includes('| Idle')", timeout=60_000
-            )
-            page.click(".jp-Notebook .jp-Cell >> nth=0")
-            page.keyboard.press("Shift+Enter")
-            page.wait_for_function(
-                "() => document.body.innerText.includes('display: widget')", timeout=60_000
-            )
-            page.keyboard.press("Shift+Enter")
+            run_first_two_cells(page, lab)
             # The chart appears while the job runs, with the loss and the prog_bar metrics.
             page.wait_for_selector(".gpulayer-job .gl-chart canvas", timeout=90_000)
             page.wait_for_function(

@@ -9,7 +9,6 @@ kernel, as a two-rank job on simulated GPUs.
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -83,28 +82,11 @@ def test_accelerate_snippets_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 @pytest.mark.slow
 def test_the_notebook_cell_replacing_notebook_launcher_runs_in_a_kernel(tmp_path: Path) -> None:
     pytest.importorskip("ipykernel")
-    from jupyter_client.manager import start_new_kernel
-
-    from tests.jupyter.conftest import Kernel, kernel_env
+    from tests.jupyter.conftest import started_kernel
 
     [code] = snippets("gpulayer", "ipython")
     cells = [c.strip() for c in code.split("# %%") if c.strip()]
-    env = kernel_env(tmp_path)
-    saved = os.environ.get("JUPYTER_RUNTIME_DIR")
-    os.environ["JUPYTER_RUNTIME_DIR"] = env["JUPYTER_RUNTIME_DIR"]
-    try:
-        km, kc = start_new_kernel(kernel_name="python3", env=env, cwd=str(tmp_path))
-    finally:
-        if saved is None:
-            os.environ.pop("JUPYTER_RUNTIME_DIR", None)
-        else:
-            os.environ["JUPYTER_RUNTIME_DIR"] = saved
-    kernel = Kernel(km, kc)
-    try:
+    with started_kernel(tmp_path) as kernel:
         for source in cells:
             run = kernel.run(source, timeout=110)
             assert run.ok, (source[:60], run.reply["content"], run.stream())
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=False)
-        km.cleanup_resources()
