@@ -258,7 +258,7 @@ class Trainer:
         finally:
             run.display.close()
             module._gl_metrics = None
-        if self.stop_reason and cfg.max_time is not None and "max_time" in self.stop_reason:
+        if run.timed_out:
             print0(f"gpulayer: {self.stop_reason}")
         return self._result(run)
 
