@@ -398,10 +398,12 @@ def report(
         )
         if name == ratio_of:
             trainer_ratio = median
-    for ours, theirs in (
+    pairs = (
         ("trainer", "lightning"),
         ("trainer_with_metrics", "lightning_with_metrics"),
-    ):
+        ("trainer_with_metrics", "trainer"),  # what self.log + accuracy + CSV cost the Trainer
+    )
+    for ours, theirs in pairs:
         if ours in rates and theirs in rates:
             ahead = [t / lt for t, lt in zip(rates[ours], rates[theirs], strict=True)]
             print(
