@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -317,3 +319,44 @@ def test_resuming_with_a_changed_config_is_refused_unless_overridden(tmp_path: P
     assert result.step == 8  # max_steps may change freely
     with pytest.raises(ConfigChanged, match="'acumulate', which resume never checks"):
         changed.fit(model, batches(), ckpt_path=saved, override=("acumulate",))
+
+
+class FakeTrainer:
+    """The Trainer as callbacks see it (the protocol), saving empty files: for invariants."""
+
+    def __init__(self, directory: Path) -> None:
+        self.config = TrainerConfig(max_steps=1)
+        self.should_stop, self.stop_reason = False, None
+        self.step, self.epoch, self.validates = 0, 0, True
+        self.metrics: dict[str, float | None] = {}
+        self.device = torch.device("cpu")
+        self.checkpoint_dir = directory
+
+    def save_checkpoint(self, path: str | Path) -> Path:
+        Path(path).write_bytes(b"")
+        return Path(path)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    scores=st.lists(st.floats(-10, 10, allow_nan=False), min_size=1, max_size=12),
+    k=st.integers(-1, 4),
+    mode=st.sampled_from(["min", "max"]),
+)
+def test_best_k_always_keeps_exactly_the_k_best(
+    tmp_path_factory: pytest.TempPathFactory, scores: list[float], k: int, mode: Any
+) -> None:
+    directory = tmp_path_factory.mktemp("best-k")
+    saver = ModelCheckpoint(directory, monitor="m", mode=mode, save_top_k=k)
+    trainer = FakeTrainer(directory)
+    saver.on_fit_start(trainer, None)  # type: ignore[arg-type]
+    for step, score in enumerate(scores, 1):
+        trainer.step, trainer.metrics = step, {"m": score}
+        saver.on_validation_end(trainer, None)  # type: ignore[arg-type]
+    ranked = sorted(range(len(scores)), key=lambda i: scores[i], reverse=mode == "max")
+    keep = len(scores) if k < 0 else min(k, len(scores))
+    kept = [float(saver.best_k[p]) for p in saver.best_k]
+    assert len(saver.best_k) == keep == len(list(directory.iterdir()))
+    assert sorted(kept) == sorted(scores[i] for i in ranked[:keep])  # ties: any of equal scores
+    if keep:
+        assert saver.best_model_score == scores[ranked[0]]

@@ -26,8 +26,9 @@ from gpulayer_kernel.torch import Trainer
 from gpulayer_kernel.torch.testing import LoggingRegressor, regression_data
 
 data = regression_data(40)
+batches = [data[i : i + 4] for i in range(0, 40, 4)]
 torch.manual_seed(0)
-Trainer(max_steps=4, log_every=2).fit(LoggingRegressor(), [data[i : i + 4] for i in range(0, 40, 4)])
+Trainer(max_steps=4, log_every=2).fit(LoggingRegressor(), batches)
 """
 
 
