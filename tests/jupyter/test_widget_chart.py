@@ -40,13 +40,13 @@ from gpulayer_kernel.torch.testing import LoggingRegressor, regression_data
 
 class Paced(LoggingRegressor):  # a real model, slowed so the chart grows while we watch
     def training_step(self, batch):
-        time.sleep(0.04)
+        time.sleep(0.03)
         return super().training_step(batch)
 
 data = regression_data(512)
 loader = [data[i : i + 16] for i in range(0, 512, 16)]
 torch.manual_seed(0)
-Trainer(max_steps=300, log_every=5, val_every=25, loggers=[]).fit(Paced(), loader, loader[:4])
+Trainer(max_steps=200, log_every=5, val_every=25, loggers=[]).fit(Paced(), loader, loader[:4])
 """
 
 
@@ -93,7 +93,7 @@ def test_a_training_cell_draws_a_live_chart(lab: str) -> None:
             # The chart appears while the job runs, with the loss and the prog_bar metrics.
             page.wait_for_selector(".gpulayer-job .gl-chart canvas", timeout=90_000)
             page.wait_for_function(
-                "() => /step (1[0-9]{2}|2[0-9]{2})\\/300/.test("
+                "() => /step 1[0-9]{2}\\/200/.test("
                 "document.querySelector('.gpulayer-job .gl-progress-text')?.textContent || '')",
                 timeout=90_000,
             )
