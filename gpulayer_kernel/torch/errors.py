@@ -20,6 +20,7 @@ GPUlayerError
 
 The contract errors (``*Invalid``, ``SchedulerUnsupported``) name the hook and what it returned
 (``details = {"method", "returned"}``); ``contract.py`` raises them before or at the first step.
+The others name the metric, callback, field or package at fault in ``details``.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class OptimizersInvalid(InvalidInput):
 
 
 class SchedulerUnsupported(OptimizersInvalid):
-    """A scheduler the Trainer cannot step: it needs a metric, like ``ReduceLROnPlateau``."""
+    """A scheduler the Trainer cannot step: ``ReduceLROnPlateau`` with no ``monitor``."""
 
     code = "scheduler_unsupported"
     status = 400
