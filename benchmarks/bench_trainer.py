@@ -13,8 +13,12 @@ fresh copy of the same initial weights; we report the median of the per-round ra
 raw loop and their spread (min-max), because these machines vary +-15% between rounds.
 Each fit runs ``--steps`` optimizer steps; throughput is timed from the fetch of batch 5 to
 that of the last batch (steady state, one metrics reduction of the Trainer inside), and
-set-up time until the first batch is printed separately. The last line is the Trainer/raw
-ratio on the MLP.
+set-up time until the first batch is printed separately.
+
+"With metrics" rows (issue 17), MLP only: the Trainer with ``self.log`` of loss and accuracy
+every step (``prog_bar=True``) and a CSVLogger, and Lightning with the same ``self.log(...,
+prog_bar=True)``, its progress bar and its CSVLogger. The last line is
+``trainer_with_metrics/raw ratio: R``.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from gpulayer_kernel.torch import Module, Trainer, TrainerConfig
+from gpulayer_kernel.torch import CSVLogger, Module, Trainer, TrainerConfig
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -237,18 +241,46 @@ class _Wrapped(Module):
         return float(flops()) if flops else None
 
 
+class _Logged(_Wrapped):
+    """The same step, logging loss and accuracy every step as a LightningModule would."""
+
+    def training_step(self, batch: Any) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = self.w.loss(logits, y)
+        self.log("train_loss", loss, prog_bar=True)
+        self.log("train_acc", (logits.argmax(-1) == y).float().mean(), prog_bar=True)
+        return loss
+
+
+def _logs_dir(name: str) -> Path:
+    return Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_trainer_{name}"
+
+
 def run_trainer(w: Workload, steps: int, device: torch.device, data: TimedBatches) -> None:
-    """gpulayer's Trainer with its defaults (metrics every 50 steps), minus the final checkpoint."""
+    """gpulayer's Trainer with its defaults (metrics every 50 steps), no logger, no checkpoint."""
     module = _Wrapped(w, w.model(device), device)
     precision: Any = w.precision
     config = TrainerConfig(max_steps=steps, precision=precision, checkpoint_at_end=False)
     # The progress lines are produced (that cost is measured) but not shown.
     with contextlib.redirect_stdout(io.StringIO()):
-        Trainer(config).fit(module, data)
+        Trainer(config, loggers=[]).fit(module, data)
 
 
-def lightning_runner(defaults: bool) -> Contender | None:
-    """Lightning's Trainer, minimal (no logger, checkpointing, progress bar) or with defaults."""
+def run_trainer_with_metrics(
+    w: Workload, steps: int, device: torch.device, data: TimedBatches
+) -> None:
+    """The Trainer with self.log of loss and accuracy every step and a CSVLogger."""
+    module = _Logged(w, w.model(device), device)
+    precision: Any = w.precision
+    config = TrainerConfig(max_steps=steps, precision=precision, checkpoint_at_end=False)
+    with contextlib.redirect_stdout(io.StringIO()):
+        Trainer(config, loggers=[CSVLogger(_logs_dir("gpulayer"))]).fit(module, data)
+
+
+def lightning_runner(defaults: bool, metrics: bool = False) -> Contender | None:
+    """Lightning's Trainer, minimal (no logger, checkpointing, progress bar) or with defaults;
+    ``metrics``: self.log of loss and accuracy (prog_bar), its progress bar and a CSVLogger."""
     try:
         import lightning as L
     except ImportError:
@@ -263,8 +295,12 @@ def lightning_runner(defaults: bool) -> Contender | None:
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             x, y = batch
-            loss = self.w.loss(self.net(x), y)
-            if defaults:
+            logits = self.net(x)
+            loss = self.w.loss(logits, y)
+            if metrics:
+                self.log("train_loss", loss, prog_bar=True)
+                self.log("train_acc", (logits.argmax(-1) == y).float().mean(), prog_bar=True)
+            elif defaults:
                 self.log("loss", loss, prog_bar=True)  # what a typical LightningModule does
             return loss
 
@@ -275,7 +311,15 @@ def lightning_runner(defaults: bool) -> Contender | None:
         module = LitModule(w, w.model(device), device)
         root = Path(os.environ.get("TMPDIR", "/tmp")) / "bench_trainer_lightning"
         options: dict[str, Any] = {"default_root_dir": str(root)}
-        if not defaults:
+        if metrics:
+            from lightning.pytorch.loggers import CSVLogger as LightningCSV
+
+            options.update(
+                logger=LightningCSV(str(_logs_dir("lightning"))),
+                enable_checkpointing=False,
+                enable_model_summary=False,
+            )
+        elif not defaults:
             options.update(
                 logger=False,
                 enable_checkpointing=False,
@@ -335,8 +379,9 @@ def report(
     w: Workload,
     measured: tuple[dict[str, list[float]], dict[str, list[float]]],
     flops: float | None = None,
+    ratio_of: str = "trainer",
 ) -> float:
-    """Print each contender beside the raw loop; return the median Trainer/raw ratio."""
+    """Print each contender beside the raw loop; return the median ``ratio_of``/raw ratio."""
     rates, setups = measured
     raw = rates["raw"]
     baseline = statistics.median(raw)
@@ -351,14 +396,20 @@ def report(
             f"{w.name}: {name} {statistics.median(values):,.0f} samples/s vs raw {baseline:,.0f}:"
             f" {median:.3f}x (per-round {min(ratios):.3f}-{max(ratios):.3f}, {len(ratios)} rounds)"
         )
-        if name == "trainer":
+        if name == ratio_of:
             trainer_ratio = median
-    if "trainer" in rates and "lightning" in rates:
-        ahead = [t / lt for t, lt in zip(rates["trainer"], rates["lightning"], strict=True)]
-        print(
-            f"{w.name}: trainer/lightning {statistics.median(ahead):.3f}x "
-            f"(per-round {min(ahead):.3f}-{max(ahead):.3f})"
-        )
+    pairs = (
+        ("trainer", "lightning"),
+        ("trainer_with_metrics", "lightning_with_metrics"),
+        ("trainer_with_metrics", "trainer"),  # what self.log + accuracy + CSV cost the Trainer
+    )
+    for ours, theirs in pairs:
+        if ours in rates and theirs in rates:
+            ahead = [t / lt for t, lt in zip(rates[ours], rates[theirs], strict=True)]
+            print(
+                f"{w.name}: {ours}/{theirs} {statistics.median(ahead):.3f}x "
+                f"(per-round {min(ahead):.3f}-{max(ahead):.3f})"
+            )
     setup = ", ".join(f"{name} {statistics.median(v) * 1e3:.0f} ms" for name, v in setups.items())
     print(f"{w.name}: set-up until the first batch (not in the figures above): {setup}")
     peak = _peak() if flops else None
@@ -384,6 +435,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--no-lightning", action="store_true", help="skip Lightning")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="what to time")
+    parser.add_argument(
+        "--mlp-only", action="store_true", help="skip the transformer block (the MLP rows only)"
+    )
     args = parser.parse_args()
     if args.clock == "cpu":
         CLOCK[0] = time.process_time
@@ -393,7 +447,7 @@ def main() -> int:
         return gpu(args)
 
     device = torch.device("cpu")
-    rounds = args.rounds or (2 if args.quick else 12)  # a multiple of 3 and 4 contenders
+    rounds = args.rounds or (2 if args.quick else 12)  # a multiple of 3, 4 and 6 contenders
     steps = args.steps or (12 if args.quick else 60)  # 60: one metrics reduction (step 50) inside
     warm = 2 if args.quick else 5
     print(
@@ -407,17 +461,29 @@ def main() -> int:
     elif not args.no_lightning:
         print("lightning: not installed, skipped")
 
-    block = {"vocab": 256, "d": 128, "heads": 4, "layers": 1, "seq": 64, "batch": 32}
-    transformer = gpt_workload("transformer", 8, device, **block)
-    report(transformer, measure(transformer, contenders, steps, warm, rounds, device))
+    if not args.mlp_only:
+        block = {"vocab": 256, "d": 128, "heads": 4, "layers": 1, "seq": 64, "batch": 32}
+        transformer = gpt_workload("transformer", 8, device, **block)
+        report(transformer, measure(transformer, contenders, steps, warm, rounds, device))
 
     mlp_w = mlp_workload(16, device)
     mlp_contenders = dict(contenders)
+    mlp_contenders["trainer_with_metrics"] = run_trainer_with_metrics
+    if lightning is not None:
+        with_metrics = lightning_runner(defaults=False, metrics=True)
+        assert with_metrics is not None
+        mlp_contenders["lightning_with_metrics"] = with_metrics
     defaults = lightning_runner(defaults=True) if lightning is not None else None
     if defaults is not None and not args.quick:
         mlp_contenders["lightning-defaults"] = defaults
-    ratio = report(mlp_w, measure(mlp_w, mlp_contenders, steps, warm, rounds, device))
+    measured = measure(mlp_w, mlp_contenders, steps, warm, rounds, device)
+    ratio = report(mlp_w, measured)
     print(f"trainer/raw (mlp): {ratio:.2f}x")
+    rates = measured[0]
+    with_metrics_ratio = statistics.median(
+        t / r for t, r in zip(rates["trainer_with_metrics"], rates["raw"], strict=True)
+    )
+    print(f"trainer_with_metrics/raw ratio: {with_metrics_ratio:.3f}")
     return 0
 
 

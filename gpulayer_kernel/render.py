@@ -9,6 +9,7 @@ a placement or a progress line reads the same everywhere.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -148,6 +149,54 @@ def progress(fields: Mapping[str, Any] | None, previous: Mapping[str, Any] | Non
         if text is not None:
             out.append(text)
     return " · ".join(out)
+
+
+#: progress fields that are bookkeeping, not curves: never charted (widget) or summarised (text)
+NOT_CHARTED = frozenset({"step", "total", "epoch", "samples_per_s", "mfu", "lr"})
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def chart_point(fields: Mapping[str, Any] | None) -> tuple[float, dict[str, float]] | None:
+    """``(step, {metric: value})`` of a progress report, for the live chart; None: nothing to draw.
+
+    Metrics are the finite numbers among the fields but bookkeeping (:data:`NOT_CHARTED`,
+    ``*_per_s``); without a ``step`` there is no x to draw at.
+    """
+    if not fields:
+        return None
+    step = fields.get("step")
+    if not isinstance(step, (int, float)) or isinstance(step, bool):
+        return None
+    values = {
+        key: float(value)
+        for key, value in fields.items()
+        if key not in NOT_CHARTED
+        and not key.endswith("_per_s")
+        and isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and value == value
+        and value not in (float("inf"), float("-inf"))
+    }
+    return (float(step), values) if values else None
+
+
+def curve(name: str, values: Sequence[float], width: int = 24) -> str:
+    """``loss 2.301 → 0.4123 (min 0.3988, max 2.301) █▆▅▃▂▂▁``: a metric's curve as one line.
+
+    The sparkline is on a log scale when the values are positive and span more than a decade
+    (a loss falling from 2.3 to 0.02 would read as one bar and a flat line otherwise).
+    """
+    picked = list(values)
+    if len(values) > width:
+        picked = [values[round(i * (len(values) - 1) / (width - 1))] for i in range(width)]
+    low, high = min(values), max(values)
+    scaled = picked
+    if low > 0 and high / low > 10:
+        scaled, low, high = [math.log(v) for v in picked], math.log(low), math.log(high)
+    span = (high - low) or 1.0
+    spark = "".join(SPARK[min(7, int((v - low) / span * 7.999))] for v in scaled)
+    first, last = number(values[0]), number(values[-1])
+    return f"{name} {first} → {last} (min {number(min(values))}, max {number(max(values))}) {spark}"
 
 
 def state_line(job: Job, now: float | None = None) -> str:
@@ -337,6 +386,8 @@ class TextView:
         self._progress_at = 0.0
         self._progress = ""
         self._shown: Mapping[str, Any] | None = None  # the progress fields printed last
+        self._curves: dict[str, list[float]] = {}  # each charted metric at each new step
+        self._curve_step: float | None = None
 
     @property
     def out(self) -> TextIO:
@@ -366,9 +417,18 @@ class TextView:
                 f"waiting: {sentence} ({hint}; cancel with `%gpulayer cancel {job.id}` "
                 "or interrupt the kernel)"
             )
+        self._note_curve(job.progress)
         now = time.monotonic()
         if job.progress and now - self._progress_at >= PROGRESS_EVERY:
             self._show_progress(job.progress)
+
+    def _note_curve(self, fields: Mapping[str, Any] | None) -> None:
+        point = chart_point(fields)
+        if point is None or point[0] == self._curve_step:
+            return
+        self._curve_step = point[0]
+        for key, value in point[1].items():
+            self._curves.setdefault(key, []).append(value)
 
     def _show_progress(self, fields: Mapping[str, Any]) -> None:
         text = progress(fields, self._shown)
@@ -403,5 +463,10 @@ class TextView:
 
     def finish(self, job: Job) -> None:
         if job.progress:
+            self._note_curve(job.progress)
             self._show_progress(job.progress)
+        # Text mode's stand-in for the widget's live chart: each curve as one compact line.
+        for key, values in self._curves.items():
+            if len(values) > 1:
+                self._say(f"curve: {curve(key, values)}")
         self._say(state_line(job))

@@ -1,9 +1,12 @@
 // The GPUlayer job widget (anywidget ESM). Python sends facts already rendered to text
-// (gpulayer_kernel/render.py); this file only lays them out, keeps the log lines,
-// ticks the elapsed time, and wires the cancel button (see widget.py for why it talks to the
-// Jupyter server directly while the cell blocks).
+// (gpulayer_kernel/render.py); this file only lays them out, keeps the log lines and chart
+// points, ticks the elapsed time, and wires the cancel button (see widget.py for why it talks
+// to the Jupyter server directly while the cell blocks). `uPlot` is defined above this file:
+// widget.py bundles uPlot's browser build in front of it (vendor/), so nothing is fetched.
 
 const MAX_LINES = 5000; // kept in the page per job; older lines are dropped from the view
+const MAX_POINTS = 5000; // chart points kept in the page per job
+const COLORS = ["#1f6feb", "#cf222e", "#1a7f37", "#a07000", "#8250df", "#0a7b83", "#6e7781"];
 // Log lines per job id. Keyed by the id, not the model: anywidget hands initialize() and each
 // render() a different proxy of the same model.
 const stores = new Map();
@@ -12,7 +15,12 @@ function store(model) {
   const key = model.get("job_id");
   let s = stores.get(key);
   if (!s) {
-    s = { lines: [...(model.get("log_tail") || [])], listeners: new Set() };
+    s = {
+      lines: [...(model.get("log_tail") || [])],
+      points: [...(model.get("chart") || [])],
+      listeners: new Set(),
+      charts: new Set(),
+    };
     stores.set(key, s);
   }
   return s;
@@ -69,6 +77,12 @@ function el(tag, cls, parent) {
 function initialize({ model }) {
   const s = store(model);
   model.on("msg:custom", (msg) => {
+    if (msg && msg.type === "points") {
+      s.points.push(...msg.points);
+      if (s.points.length > MAX_POINTS) s.points.splice(0, s.points.length - MAX_POINTS);
+      for (const f of s.charts) f();
+      return;
+    }
     if (!msg || msg.type !== "logs") return;
     s.lines.push(...msg.lines);
     if (s.lines.length > MAX_LINES) s.lines.splice(0, s.lines.length - MAX_LINES);
@@ -78,6 +92,99 @@ function initialize({ model }) {
     s.lines = [...(model.get("log_tail") || [])];
     for (const f of s.listeners) f(null);
   });
+  model.on("change:chart", () => {
+    const saved = model.get("chart") || [];
+    if (saved.length >= s.points.length) s.points = [...saved];
+    for (const f of s.charts) f();
+  });
+}
+
+// The live chart: one line per metric against the step; losses on the left axis, the others
+// (accuracies, scores) on a right one, so both stay readable. Rebuilt when a metric appears.
+function liveChart(box, s) {
+  let plot = null;
+  let names = [];
+  let pending = false;
+
+  function columns() {
+    const xs = s.points.map((p) => p[0]);
+    return [xs, ...names.map((n) => s.points.map((p) => (n in p[1] ? p[1][n] : null)))];
+  }
+
+  function width() {
+    return Math.max(240, Math.min(box.parentElement.clientWidth || 600, 900) - 16);
+  }
+
+  function build() {
+    if (plot) plot.destroy();
+    const losses = names.filter((n) => n.includes("loss"));
+    const right = names.length > losses.length && losses.length > 0;
+    const series = [{ label: "step" }];
+    names.forEach((n, i) => {
+      series.push({
+        label: n,
+        scale: right && !n.includes("loss") ? "y2" : "y",
+        stroke: COLORS[i % COLORS.length],
+        width: 1.5,
+        spanGaps: true,
+        points: { show: s.points.length < 40 },
+      });
+    });
+    // Axes are drawn on the canvas: take the theme's colours from its CSS variables.
+    const css = getComputedStyle(box);
+    const fg = css.getPropertyValue("--jp-ui-font-color1").trim() || "#333";
+    const grid = { stroke: css.getPropertyValue("--jp-border-color2").trim() || "#ddd", width: 1 };
+    const axes = [
+      { label: "step", stroke: fg, grid },
+      { scale: "y", label: right ? "loss" : "", stroke: fg, grid },
+    ];
+    if (right) axes.push({ scale: "y2", side: 1, stroke: fg, grid: { show: false } });
+    plot = new uPlot(
+      {
+        width: width(),
+        height: 180,
+        series,
+        axes,
+        scales: { x: { time: false } },
+        legend: { live: true },
+        cursor: { drag: { x: true, y: false } },
+      },
+      columns(),
+      box,
+    );
+  }
+
+  function redraw() {
+    pending = false;
+    const seen = [];
+    for (const p of s.points) for (const n of Object.keys(p[1])) if (!seen.includes(n)) seen.push(n);
+    box.style.display = s.points.length >= 2 && seen.length ? "" : "none";
+    if (box.style.display === "none") return;
+    if (!plot || seen.length !== names.length) {
+      names = seen;
+      build();
+    } else {
+      plot.setData(columns());
+    }
+  }
+
+  // Points can arrive many times a second; draw at most once per animation frame.
+  function schedule() {
+    if (!pending) {
+      pending = true;
+      requestAnimationFrame(redraw);
+    }
+  }
+
+  const resize = new ResizeObserver(() => plot && plot.setSize({ width: width(), height: 180 }));
+  resize.observe(box.parentElement);
+  s.charts.add(schedule);
+  redraw();
+  return () => {
+    s.charts.delete(schedule);
+    resize.disconnect();
+    if (plot) plot.destroy();
+  };
 }
 
 function render({ model, el: root }) {
@@ -95,6 +202,7 @@ function render({ model, el: root }) {
   const bar = el("progress", "", prog);
   bar.max = 1;
   const progText = el("span", "gl-progress-text", prog);
+  const chartBox = el("div", "gl-chart", box);
   const filterRow = el("div", "gl-filter", box);
   el("span", "", filterRow).textContent = "ranks: ";
   const filter = el("select", "", filterRow);
@@ -223,7 +331,9 @@ function render({ model, el: root }) {
   const timer = setInterval(tick, 1000);
   update();
   redrawLogs();
+  const stopChart = liveChart(chartBox, s);
   return () => {
+    stopChart();
     clearInterval(timer);
     s.listeners.delete(onLines);
     model.off("change", update);

@@ -1,4 +1,4 @@
-"""The job widget (anywidget): state, placement, pending reason, progress, live logs, cancel.
+"""The job widget (anywidget): state, placement, pending reason, progress, live chart, logs, cancel.
 
 Python keeps the facts in synced traits, already rendered to text by ``render`` (so a placement or
 a progress line reads the same in the widget, the text view and the reprs); ``widget.js`` only lays
@@ -19,6 +19,11 @@ message until the cell ends. The button therefore talks to the Jupyter server fr
 
 Where the page has no Jupyter server (VS Code, static HTML), the button says to interrupt the
 kernel instead.
+
+The live chart: each progress report with a new ``step`` becomes a point of the loss and the other
+metrics (``render.chart_point``), sent as a custom message (appends, like log lines) and kept, the
+last ``CHART_POINTS``, in ``chart`` for a saved notebook. uPlot (MIT, ~50 kB, vendored in
+``vendor/``) draws it; it is bundled into the widget's ESM, so no CDN and no network is needed.
 """
 
 from __future__ import annotations
@@ -39,7 +44,20 @@ if TYPE_CHECKING:
     from .bridge import Bridge
 
 TAIL = 2000  # log lines kept in the saved widget state
+CHART_POINTS = 2000  # chart points kept in the saved widget state (the page keeps 5000)
 _HERE = Path(__file__).parent
+
+
+def _esm() -> str:
+    """uPlot's browser build (it defines ``uPlot`` in the module's scope) + the widget."""
+    vendor = (_HERE / "vendor" / "uPlot.iife.min.js").read_text()
+    return vendor + "\n" + (_HERE / "widget.js").read_text()
+
+
+def _css() -> str:
+    return (
+        (_HERE / "vendor" / "uPlot.min.css").read_text() + "\n" + (_HERE / "widget.css").read_text()
+    )
 
 
 def kernel_id() -> str:
@@ -69,8 +87,8 @@ def rest_cancel_path(bridge: Bridge, job_id: str) -> str:
 class JobWidget(anywidget.AnyWidget):
     """One job, live. Implements ``render.JobView``."""
 
-    _esm = _HERE / "widget.js"
-    _css = _HERE / "widget.css"
+    _esm = _esm()
+    _css = _css()
 
     job_id = traitlets.Unicode("").tag(sync=True)
     name = traitlets.Unicode("").tag(sync=True)
@@ -91,6 +109,7 @@ class JobWidget(anywidget.AnyWidget):
     cancel_url = traitlets.Unicode("").tag(sync=True)
     kernel_id = traitlets.Unicode("").tag(sync=True)
     message = traitlets.Unicode("").tag(sync=True)
+    chart = traitlets.List(traitlets.List()).tag(sync=True)  # [[step, {metric: value}], ...]
 
     def __init__(self, bridge: Bridge, job: Job, *, blocking: bool, **kwargs: Any) -> None:
         super().__init__(
@@ -103,6 +122,7 @@ class JobWidget(anywidget.AnyWidget):
         )
         self._bridge = bridge
         self._tail: collections.deque[list[Any]] = collections.deque(maxlen=TAIL)
+        self._points: collections.deque[list[Any]] = collections.deque(maxlen=CHART_POINTS)
         self.on_msg(self._on_msg)
         self.update(job)
 
@@ -123,6 +143,15 @@ class JobWidget(anywidget.AnyWidget):
             self.elapsed = -1.0 if took is None else took
             self.running = job.state == JobState.RUNNING
             self.ranks = render.ranks(job)
+        self._chart(job.progress)
+
+    def _chart(self, fields: dict[str, Any] | None) -> None:
+        point = render.chart_point(fields)
+        if point is None or (self._points and self._points[-1][0] == point[0]):
+            return
+        entry = [point[0], point[1]]
+        self._points.append(entry)
+        self.send({"type": "points", "points": [entry]})
 
     def add_logs(self, records: Sequence[LogRecord]) -> None:
         # A progress bar's redraws (``\r``) arrive as one line: show its last state, as a
@@ -139,6 +168,7 @@ class JobWidget(anywidget.AnyWidget):
         with self.hold_sync():
             self.blocking = False
             self.log_tail = list(self._tail)
+            self.chart = list(self._points)
             self.outcome = render.state_line(job)
 
     def feed(self, u: Update) -> None:

@@ -1,18 +1,30 @@
 """PyTorch integration (ADR 0014): runtime helpers for code in a job, and a small Trainer.
 
 Importing this package imports torch but never initialises CUDA, so a kernel can import it
-and still fork workers. Start with :class:`Module`, :class:`TrainerConfig` and :class:`Trainer`;
-docs/trainer.md has a complete example.
+and still fork workers. Start with :class:`Module`, :class:`TrainerConfig` and :class:`Trainer`
+(with :class:`Callback`, :class:`EarlyStopping`, :class:`ModelCheckpoint` and the loggers);
+for a loop of your own, :func:`prepare`, :func:`backward`, :func:`accumulate`, :func:`gather`,
+:func:`save_state`. docs/trainer.md has a complete example, docs/migrating.md the way over from
+Lightning and accelerate.
 """
 
 from __future__ import annotations
 
+from .callbacks import Callback
 from .checkpoint import load_checkpoint
 from .config import TrainerConfig
 from .data import distributed_loader, to_device
+from .early_stopping import EarlyStopping
 from .errors import (
+    CallbackFailed,
+    CallbackInvalid,
     CheckpointInvalid,
+    ConfigChanged,
+    DependencyMissing,
+    HookMissing,
     LossNotFinite,
+    MetricInvalid,
+    MetricNotFound,
     NoTrainingData,
     OptimizersInvalid,
     PrecisionUnsupported,
@@ -20,7 +32,10 @@ from .errors import (
     TrainingStepInvalid,
     ValidationStepInvalid,
 )
+from .loggers import CSVLogger, Logger, TensorBoardLogger
+from .model_checkpoint import ModelCheckpoint
 from .module import Module
+from .own_loop import accumulate, backward, gather, load_state, prepare, save_state, unwrap
 from .progress import PEAK_FLOPS, peak_flops
 from .runtime import (
     all_reduce_mean,
@@ -39,31 +54,51 @@ from .trainer import FitResult, Trainer
 
 __all__ = [
     "PEAK_FLOPS",
+    "CSVLogger",
+    "Callback",
+    "CallbackFailed",
+    "CallbackInvalid",
     "CheckpointInvalid",
+    "ConfigChanged",
+    "DependencyMissing",
+    "EarlyStopping",
     "FitResult",
+    "HookMissing",
+    "Logger",
     "LossNotFinite",
+    "MetricInvalid",
+    "MetricNotFound",
+    "ModelCheckpoint",
     "Module",
     "NoTrainingData",
     "OptimizersInvalid",
     "PrecisionUnsupported",
     "SchedulerUnsupported",
+    "TensorBoardLogger",
     "Trainer",
     "TrainerConfig",
     "TrainingStepInvalid",
     "ValidationStepInvalid",
+    "accumulate",
     "all_reduce_mean",
+    "backward",
     "barrier",
     "destroy_distributed",
     "device",
     "distributed_loader",
+    "gather",
     "init_distributed",
     "is_rank_zero",
     "load_checkpoint",
+    "load_state",
     "local_rank",
     "peak_flops",
+    "prepare",
     "print0",
     "rank",
+    "save_state",
     "seed_everything",
     "to_device",
+    "unwrap",
     "world_size",
 ]

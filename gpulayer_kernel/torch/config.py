@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
-from typing import Literal, Self
+import re
+from typing import Any, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..contracts import Contract
 
 Precision = Literal["32", "bf16-mixed", "16-mixed"]
 
+#: Fields that change what a step computes: resuming under different values is refused unless
+#: the fit names them in ``override`` (the others, lengths and cadences, may change freely).
+EXACT_FIELDS = (
+    "precision",
+    "accumulate",
+    "grad_clip",
+    "seed",
+    "deterministic",
+    "limit_train_batches",
+)
+
 
 class TrainerConfig(Contract):
     """How to train: length, precision, accumulation, clipping, logging and checkpoint cadence.
 
-    Exactly one of ``max_steps`` and ``max_epochs`` is required. Steps count optimizer steps
-    (one per ``accumulate`` micro-batches). Invalid values raise pydantic's ``ValidationError``
-    naming the field.
+    Exactly one of ``max_steps`` and ``max_epochs`` is required (neither is needed with
+    ``max_time`` or ``fast_dev_run``). Steps count optimizer steps (one per ``accumulate``
+    micro-batches). Invalid values raise pydantic's ``ValidationError`` naming the field.
     """
 
     max_steps: int | None = Field(default=None, gt=0, description="optimizer steps to train")
@@ -48,10 +60,63 @@ class TrainerConfig(Contract):
     )
     seed: int = Field(default=0, ge=0, description="seeds the training RNG (plus rank) and data")
     compile: bool = Field(default=False, description="torch.compile the module's forward")
+    val_every_epochs: int | None = Field(
+        default=None, gt=0, description="epochs between validations (at an epoch's end)"
+    )
+    max_time: float | None = Field(
+        default=None,
+        gt=0,
+        description="stop after this many seconds of training (or 'DD:HH:MM:SS' / 'HH:MM:SS'); "
+        "checked each step (at log boundaries with several ranks, so all stop together)",
+    )
+    fast_dev_run: int = Field(
+        default=0,
+        ge=0,
+        description="True or n: run n (True: 1) training and validation batches, no loggers "
+        "and no checkpoints, to check that the code runs",
+    )
+    limit_train_batches: int | float | None = Field(
+        default=None, gt=0, description="batches per epoch: a count, or a fraction (0, 1]"
+    )
+    limit_val_batches: int | float | None = Field(
+        default=None, gt=0, description="batches per validation: a count, or a fraction (0, 1]"
+    )
+    deterministic: bool = Field(
+        default=False,
+        description="torch.use_deterministic_algorithms(True) (and cuDNN deterministic) "
+        "during the fit: reproducible GPU runs, at some speed",
+    )
+
+    @field_validator("max_time", mode="before")
+    @classmethod
+    def _seconds(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if not re.fullmatch(r"\d+(:\d{1,2}){2,3}", value):
+                raise ValueError(f"max_time {value!r} is not 'DD:HH:MM:SS' or 'HH:MM:SS'")
+            parts = [int(p) for p in value.split(":")]
+            seconds = 0
+            for unit, part in zip((86400, 3600, 60, 1)[-len(parts) :], parts, strict=True):
+                seconds += unit * part
+            return float(seconds)
+        return value
+
+    @field_validator("fast_dev_run", mode="before")
+    @classmethod
+    def _dev_run(cls, value: Any) -> Any:
+        return int(value) if isinstance(value, bool) else value
+
+    @field_validator("limit_train_batches", "limit_val_batches")
+    @classmethod
+    def _fraction(cls, value: int | float | None) -> int | float | None:
+        if isinstance(value, float) and value > 1:
+            raise ValueError(f"a fraction must be in (0, 1], not {value}; pass an int for a count")
+        return value
 
     @model_validator(mode="after")
     def _one_length(self) -> Self:
-        if (self.max_steps is None) == (self.max_epochs is None):
-            given = "both" if self.max_steps is not None else "neither"
-            raise ValueError(f"set exactly one of max_steps or max_epochs ({given} given)")
+        if self.max_steps is not None and self.max_epochs is not None:
+            raise ValueError("set exactly one of max_steps or max_epochs (both given)")
+        if self.max_steps is None and self.max_epochs is None:
+            if not (self.fast_dev_run or self.max_time):
+                raise ValueError("set exactly one of max_steps or max_epochs (neither given)")
         return self

@@ -82,12 +82,17 @@ def _bad_step(message: str, hint: str, value: object) -> TrainingStepInvalid:
     return TrainingStepInvalid(message, hint=hint, details=details)
 
 
-def check_validation_step(value: object, module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """``value`` if it is a dict of one-element tensors, else :class:`ValidationStepInvalid`.
+def check_validation_step(
+    value: object, module: torch.nn.Module, hook: str = "validation_step"
+) -> dict[str, torch.Tensor]:
+    """``value`` if it is a dict of one-element tensors (None: {}), else ValidationStepInvalid.
 
-    Checked on every validation batch: a few type and shape reads, off the training steps.
+    None is allowed for steps that report through ``self.log``; the loop raises when a run
+    logged nothing at all. Checked on every evaluation batch: a few type and shape reads.
     """
-    method = f"{type(module).__name__}.validation_step"
+    method = f"{type(module).__name__}.{hook}"
+    if value is None:
+        return {}
     if isinstance(value, Mapping):  # {} is allowed: no metrics to report
         bad = {
             key: item
@@ -104,65 +109,94 @@ def check_validation_step(value: object, module: torch.nn.Module) -> dict[str, t
     raise ValidationStepInvalid(
         message,
         hint="return {'loss': loss, 'acc': acc}: str keys, one-element tensors (keep them "
-        "tensors: the Trainer averages them on the device); they are reported as val_<key>",
-        details={"method": "validation_step", "returned": _describe(value)},
+        "tensors: the Trainer averages them on the device); they are reported as "
+        f"{'val' if hook == 'validation_step' else 'test'}_<key>; or self.log them and "
+        "return None",
+        details={"method": hook, "returned": _describe(value)},
     )
 
 
-def check_optimizers(
-    setup: object, module: torch.nn.Module
-) -> tuple[torch.optim.Optimizer, LRScheduler | None]:
-    """Split what ``configure_optimizers`` returned into (optimizer, scheduler or None).
+def check_optimizers(setup: object, module: torch.nn.Module) -> tuple[torch.optim.Optimizer, Any]:
+    """Split what ``configure_optimizers`` returned into (optimizer, ScheduledLR or None).
 
-    Accepts an optimizer, ``(optimizer, scheduler)`` and ``(optimizer, None)``. Lightning's
-    lists and dicts raise :class:`OptimizersInvalid` with the equivalent return as the hint;
-    a scheduler that needs a metric raises :class:`SchedulerUnsupported`.
+    Accepts an optimizer, ``(optimizer, scheduler)``, ``(optimizer, None)``, ``(optimizer,
+    lr_scheduler_config)`` and ``{"optimizer": o, "lr_scheduler": scheduler or config}``
+    (Lightning's one-optimizer forms). Lists of optimizers raise :class:`OptimizersInvalid`
+    with the equivalent return as the hint; a ``ReduceLROnPlateau`` without ``monitor`` raises
+    :class:`SchedulerUnsupported`.
     """
+    from .scheduling import ScheduledLR, read_config
+
     method = f"{type(module).__name__}.configure_optimizers"
-    optimizers, schedulers = _lightning_parts(setup)
     details = {"method": "configure_optimizers", "returned": _describe(setup)}
-    if any(isinstance(s, ReduceLROnPlateau) for s in schedulers):
-        raise SchedulerUnsupported(
-            f"{method} returned {_describe(setup)}: ReduceLROnPlateau steps on a metric, and "
-            "the Trainer steps schedulers after each optimizer step without one",
-            hint=f"{_SETUP_HINT} with a scheduler that needs no metric ({_SCHEDULERS})",
+    optimizer: object = None
+    scheduler: object = None
+    if isinstance(setup, torch.optim.Optimizer):
+        optimizer = setup
+    elif isinstance(setup, tuple) and len(setup) == 2:
+        optimizer, scheduler = setup
+    elif isinstance(setup, Mapping) and set(setup) <= {"optimizer", "lr_scheduler"}:
+        optimizer, scheduler = setup.get("optimizer"), setup.get("lr_scheduler")
+    if not isinstance(optimizer, torch.optim.Optimizer) or isinstance(
+        scheduler, torch.optim.Optimizer
+    ):
+        optimizers, schedulers = _lightning_parts(setup)
+        raise OptimizersInvalid(
+            f"{method} returned {_describe(setup)}; the Trainer needs an optimizer, or "
+            "(optimizer, scheduler)",
+            hint=_setup_hint(optimizers, schedulers),
             details=details,
         )
-    if isinstance(setup, torch.optim.Optimizer):
-        return setup, None
-    if isinstance(setup, tuple) and len(setup) == 2 and isinstance(setup[0], torch.optim.Optimizer):
-        optimizer: torch.optim.Optimizer = setup[0]
-        scheduler: object = setup[1]
-        if scheduler is None:
-            return optimizer, None
-        if _is_scheduler(scheduler):
-            if getattr(scheduler, "optimizer", optimizer) is not optimizer:
-                raise OptimizersInvalid(
-                    f"{method} returned a {type(scheduler).__name__} built on another optimizer "
-                    f"than the {type(optimizer).__name__} it returned",
-                    hint="build the scheduler on the optimizer you return",
-                    details=details,
-                )
-            return optimizer, cast(LRScheduler, scheduler)
-        if not isinstance(scheduler, torch.optim.Optimizer):
+    if scheduler is None:
+        return optimizer, None
+    if isinstance(scheduler, Mapping) and "scheduler" in scheduler:
+        try:
+            scheduled = read_config(scheduler)
+        except ValueError as exc:
             raise OptimizersInvalid(
-                f"{method} returned {_describe(setup)}; the second item must be a scheduler",
-                hint="return (optimizer, scheduler) with a scheduler from torch.optim.lr_scheduler "
-                f"({_SCHEDULERS}), or the optimizer alone",
+                f"{method} returned a scheduler config with {exc}",
+                hint="use {'scheduler': s, 'interval': 'step' | 'epoch', 'frequency': 1, "
+                "'monitor': 'val_loss'} (monitor only for ReduceLROnPlateau)",
                 details=details,
-            )
-    raise OptimizersInvalid(
-        f"{method} returned {_describe(setup)}; the Trainer needs an optimizer, or (optimizer, "
-        "scheduler)",
-        hint=_setup_hint(optimizers, schedulers),
-        details=details,
-    )
+            ) from None
+    elif _is_scheduler(scheduler):
+        scheduled = ScheduledLR(scheduler)
+    else:
+        raise OptimizersInvalid(
+            f"{method} returned {_describe(setup)}; the second item must be a scheduler",
+            hint="return (optimizer, scheduler) with a scheduler from torch.optim.lr_scheduler "
+            f"({_SCHEDULERS}), or the optimizer alone",
+            details=details,
+        )
+    if not _is_scheduler(scheduled.scheduler):
+        raise OptimizersInvalid(
+            f"{method} returned a scheduler config whose 'scheduler' is "
+            f"{_describe(scheduled.scheduler)}",
+            hint=f"put a scheduler from torch.optim.lr_scheduler there ({_SCHEDULERS})",
+            details=details,
+        )
+    if getattr(scheduled.scheduler, "optimizer", optimizer) is not optimizer:
+        raise OptimizersInvalid(
+            f"{method} returned a {type(scheduled.scheduler).__name__} built on another "
+            f"optimizer than the {type(optimizer).__name__} it returned",
+            hint="build the scheduler on the optimizer you return",
+            details=details,
+        )
+    if scheduled.plateau and scheduled.monitor is None:
+        raise SchedulerUnsupported(
+            f"{method} returned {_describe(setup)}: ReduceLROnPlateau steps on a metric, and "
+            "no monitor says which",
+            hint="return (optimizer, {'scheduler': plateau, 'monitor': 'val_loss', 'interval': "
+            f"'epoch'}}), or a scheduler that needs no metric ({_SCHEDULERS})",
+            details=details,
+        )
+    return optimizer, scheduled
 
 
 def _is_scheduler(value: object) -> bool:
     # Duck-typed schedulers work as long as they step without arguments and save their state;
     # an optimizer has those methods too, so a pair of optimizers is not mistaken for one.
-    if isinstance(value, LRScheduler):
+    if isinstance(value, (LRScheduler, ReduceLROnPlateau)):
         return True
     if isinstance(value, torch.optim.Optimizer):
         return False

@@ -7,12 +7,20 @@ GPUlayerError
 │   ├── NoTrainingData (400 no_training_data)                   no batch, or too few for a step
 │   ├── TrainingStepInvalid (400 training_step_invalid)         None, a float, a non-scalar
 │   ├── ValidationStepInvalid (400 validation_step_invalid)     not a dict of scalar tensors
-│   └── OptimizersInvalid (400 configure_optimizers_invalid)    Lightning-style lists or dicts
-│       └── SchedulerUnsupported (400 scheduler_unsupported)    needs a metric: ReduceLROnPlateau
+│   ├── OptimizersInvalid (400 configure_optimizers_invalid)    Lightning-style lists
+│   │   └── SchedulerUnsupported (400 scheduler_unsupported)    ReduceLROnPlateau without monitor
+│   ├── MetricInvalid (400 metric_invalid)                      self.log of a vector, a str, ...
+│   ├── MetricNotFound (400 metric_not_found)                   a monitored metric never logged
+│   ├── CallbackInvalid (400 callback_invalid)                  save_top_k without monitor, ...
+│   ├── ConfigChanged (409 config_changed)                      resume under a different config
+│   ├── HookMissing (400 hook_missing)                          predict() without predict_step
+│   └── DependencyMissing (400 dependency_missing)              TensorBoard / matplotlib absent
+├── CallbackFailed (500 callback_failed)                        a callback raised: names it
 └── LossNotFinite (500 loss_not_finite)                         training diverged at a named step
 
 The contract errors (``*Invalid``, ``SchedulerUnsupported``) name the hook and what it returned
 (``details = {"method", "returned"}``); ``contract.py`` raises them before or at the first step.
+The others name the metric, callback, field or package at fault in ``details``.
 """
 
 from __future__ import annotations
@@ -63,10 +71,59 @@ class OptimizersInvalid(InvalidInput):
 
 
 class SchedulerUnsupported(OptimizersInvalid):
-    """A scheduler the Trainer cannot step: it needs a metric, like ``ReduceLROnPlateau``."""
+    """A scheduler the Trainer cannot step: ``ReduceLROnPlateau`` with no ``monitor``."""
 
     code = "scheduler_unsupported"
     status = 400
+
+
+class MetricInvalid(InvalidInput):
+    """``self.log`` got a value that is not a scalar: a vector, a string, a list, None."""
+
+    code = "metric_invalid"
+    status = 400
+
+
+class MetricNotFound(InvalidInput):
+    """A callback or scheduler monitors a metric that was never logged."""
+
+    code = "metric_not_found"
+    status = 400
+
+
+class CallbackInvalid(InvalidInput):
+    """A callback was configured in a way that cannot work (``save_top_k`` with no monitor)."""
+
+    code = "callback_invalid"
+    status = 400
+
+
+class ConfigChanged(InvalidInput):
+    """Resuming under a TrainerConfig whose exactness-relevant fields differ from the saved one."""
+
+    code = "config_changed"
+    status = 409
+
+
+class HookMissing(InvalidInput):
+    """A loop needs a hook the module does not define (``predict_step``, ``test_step``)."""
+
+    code = "hook_missing"
+    status = 400
+
+
+class DependencyMissing(InvalidInput):
+    """An optional package a feature needs is not installed (tensorboard, matplotlib)."""
+
+    code = "dependency_missing"
+    status = 400
+
+
+class CallbackFailed(GPUlayerError):
+    """A callback raised; names the callback and the hook. The cause is ``__cause__``."""
+
+    code = "callback_failed"
+    status = 500
 
 
 class LossNotFinite(GPUlayerError):

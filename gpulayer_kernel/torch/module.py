@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import abc
-from typing import Any, TypeAlias
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-OptimizerSetup: TypeAlias = torch.optim.Optimizer | tuple[torch.optim.Optimizer, LRScheduler | None]
-"""What ``configure_optimizers`` returns: an optimizer, or an optimizer and its scheduler."""
+if TYPE_CHECKING:
+    from .metrics import MetricLog
+
+OptimizerSetup: TypeAlias = (
+    torch.optim.Optimizer
+    | tuple[torch.optim.Optimizer, LRScheduler | Mapping[str, Any] | None]
+    | Mapping[str, Any]
+)
+"""What ``configure_optimizers`` returns: an optimizer, ``(optimizer, scheduler)``,
+``(optimizer, {"scheduler": s, "interval": "epoch", "monitor": "val_loss"})`` or Lightning's
+``{"optimizer": o, "lr_scheduler": ...}``."""
 
 
 class Module(torch.nn.Module, abc.ABC):
@@ -21,7 +31,38 @@ class Module(torch.nn.Module, abc.ABC):
     Call ``self(...)`` (not ``self.forward(...)``) inside the hooks so that DDP, hooks and
     ``torch.compile`` see the call. The Trainer checks what the hooks return (once, up front)
     and raises an error naming the hook, e.g. ``TrainingStepInvalid``, for anything else.
+    :meth:`log` records a metric from any step hook without a device sync.
     """
+
+    #: set by the Trainer for the duration of a loop; None: ``log`` is a no-op
+    _gl_metrics: MetricLog | None = None
+
+    def log(
+        self,
+        name: str,
+        value: torch.Tensor | float,
+        prog_bar: bool = False,
+        on_step: bool = True,
+        on_epoch: bool = False,
+        sync_dist: bool = False,
+    ) -> None:
+        """Record a scalar metric; it stays on the device until the next log boundary.
+
+        ``prog_bar``: also shown in the job's progress (widget, panel, live chart, the text
+        line); loggers and ``FitResult.history`` get every metric. ``on_step``: reported every
+        ``log_every`` steps as the mean over those steps; ``on_epoch``: the mean over the epoch,
+        at its end (both: ``name_step`` and ``name_epoch``). ``sync_dist``: averaged over ranks
+        (one ``all_reduce`` per log interval for all such metrics together); otherwise each
+        rank keeps its own and rank zero's is shown. Outside a Trainer loop it does nothing.
+        """
+        metrics = self._gl_metrics
+        if metrics is not None:
+            metrics.log(name, value, prog_bar, on_step, on_epoch, sync_dist)
+
+    def log_dict(self, values: Mapping[str, torch.Tensor | float], **options: Any) -> None:
+        """:meth:`log` each item of ``values`` with the same options."""
+        for name, value in values.items():
+            self.log(name, value, **options)
 
     @abc.abstractmethod
     def training_step(self, batch: Any) -> torch.Tensor:
@@ -35,17 +76,27 @@ class Module(torch.nn.Module, abc.ABC):
     def configure_optimizers(self) -> OptimizerSetup:
         """Return an optimizer over ``self.parameters()``, or ``(optimizer, scheduler)``.
 
-        A scheduler steps once per optimizer step (not per epoch), without a metric, so
-        ``ReduceLROnPlateau`` is refused; so are Lightning's lists and dicts.
+        A bare scheduler steps once per optimizer step; Lightning's scheduler config
+        ``{"scheduler": s, "interval": "epoch", "frequency": 1, "monitor": "val_loss"}`` says
+        otherwise (``ReduceLROnPlateau`` needs its ``monitor``). Lists of optimizers are refused.
         """
 
-    def validation_step(self, batch: Any) -> dict[str, torch.Tensor]:
+    def validation_step(self, batch: Any) -> dict[str, torch.Tensor] | None:
         """Return scalar metrics of one validation batch, e.g. ``{"loss": ..., "acc": ...}``.
 
-        The Trainer averages each over batches and ranks and reports it as ``val_<name>``.
-        Runs under ``torch.no_grad()`` with the module in eval mode.
+        The Trainer averages each over batches and ranks and reports it as ``val_<name>``;
+        or call ``self.log("val_acc", acc)`` and return None. Runs under ``torch.no_grad()``
+        with the module in eval mode.
         """
         raise NotImplementedError(f"{type(self).__name__} does not define validation_step")
+
+    def test_step(self, batch: Any) -> dict[str, torch.Tensor] | None:
+        """Like :meth:`validation_step`, for :meth:`Trainer.test`; reported as ``test_<name>``."""
+        raise NotImplementedError(f"{type(self).__name__} does not define test_step")
+
+    def predict_step(self, batch: Any) -> Any:
+        """The prediction for one batch, collected by :meth:`Trainer.predict` (default: none)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define predict_step")
 
     def flops_per_sample(self) -> float | None:
         """Training FLOPs (forward and backward) per sample, for MFU; None when unknown.
@@ -57,4 +108,9 @@ class Module(torch.nn.Module, abc.ABC):
 
 def has_validation_step(module: Module) -> bool:
     """True when ``module``'s class overrides :meth:`Module.validation_step`."""
-    return type(module).validation_step is not Module.validation_step
+    return has_hook(module, "validation_step")
+
+
+def has_hook(module: Module, name: str) -> bool:
+    """True when ``module``'s class overrides the optional hook ``name`` of :class:`Module`."""
+    return getattr(type(module), name) is not getattr(Module, name)

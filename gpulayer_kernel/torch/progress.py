@@ -60,29 +60,50 @@ class MetricWindow:
         """Exclude the time since the last call (validation, checkpoints) from samples/s."""
         self.started = time.perf_counter()
 
-    def reduce(self, first_step: int, accumulate: int) -> tuple[float, float]:
-        """Mean loss and global samples/s since the last call; one sync, collective over ranks.
+    def reduce(
+        self,
+        first_step: int,
+        accumulate: int,
+        synced: torch.Tensor | None = None,
+        local: torch.Tensor | None = None,
+        stop: bool = False,
+    ) -> tuple[float, float, list[float], bool]:
+        """Mean loss, global samples/s, the ``self.log`` sums and whether any rank asked to stop.
 
-        Raises :class:`LossNotFinite` naming the first optimizer step (``first_step`` is the
-        step of the window's first micro-batch) whose loss was NaN or infinite on any rank.
+        One host copy and, across ranks, one ``all_reduce`` for the loss, every metric logged
+        with ``sync_dist`` (``synced``) and the ``stop`` flags (``max_time``, so all ranks stop
+        at the same step); ``local`` metrics ride along in the same copy. Raises
+        :class:`LossNotFinite` naming the first optimizer step (``first_step`` is the step of
+        the window's first micro-batch) whose loss was NaN or infinite on any rank.
         """
         window = torch.stack(self.losses).float().flatten()  # autocast may give bf16 losses
         finite = torch.isfinite(window)
         n = window.numel()
         first_bad = torch.where(finite, n, torch.arange(n, device=window.device)).min()
-        stats = torch.stack(
-            [torch.where(finite, window, 0.0).sum(), window.new_tensor(float(self.samples))]
+        # float64 keeps logged values as logged (MPS has no float64: float32 there)
+        dtype = torch.float32 if window.device.type == "mps" else torch.float64
+        empty = window.new_zeros(0, dtype=dtype)
+        synced = empty if synced is None else synced.to(window.device, dtype)
+        local = empty if local is None else local.to(window.device, dtype)
+        stats = torch.cat(
+            [
+                torch.where(finite, window, 0.0).sum().reshape(1).to(dtype),
+                window.new_tensor([float(self.samples), float(stop)], dtype=dtype),
+                synced,
+            ]
         )
         if world_size() > 1:
             dist.all_reduce(stats)
-        bad_index = int(first_bad)  # the window's one host sync (stats is ready with it)
-        loss_sum, samples = stats.tolist()
+        # The window's one host copy: everything reduced above, the local metrics, first_bad.
+        host = torch.cat([stats, local, first_bad.to(dtype).reshape(1)]).tolist()
+        bad_index = int(host[-1])
+        loss_sum, samples, stops = host[0], host[1], host[2]
         bad_step = first_step + bad_index // accumulate if bad_index < n else None
         self._raise_if_bad(bad_step, window, bad_index)
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         count = n * world_size()
         self.losses, self.samples, self.started = [], 0, time.perf_counter()
-        return loss_sum / count, samples / elapsed
+        return loss_sum / count, samples / elapsed, host[3:-1], stops > 0
 
     def _raise_if_bad(self, bad_step: int | None, window: torch.Tensor, index: int) -> None:
         sentinel = 2**62

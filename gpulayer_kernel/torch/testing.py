@@ -5,6 +5,9 @@ against a real training loop and a real process group without a GPU:
 
 * :class:`TinyRegressor`: a two-layer MLP Module with optional dropout, scheduler and a NaN
   loss at a chosen call, for checking the Trainer's behaviour;
+* :class:`LoggingRegressor`: the same model reporting through ``self.log`` (train, validation),
+  with ``test_step`` and ``predict_step``;
+* :class:`RecordingCallback`: a callback that records every hook it hears, with state;
 * :func:`regression_data`: a seeded in-memory dataset;
 * :func:`spawn_ranks`: runs ``fn`` in ``world_size`` fresh processes that see torchrun's
   environment (gloo on CPU); about 2 s per start on a small machine, mostly ``import torch``.
@@ -22,7 +25,9 @@ import torch
 from torch.multiprocessing.spawn import start_processes
 from torch.utils.data import TensorDataset
 
+from .callbacks import Callback
 from .module import Module, OptimizerSetup
+from .runtime import rank
 
 
 class TinyRegressor(Module):
@@ -79,6 +84,75 @@ class TinyRegressor(Module):
         if not self.scheduler:
             return optimizer
         return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+
+
+class LoggingRegressor(TinyRegressor):
+    """:class:`TinyRegressor` logging as a LightningModule does: ``self.log`` in every step."""
+
+    def __init__(self, *args: Any, sync_dist: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sync_dist = sync_dist
+
+    def training_step(self, batch: Any) -> torch.Tensor:
+        x, y = batch
+        prediction = self(x)
+        loss = torch.nn.functional.mse_loss(prediction, y)
+        mae = (prediction - y).abs().mean()
+        self.log("train_mae", mae, prog_bar=True, on_epoch=True, sync_dist=self.sync_dist)
+        self.log("rank", float(rank()))  # differs per rank: shows what sync_dist=False keeps
+        return loss
+
+    def validation_step(self, batch: Any) -> None:  # type: ignore[override]
+        x, y = batch
+        prediction = self(x)
+        self.log("val_loss", torch.nn.functional.mse_loss(prediction, y), prog_bar=True)
+        self.log("val_mae", (prediction - y).abs().mean(), sync_dist=True)
+
+    def test_step(self, batch: Any) -> dict[str, torch.Tensor]:
+        x, y = batch
+        return {"loss": torch.nn.functional.mse_loss(self(x), y)}
+
+    def predict_step(self, batch: Any) -> torch.Tensor:
+        out: torch.Tensor = self(batch[0])
+        return out
+
+
+class RecordingCallback(Callback):
+    """Records ``(hook, step)`` for every hook; its state counts the calls (for resume tests)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.restored: dict[str, Any] | None = None
+
+    def _note(self, hook: str, trainer: Any) -> None:
+        self.calls.append((hook, trainer.step))
+
+    def on_fit_start(self, trainer: Any, module: Any) -> None:
+        self._note("on_fit_start", trainer)
+
+    def on_train_batch_end(self, trainer: Any, module: Any, loss: Any, batch: Any) -> None:
+        self._note("on_train_batch_end", trainer)
+
+    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        self._note("on_train_epoch_end", trainer)
+
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
+        self._note("on_validation_end", trainer)
+
+    def on_checkpoint(self, trainer: Any, module: Any, checkpoint: dict[str, Any]) -> None:
+        self._note("on_checkpoint", trainer)
+
+    def on_fit_end(self, trainer: Any, module: Any) -> None:
+        self._note("on_fit_end", trainer)
+
+    def on_exception(self, trainer: Any, module: Any, error: BaseException) -> None:
+        self._note("on_exception", trainer)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"calls": len(self.calls)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.restored = dict(state)
 
 
 def regression_data(n: int = 64, in_features: int = 8, seed: int = 0) -> TensorDataset:

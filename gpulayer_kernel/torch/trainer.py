@@ -1,62 +1,49 @@
 """The training loop: ``Trainer(config).fit(module, train_loader)`` on any device, any world size.
 
 :meth:`Trainer.fit` is meant to be read top to bottom; everything that is not the step itself
-(setup, metrics, validation, checkpoints) lives in :class:`_Run` below it. What a step costs
-beyond a hand-written loop: one list append for the loss and a few Python branches. It never
-waits for the device: metrics are reduced every ``log_every`` steps (see ``progress.py``).
+(setup, metrics, validation, checkpoints, stops) lives in ``run.py``. What a step costs beyond a
+hand-written loop: one list append for the loss (and one per ``self.log`` call) and a few Python
+branches. It never waits for the device: metrics are reduced every ``log_every`` steps.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
-from torch.optim.lr_scheduler import LRScheduler
 
 from .. import job
 from ..errors import InvalidInput
-from .checkpoint import (
-    FORMAT,
-    VERSION,
-    artifact_name,
-    capture_rng,
-    load_checkpoint,
-    restore_rng,
-    save_checkpoint,
-)
+from .callbacks import Callback, CallbackList
+from .checkpoint import artifact_name
 from .config import TrainerConfig
-from .contract import (
-    check_optimizers,
-    check_train_loader,
-    check_training_step,
-    check_validation_step,
-)
 from .data import batch_size_of, epoch_iterator, loader_length, to_device
-from .errors import NoTrainingData, PrecisionUnsupported
-from .module import Module, has_validation_step
-from .progress import MetricWindow, ProgressDisplay, peak_flops
-from .runtime import barrier, device, init_distributed, is_rank_zero, rank, seed_everything
-from .runtime import world_size as get_world_size
+from .errors import NoTrainingData
+from .loggers import CSVLogger, Logger
+from .loops import evaluate, predict, require_hook
+from .model_checkpoint import ModelCheckpoint
+from .module import Module
+from .resume import resolve
+from .run import _limit, _Run, autocast_for, determinism
+from .runtime import device, init_distributed, is_rank_zero, print0
 
 Metrics = dict[str, float | None]
 
 
 @dataclass(frozen=True)
 class FitResult:
-    """What :meth:`Trainer.fit` did: where it stopped, its last metrics, its last checkpoint.
+    """What :meth:`Trainer.fit` did: where it stopped, its last metrics, its checkpoints.
 
     ``step`` counts optimizer steps done; ``epoch`` is the 0-based epoch counter, which
     advances when an epoch's data runs out; ``metrics`` are the last reduced values (``loss``,
-    ``samples_per_s``, ``mfu``, ``lr``, ``val_*``); ``checkpoint`` is None when none was saved.
-    Inside a GPUlayer job ``checkpoint`` is a scratch path, gone when the job ends; ``artifact``
-    is the name it comes back under (``gpulayer artifacts JOB --get NAME``).
+    ``samples_per_s``, ``mfu``, ``lr``, ``val_*``, and what ``self.log`` recorded);
+    ``checkpoint`` is the newest file saved (None when none was). Inside a GPUlayer job the
+    paths are scratch paths, gone when the job ends; ``artifact`` / ``best_artifact`` are the
+    names they come back under (``gpulayer artifacts JOB --get NAME``).
     """
 
     step: int
@@ -68,69 +55,217 @@ class FitResult:
     history: list[dict[str, float | int | None]] = field(default_factory=list)
     #: the last checkpoint's artifact name inside a GPUlayer job (None outside one)
     artifact: str | None = None
+    #: the best checkpoint of a ModelCheckpoint with a monitor, and its artifact name
+    best_checkpoint: Path | None = None
+    best_artifact: str | None = None
+    #: why the fit ended before its max_steps/max_epochs (early stopping, max_time), or None
+    stopped: str | None = None
+
+    def plot(self, metrics: Sequence[str] | None = None, ax: Any = None) -> Any:
+        """Draw the history with matplotlib (loss-like metrics left, others right); a Figure."""
+        from .plot import plot_history
+
+        return plot_history(self.history, metrics, ax)
 
 
 class Trainer:
-    """Trains a :class:`Module` as its :class:`TrainerConfig` says; reusable across fits."""
+    """Trains a :class:`Module` as its :class:`TrainerConfig` says; reusable across fits.
 
-    def __init__(self, config: TrainerConfig) -> None:
+    ``Trainer(TrainerConfig(max_steps=1000))`` or, the same, ``Trainer(max_steps=1000)``.
+    ``callbacks`` run in the given order (callbacks.py); ``loggers`` default to one
+    :class:`CSVLogger` (``[]``: none). While a fit runs, callbacks read the live state here:
+    ``step``, ``epoch``, ``metrics``, ``should_stop``.
+    """
+
+    def __init__(
+        self,
+        config: TrainerConfig | None = None,
+        *,
+        callbacks: Iterable[Callback] = (),
+        loggers: Iterable[Logger] | None = None,
+        **fields: Any,
+    ) -> None:
+        if config is None:
+            config = TrainerConfig(**fields)
+        elif fields:
+            raise InvalidInput(
+                f"Trainer got a TrainerConfig and fields ({', '.join(sorted(fields))})",
+                hint="put the fields in the TrainerConfig, or pass fields only",
+            )
         self.config = config
+        self.callbacks = list(callbacks)
+        for cb in self.callbacks:
+            if not isinstance(cb, Callback):
+                raise InvalidInput(
+                    f"callbacks must subclass gpulayer_kernel.torch.Callback; got "
+                    f"{type(cb).__name__}",
+                    hint="class MyCallback(Callback): def on_train_batch_end(self, trainer, "
+                    "module, loss, batch): ...",
+                )
+        self.loggers: list[Logger] = [CSVLogger()] if loggers is None else list(loggers)
+        for logger in self.loggers:
+            if not isinstance(logger, Logger):
+                raise InvalidInput(
+                    f"{type(logger).__name__} is not a logger: it needs log_hyperparams, "
+                    "log_metrics and finalize",
+                    hint="use CSVLogger(), TensorBoardLogger(), or implement the Logger protocol",
+                )
+        self.should_stop = False
+        self.stop_reason: str | None = None
+        self._run: _Run | None = None
+        self._checkpointers: list[ModelCheckpoint] = []
+
+    # -- the live state callbacks read -----------------------------------------------------------
+
+    @property
+    def step(self) -> int:
+        return self._run.step if self._run else 0
+
+    global_step = step  # Lightning's name
+
+    @property
+    def epoch(self) -> int:
+        return self._run.epoch if self._run else 0
+
+    current_epoch = epoch  # Lightning's name
+
+    @property
+    def metrics(self) -> Metrics:
+        """The last reduced metrics (host floats: reading them never syncs the device)."""
+        return self._run.metrics if self._run else {}
+
+    @property
+    def device(self) -> torch.device:
+        return self._run.device if self._run else device()
+
+    @property
+    def validates(self) -> bool:
+        """True when this fit validates (a val_loader was given)."""
+        return self._run is not None and self._run.val_loader is not None
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        cfg = self.config
+        return Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else job.output_dir()
+
+    def save_checkpoint(self, path: str | Path) -> Path:
+        """Save the fit's state to ``path`` (collective: call it on every rank)."""
+        if self._run is None:
+            raise InvalidInput(
+                "save_checkpoint() saves a running fit; none is running",
+                hint="call it from a callback, during fit()",
+            )
+        return self._run.save(Path(path))
+
+    def fit_callbacks(self) -> tuple[CallbackList, list[ModelCheckpoint]]:
+        """The fit's callbacks: the given ones, then the default ModelCheckpoint if none given."""
+        cfg = self.config
+        checkpointers = [cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)]
+        if cfg.fast_dev_run:
+            checkpointers = []
+        elif not checkpointers:
+            checkpointers = [
+                ModelCheckpoint(
+                    every_n_steps=cfg.checkpoint_every,
+                    keep_newest=cfg.keep_checkpoints,
+                    save_at_end=cfg.checkpoint_at_end,
+                )
+            ]
+        others = [cb for cb in self.callbacks if not isinstance(cb, ModelCheckpoint)]
+        self._checkpointers = checkpointers
+        return CallbackList([*others, *checkpointers]), checkpointers
+
+    def best_and_last(self) -> tuple[str | None, str | None]:
+        """Paths of the best (monitored) and newest checkpoints this Trainer's fits saved."""
+        best = next((c.best_model_path for c in self._checkpointers if c.best_model_path), None)
+        last = next((c.last_model_path for c in self._checkpointers if c.last_model_path), None)
+        return best, last
+
+    # -- fit --------------------------------------------------------------------------------------
 
     def fit(
         self,
         module: Module,
         train_loader: Iterable[Any],
         val_loader: Iterable[Any] | None = None,
+        ckpt_path: str | Path | Mapping[str, Any] | None = None,
+        *,
         resume: str | Path | Mapping[str, Any] | None = None,
+        override: Iterable[str] = (),
     ) -> FitResult:
         """Train ``module`` on ``train_loader`` (re-iterable: a DataLoader, a list of batches).
 
-        ``resume`` (a checkpoint path or dict) continues exactly where that checkpoint left
-        off, data order included. Raises :class:`LossNotFinite` naming the first bad step.
+        ``ckpt_path`` (a checkpoint file or dict, ``"last"``, ``"best"``, an artifact name,
+        ``"JOB_ID:ARTIFACT"``; ``resume`` is the same) continues exactly where that checkpoint
+        left off, data order included; a changed config field that changes the maths raises
+        :class:`ConfigChanged` unless ``override`` names it. Raises :class:`LossNotFinite`
+        naming the first bad step, :class:`CallbackFailed` naming a callback that raised.
         """
+        if ckpt_path is not None and resume is not None:
+            raise InvalidInput(
+                "fit() got both ckpt_path and resume", hint="pass one (they mean the same)"
+            )
         cfg = self.config
         init_distributed()
-        run = _Run.start(cfg, module, device(), train_loader, val_loader, resume)
+        self.should_stop, self.stop_reason = False, None
+        run = _Run.start(
+            self, module, device(), train_loader, val_loader, ckpt_path or resume, override
+        )
+        self._run = run
+        module._gl_metrics = run.log  # self.log in training_step lands here
         try:
-            while not run.finished():
-                batches = epoch_iterator(train_loader, run.epoch, cfg.seed, run.batch_in_epoch)
-                run.restore_rng_once()  # on resume: only now that the data is positioned
-                for batch in batches:
-                    batch = to_device(batch, run.device)
-                    run.pending = (run.pending + 1) % cfg.accumulate  # 0: step after this one
-                    run.batch_in_epoch += 1
-                    # Accumulation micro-batches skip DDP's gradient all-reduce (no_sync).
-                    with run.no_sync() if run.pending else nullcontext():
-                        with run.autocast():
-                            loss = run.train_step(batch)
-                        run.window.add(loss, batch_size_of(batch))  # no .item(): no sync
-                        scaled = loss / cfg.accumulate if cfg.accumulate > 1 else loss
-                        run.scaler.scale(scaled).backward()  # type: ignore[no-untyped-call]
-                    if run.pending:
-                        continue
-                    if cfg.grad_clip is not None:
-                        run.scaler.unscale_(run.optimizer)
-                        torch.nn.utils.clip_grad_norm_(run.params, cfg.grad_clip)
-                    run.scaler.step(run.optimizer)
-                    run.scaler.update()
-                    run.optimizer.zero_grad(set_to_none=True)
-                    if run.scheduler is not None:
-                        run.scheduler.step()
-                    run.step += 1
-                    run.at_step_end()  # log, validate, checkpoint when due
-                    if run.finished():
-                        break
-                else:  # the epoch ran out
-                    if run.batch_in_epoch == 0:
-                        raise NoTrainingData(
-                            f"train_loader yielded no batches in epoch {run.epoch}",
-                            hint="check the dataset's length, batch_size and drop_last",
-                        )
-                    run.epoch, run.batch_in_epoch = run.epoch + 1, 0
-            run.at_end()
+            with determinism(cfg.deterministic):
+                run.hyperparams()
+                run.callbacks.call("on_fit_start", self, module)
+                while not run.finished():
+                    batches = epoch_iterator(train_loader, run.epoch, cfg.seed, run.batch_in_epoch)
+                    run.restore_rng_once()  # on resume: only now that the data is positioned
+                    for batch in run.epoch_batches(batches):
+                        batch = to_device(batch, run.device)
+                        run.pending = (run.pending + 1) % cfg.accumulate  # 0: step after this
+                        run.batch_in_epoch += 1
+                        # Accumulation micro-batches skip DDP's gradient all-reduce (no_sync).
+                        with run.no_sync() if run.pending else nullcontext():
+                            with run.autocast():
+                                loss = run.train_step(batch)
+                            run.window.add(loss, batch_size_of(batch))  # no .item(): no sync
+                            scaled = loss / cfg.accumulate if cfg.accumulate > 1 else loss
+                            run.scaler.scale(scaled).backward()  # type: ignore[no-untyped-call]
+                        if run.pending:
+                            continue
+                        if cfg.grad_clip is not None:
+                            run.scaler.unscale_(run.optimizer)
+                            torch.nn.utils.clip_grad_norm_(run.params, cfg.grad_clip)
+                        run.scaler.step(run.optimizer)
+                        run.scaler.update()
+                        run.optimizer.zero_grad(set_to_none=True)
+                        run.step += 1
+                        run.at_step_end(loss, batch)  # scheduler; log, validate, save when due
+                        if run.finished():
+                            break
+                    else:  # the epoch ran out
+                        if run.batch_in_epoch == 0:
+                            raise NoTrainingData(
+                                f"train_loader yielded no batches in epoch {run.epoch}",
+                                hint="check the dataset's length, batch_size and drop_last",
+                            )
+                        run.at_epoch_end()
+                run.at_end()
+        except BaseException as error:
+            run.callbacks.exception(self, module, error)
+            run.finalize("failed")
+            raise
         finally:
             run.display.close()
+            module._gl_metrics = None
+        if run.timed_out:
+            print0(f"gpulayer: {self.stop_reason}")
+        return self._result(run)
+
+    def _result(self, run: _Run) -> FitResult:
         saved = run.last_checkpoint
+        best_path, _ = self.best_and_last()
+        best = Path(best_path) if best_path else None
         return FitResult(
             run.step,
             run.epoch,
@@ -138,261 +273,62 @@ class Trainer:
             saved,
             list(run.history),
             artifact=artifact_name(saved) if saved is not None else None,
+            best_checkpoint=best,
+            best_artifact=artifact_name(best) if best is not None else None,
+            stopped=self.stop_reason,
         )
 
+    # -- evaluation loops ---------------------------------------------------------------------
 
-class _TrainingStep(torch.nn.Module):
-    """Routes DDP's forward to ``training_step``, so DDP's gradient hooks see every step."""
+    def validate(
+        self, module: Module, loader: Iterable[Any], ckpt_path: str | Path | None = None
+    ) -> dict[str, float]:
+        """Mean validation metrics over ``loader`` (and ranks), as ``val_<key>``."""
+        require_hook(module, "validation_step", "validate()")
+        return self._evaluate(module, loader, ckpt_path, "validation_step")
 
-    def __init__(self, module: Module) -> None:
-        super().__init__()
-        self.module = module
+    def test(
+        self, module: Module, loader: Iterable[Any], ckpt_path: str | Path | None = None
+    ) -> dict[str, float]:
+        """Mean ``test_step`` metrics over ``loader`` (and ranks), as ``test_<key>``.
 
-    def forward(self, batch: Any) -> torch.Tensor:
-        return self.module.training_step(batch)
+        ``ckpt_path="best"`` tests the best checkpoint of this Trainer's last fit.
+        """
+        require_hook(module, "test_step", "test()")
+        return self._evaluate(module, loader, ckpt_path, "test_step")
 
+    def predict(
+        self, module: Module, loader: Iterable[Any], ckpt_path: str | Path | None = None
+    ) -> list[Any]:
+        """``predict_step`` of every batch of ``loader`` on this rank, in order."""
+        require_hook(module, "predict_step", "predict()")
+        dev = self._prepare(module, ckpt_path)
+        autocast = autocast_for(self.config.precision, dev)
+        return predict(module, loader, dev, autocast, self._val_limit(loader))
 
-def _autocast(precision: str, dev: torch.device) -> Callable[[], AbstractContextManager[Any]]:
-    if precision == "32":
-        return nullcontext  # entering a disabled autocast still costs a few microseconds
-    dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float16
-    return functools.partial(torch.autocast, device_type=dev.type, dtype=dtype)
-
-
-@dataclass(eq=False)
-class _Run:
-    """The state of one fit: what to train, with what, where it has got to, what it reported."""
-
-    config: TrainerConfig
-    module: Module
-    device: torch.device
-    optimizer: torch.optim.Optimizer
-    scheduler: LRScheduler | None
-    scaler: torch.amp.GradScaler
-    train_step: Callable[[Any], torch.Tensor]
-    no_sync: Callable[[], AbstractContextManager[Any]]
-    autocast: Callable[[], AbstractContextManager[Any]]
-    val_loader: Iterable[Any] | None
-    params: list[torch.nn.Parameter]
-    step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    pending: int = 0  # micro-batches whose gradients wait for the next optimizer step
-    rng: dict[str, Any] | None = None  # RNG to restore once the resumed epoch is positioned
-    metrics: Metrics = field(default_factory=dict)
-    history: list[dict[str, float | int | None]] = field(default_factory=list)
-    window: MetricWindow = field(default_factory=MetricWindow)
-    display: ProgressDisplay = field(default_factory=ProgressDisplay)
-    last_checkpoint: Path | None = None
-    written: list[Path] = field(default_factory=list)
-    logged_step: int = 0  # the step of the last reduction: the window starts after it
-    validated_step: int = -1
-    checkpointed_step: int = -1
-    total: int | None = None  # steps in the whole fit, when the loader has a length
-    flops: float | None = None  # training FLOPs per sample, for MFU
-    peak: float | None = None  # the device's peak FLOP/s, for MFU
-
-    @classmethod
-    def start(
-        cls,
-        cfg: TrainerConfig,
-        module: Module,
-        dev: torch.device,
-        train_loader: Iterable[Any],
-        val_loader: Iterable[Any] | None,
-        resume: str | Path | Mapping[str, Any] | None,
-    ) -> _Run:
-        """Check the inputs, move the module, build optimizers, then seed or restore state."""
-        if not isinstance(module, Module):
-            raise InvalidInput(
-                f"fit() needs a gpulayer_kernel.torch.Module, got {type(module).__name__}",
-                hint="subclass gpulayer_kernel.torch.Module and define training_step and "
-                "configure_optimizers",
-            )
-        if val_loader is not None and not has_validation_step(module):
-            raise InvalidInput(
-                f"val_loader given but {type(module).__name__} does not define validation_step",
-                hint="define validation_step(batch) -> dict[str, Tensor], or drop val_loader",
-            )
-        if cfg.precision == "16-mixed" and dev.type != "cuda":
-            raise PrecisionUnsupported(
-                f"precision '16-mixed' needs a CUDA device; this rank trains on {dev.type}",
-                hint="use precision='bf16-mixed' (runs on CPUs and recent GPUs) or '32'",
-            )
-        check_train_loader(train_loader, cfg)
-        checkpoint = load_checkpoint(resume) if resume is not None else None
-        if checkpoint is None:
-            seed_everything(cfg.seed + rank())  # distinct dropout masks per rank
-        module.to(dev)
-        module.train()
-        if checkpoint is not None:
+    def _prepare(self, module: Module, ckpt_path: str | Path | None) -> torch.device:
+        init_distributed()
+        dev = device()
+        if ckpt_path is not None:
+            checkpoint = resolve(ckpt_path, self.checkpoint_dir, *self.best_and_last())
             module.load_state_dict(checkpoint["model"])
-        optimizer, scheduler = check_optimizers(module.configure_optimizers(), module)
-        scaler = torch.amp.GradScaler(dev.type, enabled=cfg.precision == "16-mixed")
-        if cfg.compile:
-            module.compile()  # compiles __call__ in place: self(...) in the hooks is compiled
-        train_step: Callable[[Any], torch.Tensor] = module.training_step
-        no_sync: Callable[[], AbstractContextManager[Any]] = nullcontext
-        if get_world_size() > 1:
-            ddp = DistributedDataParallel(
-                _TrainingStep(module), device_ids=[dev.index] if dev.type == "cuda" else None
-            )
-            train_step, no_sync = ddp, ddp.no_sync
-        run = cls(
-            config=cfg,
-            module=module,
-            device=dev,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            scaler=scaler,
-            train_step=train_step,  # replaced just below, by a check of the first call
-            no_sync=no_sync,
-            autocast=_autocast(cfg.precision, dev),
-            val_loader=val_loader,
-            params=[p for p in module.parameters() if p.requires_grad],
-        )
-        run.train_step = functools.partial(run._first_train_step, train_step)
-        if checkpoint is not None:
-            run._load(checkpoint)
-        run.flops = module.flops_per_sample()
-        run.peak = peak_flops(dev) if run.flops else None
-        run.total = cfg.max_steps
-        batches = loader_length(train_loader)
-        if cfg.max_epochs is not None and batches is not None:
-            run.total = batches * cfg.max_epochs // cfg.accumulate
-        return run
+        module.to(dev)
+        return dev
 
-    def _first_train_step(self, step: Callable[[Any], Any], batch: Any) -> torch.Tensor:
-        """Run and check the first call of ``training_step``; later calls skip the check."""
-        loss = check_training_step(step(batch), self.module)
-        self.train_step = step  # from now on the bare call: the check costs nothing per step
-        return loss
+    def _evaluate(
+        self, module: Module, loader: Iterable[Any], ckpt_path: str | Path | None, hook: str
+    ) -> dict[str, float]:
+        dev = self._prepare(module, ckpt_path)
+        autocast = autocast_for(self.config.precision, dev)
+        with determinism(self.config.deterministic):
+            metrics = evaluate(module, loader, dev, autocast, hook, self._val_limit(loader))
+        if is_rank_zero():
+            shown = "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+            print0(f"{hook.removesuffix('_step')}: {shown}")
+            for logger in self.loggers:
+                logger.log_metrics(dict(metrics), self.step)
+        return metrics
 
-    def _load(self, checkpoint: dict[str, Any]) -> None:
-        """Take optimizer, scheduler, scaler state and position from a resumed checkpoint."""
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
-        if self.scheduler is not None and checkpoint.get("scheduler") is not None:
-            self.scheduler.load_state_dict(checkpoint["scheduler"])
-        if checkpoint.get("scaler") is not None:
-            self.scaler.load_state_dict(checkpoint["scaler"])
-        self.step = self.logged_step = self.validated_step = self.checkpointed_step = int(
-            checkpoint["step"]
-        )
-        self.epoch, self.batch_in_epoch = (
-            int(checkpoint["epoch"]),
-            int(checkpoint["batch_in_epoch"]),
-        )
-        states = checkpoint["rng"]
-        # Same world size: each rank continues its own streams; otherwise a best effort.
-        self.rng = states[rank() % len(states)]
-
-    def restore_rng_once(self) -> None:
-        """Put back the resumed RNG streams (once, after the first epoch is positioned)."""
-        if self.rng is not None:
-            restore_rng(self.rng, self.device)
-            self.rng = None
-
-    def finished(self) -> bool:
-        """True once ``max_steps`` steps or ``max_epochs`` epochs are done."""
-        cfg = self.config
-        if cfg.max_steps is not None:
-            return self.step >= cfg.max_steps
-        return self.epoch >= (cfg.max_epochs or 0)
-
-    def at_step_end(self) -> None:
-        """Log every ``log_every`` steps, and before each checkpoint so none saves a NaN model."""
-        cfg, step, final = self.config, self.step, self.finished()
-        every = cfg.val_every is not None and step % cfg.val_every == 0
-        validate = self.val_loader is not None and (every or final)
-        checkpoint = cfg.checkpoint_every is not None and step % cfg.checkpoint_every == 0
-        checkpoint = checkpoint or (final and cfg.checkpoint_at_end)
-        if step % cfg.log_every == 0 or checkpoint or validate or final:
-            self._report(validate)
-        if checkpoint:
-            self._checkpoint()
-
-    def at_end(self) -> None:
-        """Report what the last window and a final validation saw; save the final checkpoint."""
-        validate = self.val_loader is not None and self.validated_step != self.step
-        if self.window.losses or validate:
-            self._report(validate=validate)
-        if self.config.checkpoint_at_end and self.checkpointed_step != self.step:
-            self._checkpoint()
-        barrier()  # every rank returns only once rank zero's checkpoint is on disk
-
-    def _report(self, validate: bool) -> None:
-        cfg = self.config
-        if self.window.losses:
-            loss, samples_per_s = self.window.reduce(self.logged_step + 1, cfg.accumulate)
-            per_device = samples_per_s / get_world_size()
-            mfu = self.flops * per_device / self.peak if self.flops and self.peak else None
-            self.metrics.update(loss=loss, samples_per_s=samples_per_s, mfu=mfu)
-        self.logged_step = self.step
-        self.metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
-        if validate:
-            self.metrics.update(self._validate())
-            self.validated_step = self.step
-        fields = {"step": self.step, "total": self.total, "epoch": self.epoch, **self.metrics}
-        self.history.append({"step": self.step, **self.metrics})
-        self.display.update(fields)
-        self.window.restart_clock()
-
-    def _validate(self) -> Metrics:
-        """Mean of each validation metric over batches and ranks; leaves the training RNG alone."""
-        loader = self.val_loader
-        if loader is None:
-            return {}
-        sums: dict[str, torch.Tensor] = {}
-        batches = 0
-        self.module.eval()
-        forked = [self.device.index or 0] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=forked), torch.no_grad():
-            for batch in loader:
-                with self.autocast():
-                    out = self.module.validation_step(to_device(batch, self.device))
-                out = check_validation_step(out, self.module)  # host-side facts only, no sync
-                for key, value in out.items():
-                    value = value.detach().float()
-                    sums[key] = sums[key] + value if key in sums else value
-                batches += 1
-        self.module.train()
-        keys = sorted(sums)
-        count = torch.tensor(float(batches), device=self.device)
-        packed = torch.stack([sums[key] for key in keys] + [count])
-        if get_world_size() > 1:
-            dist.all_reduce(packed)
-        *values, total = packed.tolist()
-        return {f"val_{key}": value / total for key, value in zip(keys, values, strict=True)}
-
-    def _checkpoint(self) -> None:
-        """Gather every rank's RNG, save on rank zero, prune to ``keep_checkpoints`` files."""
-        cfg = self.config
-        rng = capture_rng(self.device)
-        states: list[Any] = [rng]
-        if get_world_size() > 1:
-            states = [None] * get_world_size()
-            dist.all_gather_object(states, rng)
-        directory = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else job.output_dir()
-        path = directory / f"step-{self.step:08d}.pt"
-        self.last_checkpoint, self.checkpointed_step = path, self.step
-        if not is_rank_zero():
-            return
-        checkpoint = {
-            "format": FORMAT,
-            "version": VERSION,
-            "model": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-            "step": self.step,
-            "epoch": self.epoch,
-            "batch_in_epoch": self.batch_in_epoch,
-            "config": cfg.model_dump(mode="json"),
-            "rng": states,
-        }
-        save_checkpoint(checkpoint, path)
-        self.written = [p for p in self.written if p != path] + [path]
-        for old in self.written[: -cfg.keep_checkpoints]:
-            old.unlink(missing_ok=True)
-        self.written = self.written[-cfg.keep_checkpoints :]
-        self.window.restart_clock()
+    def _val_limit(self, loader: Iterable[Any]) -> int | None:
+        limit = self.config.fast_dev_run or self.config.limit_val_batches
+        return _limit(limit, loader_length(loader), "limit_val_batches")

@@ -7,6 +7,7 @@ session in its environment (so jobs show as text, as under nbval).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -103,12 +104,12 @@ class Kernel:
                 return Execution(reply, messages)
 
 
-@pytest.fixture(scope="module")
-def gl_kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
+@contextlib.contextmanager
+def started_kernel(root: Path, **extra_env: str) -> Iterator[Kernel]:
+    """A real ipykernel in ``root`` with isolated state (``kernel_env``); shut down on exit."""
     from jupyter_client.manager import start_new_kernel
 
-    root = tmp_path_factory.mktemp("kernel")
-    env = kernel_env(root)
+    env = {**kernel_env(root), **extra_env}
     old = os.environ.get("JUPYTER_RUNTIME_DIR")
     os.environ["JUPYTER_RUNTIME_DIR"] = env["JUPYTER_RUNTIME_DIR"]  # the connection file
     try:
@@ -118,12 +119,17 @@ def gl_kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
             os.environ.pop("JUPYTER_RUNTIME_DIR", None)
         else:
             os.environ["JUPYTER_RUNTIME_DIR"] = old
-    kernel = Kernel(km, kc)
     try:
-        loaded = kernel.run("%load_ext gpulayer_kernel.jupyter")
-        assert loaded.ok, loaded.reply
-        yield kernel
+        yield Kernel(km, kc)
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=False)
         km.cleanup_resources()
+
+
+@pytest.fixture(scope="module")
+def gl_kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
+    with started_kernel(tmp_path_factory.mktemp("kernel")) as kernel:
+        loaded = kernel.run("%load_ext gpulayer_kernel.jupyter")
+        assert loaded.ok, loaded.reply
+        yield kernel

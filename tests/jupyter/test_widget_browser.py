@@ -7,6 +7,7 @@ Cancel button must interrupt the kernel through the Jupyter server: the cell the
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -15,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,8 +62,9 @@ NOTEBOOK = {
 }
 
 
-@pytest.fixture
-def lab(tmp_path: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def lab_with(tmp_path: Path, notebook: dict[str, Any]) -> Iterator[str]:
+    """A JupyterLab serving ``notebook`` as t.ipynb; yields the page's URL."""
     import json
 
     env = kernel_env(tmp_path)
@@ -72,7 +75,7 @@ def lab(tmp_path: Path) -> Iterator[str]:
     )
     root = tmp_path / "notebooks"
     root.mkdir()
-    (root / "t.ipynb").write_text(json.dumps(NOTEBOOK))
+    (root / "t.ipynb").write_text(json.dumps(notebook))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -111,6 +114,25 @@ def lab(tmp_path: Path) -> Iterator[str]:
         server.wait(30)
 
 
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[str]:
+    with lab_with(tmp_path, NOTEBOOK) as url:
+        yield url
+
+
+def run_first_two_cells(page: Any, url: str) -> None:
+    """Open the notebook, run its first cell (``%load_ext``), then start its second."""
+    page.goto(url)
+    page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
+    page.wait_for_function("() => document.body.innerText.includes('| Idle')", timeout=60_000)
+    page.click(".jp-Notebook .jp-Cell >> nth=0")
+    page.keyboard.press("Shift+Enter")
+    page.wait_for_function(
+        "() => document.body.innerText.includes('display: widget')", timeout=60_000
+    )
+    page.keyboard.press("Shift+Enter")
+
+
 def test_widget_streams_logs_and_cancel_interrupts_the_kernel(lab: str) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -131,17 +153,7 @@ def test_widget_streams_logs_and_cancel_interrupts_the_kernel(lab: str) -> None:
         )
         try:
             page = browser.new_page()
-            page.goto(lab)
-            page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
-            page.wait_for_function(
-                "() => document.body.innerText.includes('| Idle')", timeout=60_000
-            )
-            page.click(".jp-Notebook .jp-Cell >> nth=0")
-            page.keyboard.press("Shift+Enter")
-            page.wait_for_function(
-                "() => document.body.innerText.includes('display: widget')", timeout=60_000
-            )
-            page.keyboard.press("Shift+Enter")
+            run_first_two_cells(page, lab)
             page.wait_for_function(
                 "() => document.querySelector('.gpulayer-job .gl-logs')?.textContent"
                 ".includes('line 3')",

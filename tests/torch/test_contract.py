@@ -134,7 +134,7 @@ def test_a_one_element_loss_is_accepted(tmp_path: Path) -> None:
 def test_training_step_is_checked_on_its_first_call_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpulayer_kernel.torch import trainer
+    from gpulayer_kernel.torch import run as trainer
 
     calls = []
     original = trainer.check_training_step
@@ -170,18 +170,6 @@ def test_training_step_is_checked_on_its_first_call_only(
             id="([opt],[config])",
         ),
         pytest.param(
-            lambda m: {"optimizer": (o := sgd(m)), "lr_scheduler": step_lr(o)},
-            "returned {'optimizer': SGD, 'lr_scheduler': StepLR}",
-            "return (optimizer, scheduler)",
-            id="dict",
-        ),
-        pytest.param(
-            lambda m: {"optimizer": sgd(m)},
-            "{'optimizer': SGD}",
-            "the optimizer itself",
-            id="{opt}",
-        ),
-        pytest.param(
             lambda m: (sgd(m), sgd(m)), "returned (SGD, SGD)", "one optimizer", id="two-optimizers"
         ),
         pytest.param(
@@ -211,19 +199,11 @@ def test_configure_optimizers_must_return_an_optimizer_or_a_pair(
         pytest.param(
             lambda m: ((o := sgd(m)), torch.optim.lr_scheduler.ReduceLROnPlateau(o)), id="pair"
         ),
-        pytest.param(
-            lambda m: {
-                "optimizer": (o := sgd(m)),
-                "lr_scheduler": {
-                    "scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(o),
-                    "monitor": "val_loss",
-                },
-            },
-            id="lightning-dict",
-        ),
     ],
 )
-def test_reduce_lr_on_plateau_is_refused_before_training(tmp_path: Path, setup: Setup) -> None:
+def test_reduce_lr_on_plateau_without_a_monitor_is_refused_before_training(
+    tmp_path: Path, setup: Setup
+) -> None:
     error = refused(Bent(setup=setup), tmp_path, SchedulerUnsupported)
     assert error.code == "scheduler_unsupported"
     assert "Bent.configure_optimizers returned" in error.message
