@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 import os
 import sys
 import traceback
@@ -157,27 +156,7 @@ def _plain_json(value: Any) -> bool:
     False means "not sure", never "refused": the caller then asks ``ensure_json``, which owns the
     rules and names the offending item.
     """
-    stack = [value]
-    count = 0
-    while stack:
-        v = stack.pop()
-        count += 1
-        if count > 100_000:
-            return False
-        if v is None or type(v) in (bool, int, str):
-            continue
-        if type(v) is float:
-            if not math.isfinite(v):
-                return False
-            continue
-        if type(v) is list:
-            stack.extend(v)
-            continue
-        if type(v) is dict:
-            if not all(type(k) is str for k in v):
-                return False
-            stack.extend(v.values())
-            continue
+    if not transfer.is_plain_json(value):
         return False
     try:
         return len(json.dumps(value, allow_nan=False)) <= _FAST_JSON_BYTES

@@ -90,11 +90,21 @@ def max_bytes() -> int:
         return DEFAULT_MAX_BYTES
 
 
+MAX_ITEMS = 100_000  # values is_plain_json looks at before it says "not sure"
+MAX_DEPTH = 200  # nesting encode follows (a structure deeper than this is refused)
+
+
 def is_plain_json(value: Any) -> bool:
-    """True when ``value`` is JSON as it is (then it needs no blob at all)."""
+    """True when ``value`` is certainly JSON as it is (then it needs no blob at all). False
+    means "not sure" past ``MAX_ITEMS`` values (a huge or self-containing structure), never
+    "refused": ``encode`` and ``ensure_json`` own the rules and name the offending item."""
     stack = [value]
+    count = 0
     while stack:
         v = stack.pop()
+        count += 1
+        if count > MAX_ITEMS:
+            return False
         if v is None or type(v) in (bool, int, str):
             continue
         if type(v) is float:
@@ -151,32 +161,51 @@ def encode(
     limit = max_bytes() if limit is None else limit
     tensors: list[tuple[str, str, list[int], bytes]] = []
     total = 0
+    inside: set[int] = set()  # the containers on the path being walked (a cycle is refused)
 
     def walk(v: Any, path: str) -> Any:
-        nonlocal total
         if v is None or isinstance(v, (bool, int, str)):
             return v
         if isinstance(v, float):
             if not math.isfinite(v):
                 return {"$float": repr(v)}
             return v
-        if isinstance(v, (list, tuple)):
-            items = [walk(x, f"{path}[{i}]") for i, x in enumerate(v)]
-            return items if isinstance(v, list) else {"$tuple": items}
-        if isinstance(v, dict):
-            if not all(isinstance(k, str) for k in v):
+        if isinstance(v, (list, tuple, dict)):
+            if id(v) in inside or len(inside) >= MAX_DEPTH:
+                why = "contains itself" if id(v) in inside else f"nests deeper than {MAX_DEPTH}"
                 raise NotJSON(
-                    f"{path} has a key that is not a string",
-                    hint="use string keys",
+                    f"{path} {why}, which cannot move {across}",
+                    hint="move a flat structure of tensors and JSON values",
                     details={"path": path},
                     code="not_transferable",
                 )
-            mapping = {k: walk(x, f"{path}[{k!r}]") for k, x in v.items()}
-            return {"$dict": mapping} if any(k.startswith("$") for k in v) else mapping
-        leaf = _tensor_leaf(v, path)
-        if leaf is None:
+            inside.add(id(v))
+            try:
+                return container(v, path)
+            finally:
+                inside.discard(id(v))
+        return leaf(v, path)
+
+    def container(v: list[Any] | tuple[Any, ...] | dict[Any, Any], path: str) -> Any:
+        if not isinstance(v, dict):
+            items = [walk(x, f"{path}[{i}]") for i, x in enumerate(v)]
+            return items if isinstance(v, list) else {"$tuple": items}
+        if not all(isinstance(k, str) for k in v):
+            raise NotJSON(
+                f"{path} has a key that is not a string",
+                hint="use string keys",
+                details={"path": path},
+                code="not_transferable",
+            )
+        mapping = {k: walk(x, f"{path}[{k!r}]") for k, x in v.items()}
+        return {"$dict": mapping} if any(k.startswith("$") for k in v) else mapping
+
+    def leaf(v: Any, path: str) -> Any:
+        nonlocal total
+        found = _tensor_leaf(v, path)
+        if found is None:
             raise refusal(v, path, across)
-        source, dtype, shape, raw = leaf
+        source, dtype, shape, raw = found
         total += len(raw)
         if total > limit:
             raise TooLarge(

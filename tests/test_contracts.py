@@ -172,3 +172,17 @@ def test_a_worker_cannot_claim_one_device_index_twice() -> None:
     dev = {"index": 0, "vendor": "sim", "name": "Sim", "kind": "sim"}
     with pytest.raises(ValidationFailed, match="device index 0 appears twice"):
         parse(WorkerRegistration, {"name": "w", "capabilities": {"devices": [dev, dev]}})
+
+
+def test_ensure_json_refuses_a_cycle_or_a_too_deep_value_naming_the_path() -> None:
+    loop: list[Any] = [1]
+    loop.append({"back": loop})
+    with pytest.raises(NotJSON, match=r"args\[1\]\['back'\] contains itself"):
+        ensure_json(loop, "args")
+    deep: list[Any] = []
+    for _ in range(300):
+        deep = [deep]
+    with pytest.raises(NotJSON, match="nests deeper than 200"):
+        ensure_json(deep, "args")
+    shared = [1]
+    assert ensure_json({"a": shared, "b": shared}) == {"a": [1], "b": [1]}

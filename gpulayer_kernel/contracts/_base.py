@@ -64,7 +64,7 @@ def ensure_json(value: Any, what: str = "value") -> Any:
     GPUlayer never pickles: arguments and results cross machines as JSON. Anything else (a
     tensor, a function, a NaN) is refused with the path of the first offending item.
     """
-    _check_json(value, what)
+    _check_json(value, what, set())
     size = len(json.dumps(value, allow_nan=False))
     if size > MAX_JSON_BYTES:
         raise NotJSON(
@@ -75,7 +75,10 @@ def ensure_json(value: Any, what: str = "value") -> Any:
     return value
 
 
-def _check_json(value: Any, path: str) -> None:
+MAX_JSON_DEPTH = 200  # nesting ensure_json follows; deeper (or a cycle) is refused, not a crash
+
+
+def _check_json(value: Any, path: str, inside: set[int]) -> None:
     if value is None or isinstance(value, (bool, int, str)):
         return
     if isinstance(value, float):
@@ -86,19 +89,21 @@ def _check_json(value: Any, path: str) -> None:
                 details={"path": path},
             )
         return
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            _check_json(item, f"{path}[{i}]")
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise NotJSON(
-                    f"{path} has a key of type {type(key).__name__}; JSON keys are strings",
-                    hint="convert the keys to str",
-                    details={"path": path},
-                )
-            _check_json(item, f"{path}[{key!r}]")
+    if isinstance(value, (list, tuple, dict)):
+        if id(value) in inside or len(inside) >= MAX_JSON_DEPTH:
+            why = (
+                "contains itself" if id(value) in inside else f"nests deeper than {MAX_JSON_DEPTH}"
+            )
+            raise NotJSON(
+                f"{path} {why}, which JSON cannot carry",
+                hint="pass a flat structure of plain JSON values",
+                details={"path": path},
+            )
+        inside.add(id(value))
+        try:
+            _check_items(value, path, inside)
+        finally:
+            inside.discard(id(value))
         return
     kind = f"{type(value).__module__}.{type(value).__qualname__}"
     raise NotJSON(
@@ -107,3 +112,20 @@ def _check_json(value: Any, path: str) -> None:
         "them to $GPULAYER_OUTPUT as an artifact and pass the artifact's name instead",
         details={"path": path, "type": kind},
     )
+
+
+def _check_items(
+    value: list[Any] | tuple[Any, ...] | dict[Any, Any], path: str, inside: set[int]
+) -> None:
+    if not isinstance(value, dict):
+        for i, item in enumerate(value):
+            _check_json(item, f"{path}[{i}]", inside)
+        return
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise NotJSON(
+                f"{path} has a key of type {type(key).__name__}; JSON keys are strings",
+                hint="convert the keys to str",
+                details={"path": path},
+            )
+        _check_json(item, f"{path}[{key!r}]", inside)

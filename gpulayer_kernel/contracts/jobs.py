@@ -6,7 +6,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, JsonValue, field_validator, model_validator
+from pydantic import AfterValidator, Field, JsonValue, field_validator, model_validator
 
 from ._base import SHA256_PATTERN, Contract, ensure_json
 from .artifacts import Artifact
@@ -14,6 +14,33 @@ from .scheduling import PlacementReport
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+
+
+def _env_names(v: dict[str, str]) -> dict[str, str]:
+    for key in v:
+        if not ENV_NAME_RE.match(key):
+            raise ValueError(f"{key!r} is not a valid environment variable name")
+    return v
+
+
+def _secret_names(v: list[str]) -> list[str]:
+    for key in v:
+        if not ENV_NAME_RE.match(key):
+            raise ValueError(f"{key!r} is not a valid secret name (letters, digits, _)")
+    return v
+
+
+def _label_keys(v: dict[str, str]) -> dict[str, str]:
+    for key in v:
+        if not LABEL_KEY_RE.match(key):
+            raise ValueError(f"{key!r} is not a valid label key")
+    return v
+
+
+# The fields a job and a session share (a session's are its job's), checked the same way.
+EnvVars = Annotated[dict[str, str], AfterValidator(_env_names)]
+SecretNames = Annotated[list[str], AfterValidator(_secret_names)]
+Labels = Annotated[dict[str, str], AfterValidator(_label_keys)]
 # Linux's MAX_ARG_STRLEN (32 pages) for one argv/environ string; a total well under the usual
 # 2 MiB ARG_MAX leaves room for the environment the worker adds itself.
 MAX_ARG_STRLEN = 128 * 1024
@@ -156,8 +183,8 @@ class JobSpec(Contract):
     name: str = Field("job", min_length=1, max_length=200)
     workload: Workload
     resources: Resources = Field(default_factory=Resources)
-    env: dict[str, str] = Field(default_factory=dict)
-    secrets: list[str] = Field(default_factory=list, description="names resolved on the worker")
+    env: EnvVars = Field(default_factory=dict)
+    secrets: SecretNames = Field(default_factory=list, description="names resolved on the worker")
     timeout: float | None = Field(None, gt=0, description="seconds; the job is killed past it")
     retries: int = Field(
         0,
@@ -165,7 +192,7 @@ class JobSpec(Contract):
         le=10,
         description="opt-in re-runs after a failure; never applied to gang (multi-GPU) jobs",
     )
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: Labels = Field(default_factory=dict)
     priority: int = Field(0, ge=-1000, le=1000)
     workdir: str | None = Field(
         None,
@@ -177,30 +204,6 @@ class JobSpec(Contract):
         description="keep waiting when no worker can ever run the job as asked (one may join); "
         "otherwise such a job fails at once, saying what exists",
     )
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in v:
-            if not ENV_NAME_RE.match(key):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
-        return v
-
-    @field_validator("secrets")
-    @classmethod
-    def _secret_names(cls, v: list[str]) -> list[str]:
-        for key in v:
-            if not ENV_NAME_RE.match(key):
-                raise ValueError(f"{key!r} is not a valid secret name (letters, digits, _)")
-        return v
-
-    @field_validator("labels")
-    @classmethod
-    def _label_keys(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in v:
-            if not LABEL_KEY_RE.match(key):
-                raise ValueError(f"{key!r} is not a valid label key")
-        return v
 
     @model_validator(mode="after")
     def _exec_safe(self) -> JobSpec:

@@ -27,14 +27,15 @@ from .. import display
 from ._base import SHA256_PATTERN, Contract, ensure_json
 from .jobs import (
     DEFAULT_IDLE_TIMEOUT,
-    ENV_NAME_RE,
-    LABEL_KEY_RE,
     MAX_IDLE_TIMEOUT,
+    EnvVars,
     Job,
+    Labels,
     LogLine,
     LogRecord,
     MimeBundle,
     Resources,
+    SecretNames,
 )
 
 SESSION_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
@@ -69,34 +70,10 @@ class SessionSpec(Contract):
     resources: Resources = Field(default_factory=Resources)
     idle_timeout: float = Field(DEFAULT_IDLE_TIMEOUT, gt=0, le=MAX_IDLE_TIMEOUT)
     holder: SessionHolder
-    env: dict[str, str] = Field(default_factory=dict)
-    secrets: list[str] = Field(default_factory=list)
-    labels: dict[str, str] = Field(default_factory=dict)
+    env: EnvVars = Field(default_factory=dict)
+    secrets: SecretNames = Field(default_factory=list)
+    labels: Labels = Field(default_factory=dict)
     wait_for_capacity: bool = False
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in v:
-            if not ENV_NAME_RE.match(key):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
-        return v
-
-    @field_validator("secrets")
-    @classmethod
-    def _secret_names(cls, v: list[str]) -> list[str]:
-        for key in v:
-            if not ENV_NAME_RE.match(key):
-                raise ValueError(f"{key!r} is not a valid secret name (letters, digits, _)")
-        return v
-
-    @field_validator("labels")
-    @classmethod
-    def _label_keys(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in v:
-            if not LABEL_KEY_RE.match(key):
-                raise ValueError(f"{key!r} is not a valid label key")
-        return v
 
 
 class SessionStatus(StrEnum):

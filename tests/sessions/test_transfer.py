@@ -141,3 +141,23 @@ def test_plain_json_needs_no_blob() -> None:
     assert not transfer.is_plain_json({"a": float("nan")})
     assert not transfer.is_plain_json((1, 2))
     assert not transfer.is_plain_json(torch.zeros(1))
+
+
+def test_a_structure_that_contains_itself_is_refused_not_followed_forever() -> None:
+    loop: list[Any] = [1]
+    loop.append({"back": loop})
+    assert not transfer.is_plain_json(loop)  # "not sure": bounded, never a hang
+    with pytest.raises(NotJSON) as err:
+        transfer.encode({"loop": loop})
+    assert err.value.code == "not_transferable"
+    assert err.value.message.startswith("loop[1]['back'] contains itself")
+    deep: list[Any] = []
+    for _ in range(transfer.MAX_DEPTH + 5):
+        deep = [deep]
+    with pytest.raises(NotJSON, match=f"nests deeper than {transfer.MAX_DEPTH}"):
+        transfer.encode({"deep": deep})
+    # The same list twice, side by side, is not a cycle.
+    shared = [1.0, 2.0]
+    assert transfer.decode(transfer.encode({"pair": [shared, shared]})) == {
+        "pair": [[1.0, 2.0], [1.0, 2.0]]
+    }
