@@ -4,6 +4,17 @@ from __future__ import annotations
 
 from ._base import API_VERSION, Contract, ensure_json, parse
 from .artifacts import Artifact
+from .costs import (
+    AttemptRecord,
+    Budget,
+    BudgetList,
+    BudgetPolicy,
+    BudgetStatus,
+    CostEntry,
+    CostKind,
+    CostReport,
+    CostRow,
+)
 from .jobs import (
     TERMINAL_STATES,
     CommandWorkload,
@@ -33,7 +44,15 @@ from .protocol import (
     Rendezvous,
     Work,
 )
-from .scheduling import PlacementReport, Reason, ReasonCount
+from .providers import (
+    Instance,
+    InstanceList,
+    InstanceState,
+    Offer,
+    ProviderCheck,
+    ProviderList,
+)
+from .scheduling import PlacementReport, Reason, ReasonCount, ScalingCode, ScalingNote
 from .workers import (
     Device,
     Frameworks,
@@ -48,9 +67,18 @@ __all__ = [
     "API_VERSION",
     "TERMINAL_STATES",
     "Artifact",
+    "AttemptRecord",
     "AttemptRef",
+    "Budget",
+    "BudgetList",
+    "BudgetPolicy",
+    "BudgetStatus",
     "CommandWorkload",
     "Contract",
+    "CostEntry",
+    "CostKind",
+    "CostReport",
+    "CostRow",
     "Device",
     "Event",
     "EventCursor",
@@ -58,6 +86,9 @@ __all__ = [
     "FinishReport",
     "Frameworks",
     "HostFacts",
+    "Instance",
+    "InstanceList",
+    "InstanceState",
     "Job",
     "JobAssignment",
     "JobList",
@@ -68,14 +99,19 @@ __all__ = [
     "LogPage",
     "LogRecord",
     "NodePlacement",
+    "Offer",
     "Placement",
     "PlacementReport",
     "ProgressReport",
+    "ProviderCheck",
+    "ProviderList",
     "PythonWorkload",
     "Reason",
     "ReasonCount",
     "Rendezvous",
     "Resources",
+    "ScalingCode",
+    "ScalingNote",
     "Work",
     "WorkerCapabilities",
     "WorkerInfo",

@@ -6,8 +6,10 @@ written through to the MetadataStore (group-committed) before a call returns, so
 every acknowledged change on disk. Each part owns its state and changes only through its methods:
 ``jobs`` (JobTable: the one commit path of every job change), ``registry`` (workers), ``event_log``
 (the ring UIs follow), ``tails`` (job logs), ``dispatch`` (inboxes, cancels, rendezvous),
-``scheduling`` (passes, reservations), ``outcomes`` (finishes, cancels, retries, lost workers) and
-``reaper``. Every wait and timeout runs on ``clock``: tests hand in a FakeClock.
+``scheduling`` (passes, reservations), ``outcomes`` (finishes, cancels, retries, lost workers),
+``reaper``, and ``provisioning`` (the cost ledger, budgets, provider instances and, where the
+control plane serves workers, the autoscaler: ADR 0010, 0011). Every wait and timeout runs on
+``clock``: tests hand in a FakeClock.
 """
 
 from __future__ import annotations
@@ -20,13 +22,19 @@ from typing import Any
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import (
     Artifact,
+    Budget,
+    BudgetList,
+    BudgetStatus,
+    CostReport,
     EventPage,
     FinishReport,
+    InstanceList,
     Job,
     JobSpec,
     JobState,
     LogLine,
     LogPage,
+    ProviderList,
     Rendezvous,
     Work,
     WorkerInfo,
@@ -35,6 +43,7 @@ from ..contracts import (
     check_secret_name,
     ensure_json,
 )
+from ..contracts.costs import GroupBy
 from ..errors import Conflict, NotFound
 from ..redact import Redactor
 from ..scheduler import Snapshot
@@ -44,6 +53,7 @@ from .events import EventLog
 from .jobs import Change, JobTable, artifact_named
 from .logs import LogTails
 from .outcomes import Outcomes
+from .provisioning import Provisioning
 from .reaper import Reaper
 from .scheduling import SchedulingLoop
 from .workers import SUSPECT_GRACE, WorkerRegistry
@@ -91,7 +101,17 @@ class ControlPlane:
         parts = (self.jobs, self.registry, self.tails, self.dispatch)
         self.outcomes = Outcomes(*parts, clock=clock, rendezvous_timeout=rendezvous_timeout)
         self.scheduling = SchedulingLoop(store, *parts, clock=clock, reserve_after=reserve_after)
-        self.reaper = Reaper(self.registry, self._lose_worker, self.outcomes.overdue, clock=clock)
+        self.provisioning = Provisioning(
+            store,
+            self.jobs,
+            self.registry,
+            self.tails,
+            self.scheduling,
+            lose=lambda wid, why, preempted: self._lose_worker(wid, why, preempted=preempted),
+            cancel=self.outcomes.cancel,
+            clock=clock,
+        )
+        self.reaper = Reaper(self.registry, self._lose_worker, self._overdue, clock=clock)
         self.registry.on_change = self.scheduling.kick  # a worker under suspicion, or back
 
     # Settings live in the part that uses them; tests and hosts read (and tune) them here.
@@ -116,6 +136,7 @@ class ControlPlane:
     async def start(self) -> None:
         """Load active jobs and known workers; workers of a dead in-process host are lost."""
         await self.jobs.load()
+        await self.provisioning.start()
         for w in self.registry.restore(await self.store.load_workers()):
             await self._lose_worker(w.id, "its host process stopped")
         await self.outcomes.orphans_at_start()  # after the losses: their jobs are settled
@@ -129,6 +150,7 @@ class ControlPlane:
 
     async def close(self) -> None:
         self.scheduling.close()
+        await self.provisioning.close()
         await self.reaper.stop()
         self.jobs.close()
         self.dispatch.close()
@@ -138,6 +160,7 @@ class ControlPlane:
         """Wiring: what other parts do when a job changes (called by the job table's commit)."""
         before, after = change
         self.dispatch.job_changed(after)
+        self.provisioning.job_changed(after)
         if after.state == before.state or not (
             after.state.terminal or after.state == JobState.QUEUED
         ):
@@ -150,10 +173,20 @@ class ControlPlane:
         self.scheduling.kick()
 
     async def _lose_worker(
-        self, worker_id: str, why: str, state: WorkerState = WorkerState.LOST
+        self,
+        worker_id: str,
+        why: str,
+        state: WorkerState = WorkerState.LOST,
+        *,
+        preempted: bool = False,
     ) -> None:
-        await self.outcomes.lose_worker(worker_id, why, state)
+        await self.outcomes.lose_worker(worker_id, why, state, preempted=preempted)
         self.scheduling.kick()
+
+    async def _overdue(self) -> None:
+        """The reaper's round: gangs without rendezvous, unconfirmed cancels, budgets."""
+        await self.outcomes.overdue()
+        await self.provisioning.budgets.watch()
 
     # -- client side -----------------------------------------------------------------------------
 
@@ -166,7 +199,9 @@ class ControlPlane:
                 details={"bundle": spec.workload.bundle},
                 code="bundle_not_found",
             )
+        budgets, estimate = self.provisioning.check_submit(spec)  # refused over a budget
         change = self.jobs.add(spec)
+        self.provisioning.submitted(change.after, budgets, estimate)
         self.tails.open(change.after.id)  # before any await: its first line is numbered 1
         self.scheduling.fresh.add(change.after.id)  # its first pass decides if it can ever fit
         await self.jobs.flush([change])
@@ -249,9 +284,18 @@ class ControlPlane:
 
     # -- worker side -----------------------------------------------------------------------------
 
-    async def register(self, reg: WorkerRegistration, worker_id: str | None = None) -> WorkerInfo:
-        """Enrol a worker (or re-enrol one after a restart, keeping its id)."""
+    async def register(
+        self,
+        reg: WorkerRegistration,
+        worker_id: str | None = None,
+        *,
+        instance_token: str | None = None,
+    ) -> WorkerInfo:
+        """Enrol a worker (or re-enrol one after a restart, keeping its id); one that joined with
+        an instance token (its id) is the worker of that provider instance."""
         info = await self.registry.register(reg, worker_id)
+        if instance_token is not None:
+            self.provisioning.joined(instance_token, info)
         self.scheduling.kick()
         return info
 
@@ -383,3 +427,26 @@ class ControlPlane:
 
     async def artifact_for(self, job_id: str, name: str) -> Artifact:
         return artifact_named(await self.get(job_id), name)
+
+    # -- providers, costs, budgets (ADR 0010, 0011) ----------------------------------------------
+
+    async def providers(self) -> ProviderList:
+        """Every configured provider, checked now, with its offers and instance count."""
+        return await self.provisioning.provider_list()
+
+    async def instances(self, ended: bool = False) -> InstanceList:
+        """Provider instances, newest first (with ``ended``: the ended ones too)."""
+        return await self.provisioning.instance_list(ended)
+
+    async def costs(self, by: GroupBy = "job", since: float | None = None) -> CostReport:
+        """Estimates and charges summed by user, job, provider, UTC day or project."""
+        return await self.provisioning.cost_report(by, since)
+
+    async def budgets(self) -> BudgetList:
+        return self.provisioning.budget_list()
+
+    async def set_budget(self, budget: Budget) -> BudgetStatus:
+        return await self.provisioning.set_budget(budget)
+
+    async def delete_budget(self, name: str) -> None:
+        await self.provisioning.delete_budget(name)

@@ -17,20 +17,26 @@ resent), and a pending report whose reasons did not change is not announced.
 ``stage`` is also where secret values are masked in what a job carries from its workers (its
 result, progress fields and reason): whoever reports them, nothing unmasked is kept, stored,
 announced or served. Workers mask first; this is the second layer.
+
+And it is where attempts are accounted (``ledger.py``, ADR 0011): a placement opens the attempt's
+record in ``Job.history`` with its estimate, an end closes it with its charge; the ledger rows
+that come with them are written by ``flush`` in the same group commit as the job.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..contracts import Artifact, Job, JobSpec, JobState
+from ..contracts import Artifact, CostEntry, Job, JobSpec, JobState
 from ..errors import Conflict, InvalidInput, NotFound
 from ..store import JobQuery, MetadataStore
 from .events import EventLog
+from .ledger import AttemptEnd, Ledger
 from .signals import Signals
 from .states import check_transition, check_update
 
@@ -74,6 +80,8 @@ class JobTable:
         self._finished: OrderedDict[str, Job] = OrderedDict()
         self._signals = Signals(clock)
         self._nodes_done: dict[str, set[str]] = {}  # gang job id -> workers whose node succeeded
+        self.ledger: Ledger | None = None  # the control plane sets one (it prices attempts)
+        self._costs: list[CostEntry] = []  # ledger rows staged, written by the next flush
 
     async def load(self) -> None:
         """Read numbering and the active jobs back from the store (at start)."""
@@ -182,11 +190,20 @@ class JobTable:
         self._active[job.id] = job
         return Change(job, job)
 
-    def stage(self, job_id: str, target: JobState | None = None, **fields: Any) -> Change:
+    def stage(
+        self,
+        job_id: str,
+        target: JobState | None = None,
+        *,
+        ended: AttemptEnd | None = None,
+        **fields: Any,
+    ) -> Change:
         """Check one change against the tables and apply it in memory; ``flush`` makes it stick.
 
         With ``target`` the job moves (any field may change with it; a final move stamps
         ``finished_at``); without, only the fields ``states.UPDATES`` allows for its state.
+        ``ended`` says how the attempt ended when the move alone does not (a retry, a
+        preemption): the ledger records it with the attempt's charge.
         """
         before = self._active.get(job_id)
         if before is None:
@@ -212,6 +229,9 @@ class JobTable:
             if target.terminal:
                 fields.setdefault("finished_at", self.clock.now())
         after = before.model_copy(update=fields)
+        if self.ledger is not None and target is not None:
+            after, rows = self.ledger.account(before, after, ended)
+            self._costs.extend(rows)
         if after.state.terminal or after.state == JobState.QUEUED:
             self._nodes_done.pop(job_id, None)
         if after.state.terminal:
@@ -233,7 +253,14 @@ class JobTable:
         """
         if persist and changes:
             now = [self.cached(c.after.id) or c.after for c in changes]
-            await self.store.save_jobs(now)
+            rows, self._costs = self._costs, []
+            if rows:
+                # Queued before either write awaits: one group commit carries both.
+                await asyncio.gather(self.store.save_jobs(now), self.store.save_costs(rows))
+                assert self.ledger is not None
+                self.ledger.on_rows(rows)
+            else:
+                await self.store.save_jobs(now)
         for change in changes:
             after = change.after
             if after.state.terminal:
@@ -246,9 +273,16 @@ class JobTable:
             if self.on_change is not None:
                 self.on_change(change)
 
-    async def commit(self, job_id: str, target: JobState | None = None, **fields: Any) -> Job:
+    async def commit(
+        self,
+        job_id: str,
+        target: JobState | None = None,
+        *,
+        ended: AttemptEnd | None = None,
+        **fields: Any,
+    ) -> Job:
         """Stage and flush one change; returns the job as changed."""
-        change = self.stage(job_id, target, **fields)
+        change = self.stage(job_id, target, ended=ended, **fields)
         await self.flush([change])
         return change.after
 

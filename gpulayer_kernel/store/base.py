@@ -1,4 +1,5 @@
-"""The metadata store interface (ADR 0008): jobs, logs, workers, tokens, secrets."""
+"""The metadata store interface (ADR 0008): jobs, logs, workers, tokens, secrets, and (ADR 0010,
+0011) provider instances, the cost ledger and budgets."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..contracts import Job, JobState, LogRecord, WorkerInfo
+from ..contracts import Budget, CostEntry, Instance, Job, JobState, LogRecord, WorkerInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,3 +104,33 @@ class MetadataStore(abc.ABC):
 
     @abc.abstractmethod
     async def delete_secret(self, name: str) -> bool: ...
+
+    # -- provisioning and accounting (migration 5) ------------------------------------------------
+
+    @abc.abstractmethod
+    async def save_instances(self, instances: Sequence[Instance]) -> None:
+        """Upsert provider instances by id (written before the provider is called)."""
+
+    @abc.abstractmethod
+    async def load_instances(self, *, ended: bool = False, limit: int = 1000) -> list[Instance]:
+        """Instances newest first; only those not ended unless ``ended``."""
+
+    @abc.abstractmethod
+    async def save_costs(self, entries: Sequence[CostEntry]) -> None:
+        """Upsert ledger rows by (job_id, attempt, kind): writing one twice leaves one row."""
+
+    @abc.abstractmethod
+    async def list_costs(
+        self, since: float | None = None, job_id: str | None = None
+    ) -> list[CostEntry]:
+        """Ledger rows recorded at or after ``since`` (of one job, if given), oldest first."""
+
+    @abc.abstractmethod
+    async def save_budget(self, budget: Budget) -> None: ...
+
+    @abc.abstractmethod
+    async def load_budgets(self) -> list[Budget]: ...
+
+    @abc.abstractmethod
+    async def delete_budget(self, name: str) -> bool:
+        """Forget a budget; False if there was none of that name."""

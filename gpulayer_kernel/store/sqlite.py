@@ -23,6 +23,8 @@ from pydantic import ValidationError
 from ..contracts import Job, LogRecord, WorkerInfo
 from ..errors import SchemaTooNew, StoreError, Unavailable
 from .base import JobQuery, MetadataStore, TokenRecord
+from .sqlite_provisioning import MIGRATION as PROVISIONING_MIGRATION
+from .sqlite_provisioning import ProvisioningRows
 
 log = logging.getLogger("gpulayer.store")
 
@@ -56,6 +58,9 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         CREATE TABLE secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL, updated_at REAL NOT NULL);
         """,
     ),
+    # 3 (sessions) and 4 (identity) belong to other issues; the runner skips numbers at or
+    # below the file's version, so the list only needs to stay sorted.
+    PROVISIONING_MIGRATION,
 ]
 LATEST_SCHEMA = MIGRATIONS[-1][0]
 T = TypeVar("T")
@@ -94,7 +99,7 @@ class _Run:
     rows: list[tuple[Any, ...]]
 
 
-class SqliteStore(MetadataStore):
+class SqliteStore(ProvisioningRows, MetadataStore):
     """The embedded default: one SQLite file in WAL mode."""
 
     def __init__(self, path: Path | str) -> None:

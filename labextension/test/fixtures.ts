@@ -47,6 +47,11 @@ export function job(id: string, seq: number, over: Partial<IJob> = {}): IJob {
       secrets: [],
       priority: 0,
       retries: 0,
+      retry_on: ['lost', 'preempted'],
+      retry_exit_codes: [],
+      retry_backoff: 5,
+      retry_backoff_max: 300,
+      retry_gang: false,
       timeout: null,
       workdir: null,
       wait_for_capacity: false
@@ -66,6 +71,8 @@ export function job(id: string, seq: number, over: Partial<IJob> = {}): IJob {
     result: null,
     artifacts: [],
     cancel_requested: false,
+    history: [],
+    retry_at: null,
     ...over
   };
 }
@@ -132,6 +139,7 @@ export function report(
     candidates: [],
     largest_gpus: null,
     largest_cpus: null,
+    scaling: null,
     ...over
   };
 }

@@ -20,6 +20,7 @@ from gpulayer_kernel.contracts import (
 )
 from gpulayer_kernel.errors import SchemaTooNew
 from gpulayer_kernel.store import LATEST_SCHEMA, JobQuery, SqliteStore
+from gpulayer_kernel.store.sqlite import MIGRATIONS
 
 
 def _job(i: int, state: JobState = JobState.QUEUED, **labels: str) -> Job:
@@ -35,7 +36,7 @@ async def test_wal_mode_and_migrations_are_recorded(tmp_path: Path) -> None:
     assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert con.execute("PRAGMA user_version").fetchone()[0] == LATEST_SCHEMA
     versions = [r[0] for r in con.execute("SELECT version FROM schema_migrations ORDER BY 1")]
-    assert versions == list(range(1, LATEST_SCHEMA + 1))
+    assert versions == [number for number, _, _ in MIGRATIONS]  # other issues own the gaps
     con.close()
 
 
@@ -46,7 +47,7 @@ async def test_reopening_applies_nothing_twice(tmp_path: Path) -> None:
         await store.save_jobs([_job(1)])
         await store.close()
     con = sqlite3.connect(tmp_path / "db")
-    assert con.execute("SELECT COUNT(*) FROM schema_migrations").fetchone()[0] == LATEST_SCHEMA
+    assert con.execute("SELECT COUNT(*) FROM schema_migrations").fetchone()[0] == len(MIGRATIONS)
     con.close()
 
 

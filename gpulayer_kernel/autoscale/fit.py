@@ -1,0 +1,98 @@
+"""Whether a job could run on the worker an offer would start: the scheduler's own checks.
+
+An offer is turned into the ``WorkerCapabilities`` its worker will advertise
+(``offer_capabilities``), and that into the scheduler's ``Profile``; a job's ``Resources`` into
+its ``Shape``. ``Fits`` then runs ``scheduler.feasible.check`` on the pair, the very function a
+scheduling pass uses, once per (shape, offer): so "this would fit if X launched one" can never
+disagree with where the job is placed once the worker joins. Labels are the offer's (the worker
+is started with them); a job naming a worker never fits an offer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ..capabilities.simulated import simulated_capabilities
+from ..contracts import Device, HostFacts, Offer, Resources, WorkerCapabilities, WorkerState
+from ..scheduler.feasible import (
+    Profile,
+    Shape,
+    WorkerClass,
+    check,
+    derive_profile,
+    make_shape,
+    shape_value,
+)
+
+
+def offer_capabilities(offer: Offer) -> WorkerCapabilities:
+    """What the worker on a machine launched from ``offer`` will advertise."""
+    host = HostFacts(cpus=offer.cpus, memory_bytes=offer.memory_bytes)
+    if offer.gpus and offer.simulated:
+        kind = offer.gpu_kind or "sim"
+        if offer.gpu_memory:
+            kind += f"-{offer.gpu_memory >> 30}gb"
+        return simulated_capabilities(offer.gpus, kind, base=WorkerCapabilities(host=host))
+    devices = [
+        Device(
+            index=i,
+            vendor="nvidia",
+            name=f"{offer.gpu_kind.upper()} (offer {offer.id})",
+            kind=offer.gpu_kind,
+            memory_bytes=offer.gpu_memory,
+        )
+        for i in range(offer.gpus)
+    ]
+    return WorkerCapabilities(host=host, devices=devices, runtime="cuda" if devices else "cpu")
+
+
+Template = tuple[WorkerCapabilities, Mapping[str, str]]  # what a worker advertises, its labels
+
+
+class Fits:
+    """Remembers, per (shape, template), whether a job of that shape runs on a worker that
+    advertises that template: an offer's (``of_offers``), or a live worker's own."""
+
+    def __init__(self, templates: Sequence[Template]) -> None:
+        self.templates = list(templates)
+        self._classes = [_class(i, derive_profile(c, i)) for i, (c, _) in enumerate(templates)]
+        self._gpus = [len(c.devices) for c, _ in templates]
+        self._shapes: dict[tuple[object, ...], Shape] = {}
+        self._fits: dict[tuple[int, int], bool] = {}
+
+    @classmethod
+    def of_offers(cls, offers: Sequence[Offer]) -> Fits:
+        return cls([(offer_capabilities(o), o.labels) for o in offers])
+
+    def shape(self, r: Resources) -> Shape:
+        key = shape_value(r)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = make_shape(r, key, len(self._shapes))
+        return shape
+
+    def fits(self, shape: Shape, offer: int) -> bool:
+        """One node of ``shape`` runs on a worker of template ``offer``."""
+        key = (shape.uid, offer)
+        hit = self._fits.get(key)
+        if hit is None:
+            hit = self._fits[key] = self._check(shape, offer)
+        return hit
+
+    def _check(self, shape: Shape, i: int) -> bool:
+        if shape.worker is not None:
+            return False  # a job that names a worker waits for that worker
+        labels = self.templates[i][1]
+        if any(labels.get(k) != v for k, v in shape.selector):
+            return False
+        fit = check(shape, self._classes[i])
+        return fit.reason is None and (fit.cpu_only or any(fit.masks))
+
+    def units(self, shape: Shape, offer: int) -> float:
+        """What a job of ``shape`` is charged for per node there: its GPUs, or the whole
+        machine when it has none (the ledger's rule)."""
+        return float(shape.gpus) if self._gpus[offer] else 1.0
+
+
+def _class(i: int, profile: Profile) -> WorkerClass:
+    return WorkerClass(i, profile, WorkerState.READY, None, profile.host_cpus, None, [i])
