@@ -29,6 +29,7 @@ from .calls import Call, Calls, Req
 from .contracts import EventPage, Job, JobSpec, JobState, LogPage, WorkerInfo
 from .errors import GPUlayerError, Unavailable, from_json
 from .home import Layout, home_dir, read_owner
+from .provisioning_calls import AsyncProvisioning, Provisioning
 from .security.tls import CA_CERT_ENV, check_url, client_verify, is_loopback
 
 T = TypeVar("T")
@@ -126,7 +127,7 @@ class _Base:
         return resp
 
 
-class AsyncClient(_Base):
+class AsyncClient(_Base, AsyncProvisioning):
     """The asyncio client; ``async with AsyncClient(url, token) as c: ...``."""
 
     def __init__(
@@ -276,7 +277,7 @@ class AsyncClient(_Base):
         return await self._run(self._calls.delete_secret(name))
 
 
-class Client(_Base):
+class Client(_Base, Provisioning):
     """The synchronous client: the same calls as ``AsyncClient``, for scripts and threads."""
 
     def __init__(

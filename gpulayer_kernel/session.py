@@ -14,7 +14,21 @@ import os
 from collections.abc import AsyncIterator, Iterable
 from typing import Protocol
 
-from .contracts import EventPage, Job, JobSpec, JobState, LogPage, WorkerInfo
+from .contracts import (
+    Budget,
+    BudgetList,
+    BudgetStatus,
+    CostReport,
+    EventPage,
+    InstanceList,
+    Job,
+    JobSpec,
+    JobState,
+    LogPage,
+    ProviderList,
+    WorkerInfo,
+)
+from .contracts.costs import GroupBy
 from .embedded import Embedded
 from .errors import Unavailable
 from .home import Layout, home_dir, live_owner
@@ -51,6 +65,13 @@ class Session(Protocol):
     async def put_bundle(self, data: bytes, digest: str | None = None) -> str: ...
     async def has_bundle(self, digest: str) -> bool: ...
     async def get_blob(self, digest: str) -> bytes: ...
+    # providers, costs, budgets (ADR 0010, 0011)
+    async def providers(self) -> ProviderList: ...
+    async def instances(self, ended: bool = False) -> InstanceList: ...
+    async def costs(self, by: GroupBy = "job", since: float | None = None) -> CostReport: ...
+    async def budgets(self) -> BudgetList: ...
+    async def set_budget(self, budget: Budget) -> BudgetStatus: ...
+    async def delete_budget(self, name: str) -> None: ...
 
 
 def find_remote() -> tuple[str, str] | None:

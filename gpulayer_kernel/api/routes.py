@@ -44,6 +44,13 @@ from .mixin import GLMixin
 from .openapi import OpenApiHandler
 from .ops import Operation, operations_of
 from .params import ApiLimits, route_pattern
+from .provider_routes import (
+    BudgetHandler,
+    BudgetsHandler,
+    CostsHandler,
+    InstancesHandler,
+    ProvidersHandler,
+)
 from .worker_routes import (
     FinishedHandler,
     HeartbeatHandler,
@@ -78,6 +85,11 @@ USER_ROUTES: tuple[type[GLMixin], ...] = (
     TokenRevokeHandler,
     SecretsHandler,
     SecretHandler,
+    ProvidersHandler,
+    InstancesHandler,
+    CostsHandler,
+    BudgetsHandler,
+    BudgetHandler,
     OpenApiHandler,
 )
 

@@ -9,11 +9,11 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import GPUlayerError
-from . import artifacts, jobs, lab, run, secret, serve, token, worker
+from . import artifacts, jobs, lab, providers, run, secret, serve, token, worker
 from .common import Handler
 
 # In the order ``gpulayer --help`` lists their commands.
-_MODULES = (run, jobs, artifacts, lab, serve, worker, token, secret)
+_MODULES = (run, jobs, artifacts, lab, serve, worker, token, secret, providers)
 COMMANDS: dict[str, Handler] = {name: h for m in _MODULES for name, h in m.COMMANDS.items()}
 
 

@@ -29,7 +29,7 @@ from ..contracts import (
     WorkerInfo,
 )
 from ..contracts.costs import GroupBy
-from ..errors import GPUlayerError
+from ..errors import GPUlayerError, InvalidInput
 from ..providers import Provider, ProvidersConfig
 from ..security import TokenService
 from ..store import MetadataStore
@@ -43,6 +43,7 @@ from .logs import LogTails
 from .scheduling import SchedulingLoop
 from .workers import WorkerRegistry
 
+GROUPS: tuple[GroupBy, ...] = ("job", "user", "project", "provider", "day")
 TYPICAL_WINDOW = 30 * 86400.0  # charges read back at start to learn typical run times
 CHECK_TIMEOUT = 20.0
 
@@ -184,6 +185,13 @@ class Provisioning:
         return InstanceList(instances=sorted(listed.values(), key=lambda i: -i.requested_at))
 
     async def cost_report(self, by: GroupBy = "job", since: float | None = None) -> CostReport:
+        if by not in GROUPS:
+            raise InvalidInput(
+                f"cannot group costs by {by!r}",
+                hint=f"group by one of: {', '.join(GROUPS)}",
+                details={"parameter": "by", "by": by},
+                code="bad_parameter",
+            )
         entries = await self.store.list_costs(since)
         instances = (await self.instance_list(ended=True)).instances if by == "provider" else []
         return summarize(entries, by, since=since, instances=instances)
