@@ -25,7 +25,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..autoscale import (
     InstanceView,
@@ -49,7 +49,9 @@ from .jobs import JobTable, new_id
 from .ledger import Ledger
 from .workers import WorkerRegistry
 
+T = TypeVar("T")
 log = logging.getLogger("gpulayer.autoscaler")
+LEAVE_GRACE = 60.0  # seconds the worker of an ended machine has to leave by itself
 S = InstanceState
 Lose = Callable[[str, str, bool], Awaitable[None]]
 
@@ -127,6 +129,19 @@ class Autoscaler:
         for p in self.providers.values():
             with contextlib.suppress(Exception):
                 await p.close()
+
+    async def _bounded(self, coro: Coroutine[Any, Any, T], what: str) -> T:
+        """``coro`` within ``launch_timeout`` seconds of the control plane's clock."""
+        task = asyncio.get_running_loop().create_task(coro)
+        timeout = self.settings.launch_timeout
+        try:
+            if not await self.clock.wait_for(task, timeout):
+                task.cancel()
+                raise TimeoutError(f"{what} did not answer within {timeout:g}s")
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        return task.result()
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -285,13 +300,9 @@ class Autoscaler:
                 max_seconds=inst.offer.max_hours * 3600 if inst.offer.max_hours else None,
                 ca_cert=self.settings.ca_cert,
             )
-            timeout = self.settings.launch_timeout
-            try:
-                external = await asyncio.wait_for(provider.launch(inst.offer, secret, how), timeout)
-            except TimeoutError:
-                raise TimeoutError(
-                    f"{inst.provider} did not answer a launch within {timeout:g}s"
-                ) from None
+            external = await self._bounded(
+                provider.launch(inst.offer, secret, how), f"{inst.provider}'s launch"
+            )
             current = self.instances.get(iid)
             if current is None or current.state.ended:
                 return  # ended meanwhile (the reconciler); its machine is a stray now
@@ -334,21 +345,22 @@ class Autoscaler:
 
     # -- joining ---------------------------------------------------------------------------------
 
-    def joined(self, token_id: str, worker: WorkerInfo) -> Instance | None:
-        """A worker joined with an instance token: its instance is joined (None: the token was
-        made by hand, not for an instance)."""
+    def joining(self, token_id: str, worker_id: str, name: str) -> Instance | None:
+        """A worker joins with an instance token: its instance is joined, before the worker is
+        in the registry (so its first placement is priced as the instance's). None: the token
+        was made by hand, not for an instance."""
         inst = self.instances.by_token(token_id)
         if inst is None or inst.state.ended:
             return None
         now = self.clock.now()
         state = S.JOINED if inst.state in (S.REQUESTED, S.BOOTING) else None
         inst = self.instances.change(
-            inst.id, state, worker_id=worker.id, joined_at=now, idle_since=now
+            inst.id, state, worker_id=worker_id, joined_at=now, idle_since=now
         )
         st = self.state.get(inst.provider)
         if st is not None:
             st.failures, st.backoff_until = 0, None
-        log.info("instance %s (%s) joined as worker %s", inst.id, inst.offer.id, worker.name)
+        log.info("instance %s (%s) joined as worker %s", inst.id, inst.offer.id, name)
         self._spawn(self.instances.save([inst.id]))
         return inst
 
@@ -378,15 +390,14 @@ class Autoscaler:
                 self.instances.change(iid, S.DRAINING)
             await self.instances.save([iid])
             provider = self.providers[inst.provider]
-            await asyncio.wait_for(
-                provider.terminate(inst.id, inst.external_id), self.settings.launch_timeout
+            await self._bounded(
+                provider.terminate(inst.id, inst.external_id), f"{inst.provider}'s terminate"
             )
             log.info("instance %s (%s) terminated: %s", iid, inst.offer.id, why)
             self.instances.change(iid, S.TERMINATED, reason=why, ended_at=self.clock.now())
             await self._revoke(inst)
             await self.instances.save([iid])
-            if w is not None:
-                await self._forget_worker(w.id)
+            # Its worker leaves on its own (SIGTERM); the next rounds forget it once it has.
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -396,15 +407,33 @@ class Autoscaler:
             self._ending.discard(iid)
             self.kick()
 
-    async def _forget_worker(self, worker_id: str) -> None:
-        """The worker of an ended machine: out of service (its jobs settle), then forgotten."""
+    async def _forget_worker(self, worker_id: str, *, now: bool = False) -> None:
+        """The worker of an ended machine: once it left (or at once with ``now``: its machine
+        is gone), out of service, its sessions revoked (it cannot come back as itself), and
+        forgotten."""
         w = self.registry.get(worker_id)
         if w is None:
             return
+        if w.live and not now:
+            return
         if w.live:
-            await self.lose(worker_id, "its instance was terminated", False)
+            await self.lose(worker_id, "its instance ended", False)
+        await self.tokens.revoke_where(
+            lambda r: r.kind == TokenKind.WORKER and r.worker_id == worker_id
+        )
         with contextlib.suppress(GPUlayerError):
             await self.registry.remove(worker_id)
+
+    async def _forget_ended_workers(self, now: float) -> None:
+        """Workers of ended instances: forgotten once they left; after ``LEAVE_GRACE`` seconds
+        still in service (a machine that ignored its end), taken out of service too."""
+        for inst in self.instances.all().values():
+            if not inst.state.ended or inst.worker_id is None:
+                continue
+            if self.registry.get(inst.worker_id) is None:
+                continue
+            late = inst.ended_at is not None and now - inst.ended_at > LEAVE_GRACE
+            await self._forget_worker(inst.worker_id, now=late)
 
     # -- the reconciler --------------------------------------------------------------------------
 
@@ -413,7 +442,7 @@ class Autoscaler:
         for name, p in self.providers.items():
             st = self.state[name]
             try:
-                st.offers = list(await asyncio.wait_for(p.offers(), self.settings.launch_timeout))
+                st.offers = list(await self._bounded(p.offers(), f"{name}'s offers"))
                 st.down = None
             except Exception as exc:
                 st.down = exc.message if isinstance(exc, GPUlayerError) else str(exc) or "timed out"
@@ -424,7 +453,7 @@ class Autoscaler:
         census: dict[str, Census | None] = {}
         for name, p in self.providers.items():
             try:
-                census[name] = await asyncio.wait_for(p.instances(), self.settings.launch_timeout)
+                census[name] = await self._bounded(p.instances(), f"{name}'s instances")
             except Exception as exc:
                 census[name] = None
                 log.warning("listing %s's machines failed: %s", name, exc)
@@ -468,6 +497,7 @@ class Autoscaler:
             if w is not None and w.live:
                 await self.lose(lost.worker_id, lost.why, lost.preempted)
             await self._forget_worker(lost.worker_id)
+        await self._forget_ended_workers(now)
         for iid in r.terminate:
             inst = self.instances.get(iid)
             if inst is not None and iid not in self._ending:
@@ -487,8 +517,8 @@ class Autoscaler:
 
     async def _end_at_provider(self, provider: str, iid: str, external_id: str | None) -> None:
         try:
-            await asyncio.wait_for(
-                self.providers[provider].terminate(iid, external_id), self.settings.launch_timeout
+            await self._bounded(
+                self.providers[provider].terminate(iid, external_id), f"{provider}'s terminate"
             )
         except Exception as exc:
             log.warning(

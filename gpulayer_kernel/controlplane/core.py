@@ -50,7 +50,7 @@ from ..scheduler import Snapshot
 from ..store import ArtifactStore, MetadataStore
 from .dispatch import Dispatcher
 from .events import EventLog
-from .jobs import Change, JobTable, artifact_named
+from .jobs import Change, JobTable, artifact_named, new_id
 from .logs import LogTails
 from .outcomes import Outcomes
 from .provisioning import Provisioning
@@ -293,9 +293,10 @@ class ControlPlane:
     ) -> WorkerInfo:
         """Enrol a worker (or re-enrol one after a restart, keeping its id); one that joined with
         an instance token (its id) is the worker of that provider instance."""
-        info = await self.registry.register(reg, worker_id)
         if instance_token is not None:
-            self.provisioning.joined(instance_token, info)
+            worker_id = worker_id or new_id()  # linked to its instance before it can take work
+            self.provisioning.joining(instance_token, worker_id, reg.name)
+        info = await self.registry.register(reg, worker_id)
         self.scheduling.kick()
         return info
 

@@ -152,10 +152,14 @@ class Outcomes:
     async def retry_or_lose(self, job: Job, reason: str, cause: RetryCause = "lost") -> Job:
         if self.may_retry(job, cause):
             return await self.retry(job, reason, cause)
-        await self.logs.system(job.id, reason)
-        return await self.jobs.commit(
+        # Staged before the line is written (no await between): a gang's other rank, told to
+        # stop, may report "cancelled" meanwhile; it must find the job lost already.
+        change = self.jobs.stage(
             job.id, JobState.LOST, ended=AttemptEnd(cause, reason), reason=reason
         )
+        await self.logs.system(job.id, reason)
+        await self.jobs.flush([change])
+        return change.after
 
     async def cancel(self, job: Job, reason: str) -> Job:
         """A queued job is cancelled now; a placed or running one once its workers stop it (now

@@ -26,7 +26,6 @@ from ..contracts import (
     JobSpec,
     ProviderCheck,
     ProviderList,
-    WorkerInfo,
 )
 from ..contracts.costs import GroupBy
 from ..errors import GPUlayerError, InvalidInput
@@ -140,9 +139,9 @@ class Provisioning:
     def submitted(self, job: Job, names: tuple[str, ...], estimate: float) -> None:
         self.budgets.quoted(job.id, names, estimate)
 
-    def joined(self, token_id: str, worker: WorkerInfo) -> None:
+    def joining(self, token_id: str, worker_id: str, name: str) -> None:
         if self.autoscaler is not None:
-            self.autoscaler.joined(token_id, worker)
+            self.autoscaler.joining(token_id, worker_id, name)
 
     def job_changed(self, job: Job) -> None:
         self.budgets.job_changed(job)

@@ -36,7 +36,9 @@ class Cloud:
     provider: FakeProvider
     machines: InProcessMachines
 
-    async def run_until(self, check: Callable[[], Any], most: float = 120, step: float = 0.5) -> None:
+    async def run_until(
+        self, check: Callable[[], Any], most: float = 120, step: float = 0.5
+    ) -> None:
         """Advance the clock ``step`` at a time until ``check()`` holds (at most ``most``)."""
         moved = 0.0
         while True:
@@ -58,6 +60,8 @@ async def cloud(
     costs: dict[str, Any] | None = None,
     seed: int = 0,
     path: Path | None = None,
+    home: Path | None = None,
+    start_machine: Any = None,
     **fake: Any,
 ) -> AsyncIterator[Cloud]:
     clock = FakeClock()
@@ -76,7 +80,14 @@ async def cloud(
     }
     config = parse_config(
         {
-            "autoscale": {"idle_timeout": 30, "reconcile_every": 1, "backoff_base": 2, **(autoscale or {})},
+            "autoscale": {
+                "idle_timeout": 30,
+                "reconcile_every": 1,
+                "backoff_base": 2,
+                "launch_timeout": 5,
+                "boot_timeout": 30,
+                **(autoscale or {}),
+            },
             "costs": costs or {},
             "providers": {"fake": settings},
         }
@@ -84,7 +95,13 @@ async def cloud(
     machines = InProcessMachines(cp, tokens, heartbeat=1.0)
     fp = config.providers["fake"]
     assert fp.kind == "fake"
-    provider = FakeProvider(fp, clock=clock, start_machine=machines.start, rng=random.Random(seed))
+    provider = FakeProvider(
+        fp,
+        clock=clock,
+        home=home,
+        start_machine=start_machine or machines.start,
+        rng=random.Random(seed),
+    )
     cp.provisioning.use(config, {"fake": provider})
     await cp.provisioning.autoscale(tokens, "http://127.0.0.1:1", rng=random.Random(seed))
     try:
@@ -92,3 +109,17 @@ async def cloud(
     finally:
         await cp.close()
         await store.close()
+
+
+class Silent:
+    """A machine that boots but whose worker never joins (a wrong server URL, a firewall)."""
+
+    def alive(self) -> bool:
+        return True
+
+    async def stop(self, *, kill: bool) -> None:
+        return None
+
+
+async def silent_machine(*_args: Any) -> Silent:
+    return Silent()
