@@ -37,7 +37,7 @@ from ..autoscale import (
     reconcile,
 )
 from ..clock import SYSTEM_CLOCK, Clock
-from ..contracts import Instance, InstanceState, Offer, PlacementReport, WorkerInfo, WorkerState
+from ..contracts import Instance, InstanceState, Offer, PlacementReport, WorkerState
 from ..errors import GPUlayerError
 from ..providers import Census, LaunchSpec, Provider, ProvidersConfig
 from ..scheduler import Plan, Snapshot
