@@ -184,7 +184,7 @@ class Autoscaler:
                 )
             )
         scaling = plan_scaling(
-            self.snapshot(now, tuple(pending)), self.offers(), self.budgets.left()
+            self.snapshot(now, tuple(pending)), self.offers(), self.budgets.left(queued=False)
         )
         self.last_plan = scaling
         self._execute(scaling, now)

@@ -118,24 +118,28 @@ class Budgets:
     def spent(self, name: str) -> float:
         return self._spent.get(name, (None, 0.0))[1]
 
-    def committed(self, name: str) -> float:
-        """Estimates of attempts placed or running now, and quotes of queued jobs."""
+    def committed(self, name: str, *, queued: bool = True) -> float:
+        """Estimates of attempts placed or running now, and (``queued``) quotes of queued jobs."""
         b = self._budgets[name]
         total = 0.0
         for job in self.jobs.active():
             if not matches(b, job.spec.labels):
                 continue
             if job.state == JobState.QUEUED:
+                if not queued:
+                    continue
                 names, quote = self._quotes.get(job.id, ((), 0.0))
                 total += quote if name in names else 0.0
             elif job.history and job.history[-1].ended_at is None:
                 total += job.history[-1].estimate
         return total
 
-    def left(self) -> dict[str, float]:
-        """Dollars each budget has left now (what the autoscaler may spend)."""
+    def left(self, *, queued: bool = True) -> dict[str, float]:
+        """Dollars each budget has left now. Without ``queued`` the queued jobs' quotes are not
+        taken off: what the autoscaler, which plans for those very jobs, may spend on them."""
         return {
-            n: self._budgets[n].limit - self.spent(n) - self.committed(n) for n in self._budgets
+            n: self._budgets[n].limit - self.spent(n) - self.committed(n, queued=queued)
+            for n in self._budgets
         }
 
     def status(self) -> list[BudgetStatus]:

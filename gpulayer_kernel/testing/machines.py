@@ -59,6 +59,9 @@ class InProcessMachine:
         beats = asyncio.get_running_loop().create_task(self._beat())
         self._tasks.add(beats)
         while not self._dead:
+            if not self.cp.dispatch.open:  # its control plane stopped: wait, as a worker would
+                await clock.sleep(self.heartbeat)
+                continue
             try:
                 work = await self.cp.next_work(self.worker_id, wait=self.heartbeat)
             except GPUlayerError:
@@ -126,6 +129,12 @@ class InProcessMachines:
         machine = InProcessMachine(self.cp, info.id, self.heartbeat)
         self.machines[external_id] = machine
         return machine
+
+    async def stop_all(self) -> None:
+        """End every machine still running (a test's teardown: they live in its loop)."""
+        for machine in self.machines.values():
+            if machine.alive():
+                await machine.stop(kill=True)
 
 
 def _kind(offer: Offer) -> str:

@@ -107,6 +107,7 @@ async def cloud(
     try:
         yield Cloud(cp, clock, tokens, provider, machines)
     finally:
+        await machines.stop_all()
         await cp.close()
         await store.close()
 

@@ -179,3 +179,38 @@ async def test_a_machine_the_control_plane_does_not_know_is_ended(tmp_path: Path
         assert len(c.provider.live()) == 1
         await c.run_until(lambda: c.provider.live() == [], most=5)
         assert live(c) == []
+
+
+@pytest.mark.parametrize("killed", ["before the provider heard", "before it answered"])
+async def test_a_control_plane_killed_mid_launch_launches_nothing_twice(
+    tmp_path: Path, killed: str
+) -> None:
+    """Launches are recorded before they are made: after a restart, a launch its provider
+    never heard of is failed (and made again), one it heard of is adopted, never repeated."""
+    home, db = tmp_path / "provider", tmp_path / "cp.db"
+    delay = {"launch_delay": 3} if killed.startswith("before the provider") else {"answer_delay": 3}
+    quiet = {"reconcile_every": 100}  # no round adopts it before the control plane stops
+    async with cloud(tmp_path, home=home, path=db, autoscale=quiet, **delay) as c:
+        j = await c.cp.submit(job("sleep", "5"))
+        heard = not killed.startswith("before the provider")
+        # The launch call is made (its token minted), and the provider has it or not yet.
+        await c.run_until(
+            lambda: live(c) and live(c)[0].token_id and bool(c.provider.live()) == heard,
+            most=2,
+            step=0.1,
+        )
+        await c.clock.advance(1)  # mid-launch: the control plane stops here
+        [first] = live(c)
+        assert first.state == InstanceState.REQUESTED and first.external_id is None
+    async with cloud(tmp_path, home=home, path=db) as c:
+        cp = c.cp
+        await c.run_until(lambda: cp.jobs.cached(j.id).state == JobState.SUCCEEDED, most=60)  # type: ignore[union-attr]
+        records = {i.id: i for i in await cp.store.load_instances(ended=True)}
+        if killed.startswith("before the provider"):
+            assert records[first.id].state == InstanceState.FAILED
+            assert "never launched" in (records[first.id].reason or "")
+            assert len(records) == 2 and c.provider.launches == 1
+        else:
+            assert list(records) == [first.id]  # adopted, booted, joined: the one machine
+            assert records[first.id].external_id is not None
+            assert c.provider.launches == 0  # this life launched nothing
