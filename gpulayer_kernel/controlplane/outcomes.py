@@ -212,6 +212,11 @@ class Outcomes:
         state = JobState(report.state)
         if job.cancel_requested and state != JobState.SUCCEEDED:
             state = JobState.CANCELLED
+        elif state == JobState.CANCELLED:
+            # Nobody asked: its worker stopped it as it shut down (Slurm's scancel, a machine
+            # taken back, SIGTERM). The job was lost, not cancelled: it may go round again.
+            why = f"its worker stopped it ({report.reason or 'it shut down'})"
+            return await self.retry_or_lose(job, why, "lost")
         if state == JobState.FAILED and self.may_retry(job, "failed", report.exit_code):
             why = report.reason or f"exit code {report.exit_code}"
             return await self.retry(job, why, "failed", report.exit_code)

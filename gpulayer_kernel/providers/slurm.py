@@ -47,7 +47,7 @@ _STATES: dict[str, ReportedState] = {
     "RESIZING": "booting",
     "RUNNING": "running",
     "SUSPENDED": "running",
-    "COMPLETING": "ended",
+    "COMPLETING": "running",  # ending: its final state (CANCELLED, COMPLETED...) follows
     "COMPLETED": "ended",
     "CANCELLED": "ended",
     "TIMEOUT": "ended",

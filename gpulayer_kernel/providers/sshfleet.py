@@ -203,7 +203,10 @@ class SSHFleetProvider:
                 f"&& echo $$ > worker.pid && exec {shell_line(argv)}"
             )
             start = (
-                f"cd {qd} && setsid sh -c {shlex.quote(inner)} > worker.log 2>&1 < /dev/null & "
+                # setsid -f: the worker forks away at once, holding none of this channel's
+                # descriptors (else the channel, and this call, would last as long as it).
+                f"cd {qd} || exit 1; setsid -f sh -c {shlex.quote(inner)} "
+                "> worker.log 2>&1 < /dev/null; "
                 f"for i in $(seq 50); do [ -s {qd}/worker.pid ] && break; sleep 0.1; done; "
                 f"cat {qd}/worker.pid"
             )
@@ -260,23 +263,30 @@ class SSHFleetProvider:
 
     @staticmethod
     def _stop_script(qd: str) -> str:
+        # Its directory stays (the worker's log), marked ended: listings skip it from then on.
         return (
             f"p=$(cat {qd}/worker.pid 2>/dev/null) || exit 0; "
-            f"kill -TERM $p 2>/dev/null || exit 0; "
-            f"for i in $(seq {int(STOP_GRACE * 10)}); do kill -0 $p 2>/dev/null || exit 0; "
-            "sleep 0.1; done; kill -KILL $p 2>/dev/null; exit 0"
+            f"kill -TERM $p 2>/dev/null && for i in $(seq {int(STOP_GRACE * 10)}); do "
+            "kill -0 $p 2>/dev/null || break; sleep 0.1; done; "
+            f"kill -KILL $p 2>/dev/null; touch {qd}/ended; exit 0"
         )
 
     async def instances(self) -> Census:
+        """Every host listed at once; a host that cannot be reached is *unlisted*."""
+        answers = await asyncio.gather(
+            *(self._listed(h) for h in self.settings.hosts), return_exceptions=True
+        )
         reported: list[Reported] = []
         unlisted: set[str] = set()
         errors: list[str] = []
-        for i, host in enumerate(self.settings.hosts):
-            try:
-                reported.extend(await self._listed(host))
-            except ProviderError as exc:
+        for i, (host, answer) in enumerate(zip(self.settings.hosts, answers, strict=True)):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, (ProviderError, ConfigInvalid)):
+                    raise answer
                 unlisted.add(self._offer(i, host).id)
-                errors.append(exc.message)
+                errors.append(answer.message)
+            else:
+                reported.extend(answer)
         return Census(tuple(reported), frozenset(unlisted), tuple(errors))
 
     async def _listed(self, host: SSHHost) -> list[Reported]:
@@ -291,7 +301,8 @@ class SSHFleetProvider:
     def _list_script(work: str, prefix: str) -> str:
         return (
             f"cd {shlex.quote(work)} 2>/dev/null || exit 0; "
-            f'for d in {prefix}*; do [ -d "$d" ] || continue; p=$(cat "$d/worker.pid" '
+            f'for d in {prefix}*; do [ -d "$d" ] && [ ! -e "$d/ended" ] || continue; '
+            'p=$(cat "$d/worker.pid" '
             '2>/dev/null); if [ -n "$p" ] && kill -0 $p 2>/dev/null; then s=running; '
             'else s=ended; fi; echo "$d $p $s"; done'
         )
@@ -318,22 +329,20 @@ class SSHFleetProvider:
 
     async def check(self) -> Check:
         offers = await self.offers()
-        lines: list[str] = []
-        ok = True
-        for host in self.settings.hosts:
-            try:
-                conn = await self._connect(host)
-                async with conn:
-                    venv, _ = await self._paths(conn, host)
-                    found = await self._version(conn, venv)
-                have = (
-                    f"GPUlayer {found}" if found else f"no GPUlayer in {venv} (installed at launch)"
-                )
-                lines.append(f"{host.name}: reachable, host key verified, {have}")
-            except (ProviderError, ConfigInvalid) as exc:
-                ok = False
-                lines.append(f"{host.name}: {exc.message}")
-        return Check(ok, "; ".join(lines), tuple(offers))
+        lines = await asyncio.gather(*(self._check_host(h) for h in self.settings.hosts))
+        ok = all(good for good, _ in lines)
+        return Check(ok, "; ".join(line for _, line in lines), tuple(offers))
+
+    async def _check_host(self, host: SSHHost) -> tuple[bool, str]:
+        try:
+            conn = await self._connect(host)
+            async with conn:
+                venv, _ = await self._paths(conn, host)
+                found = await self._version(conn, venv)
+        except (ProviderError, ConfigInvalid) as exc:
+            return False, f"{host.name}: {exc.message}"
+        have = f"GPUlayer {found}" if found else f"no GPUlayer in {venv} (installed at launch)"
+        return True, f"{host.name}: reachable, host key verified, {have}"
 
     async def close(self) -> None:
         return None

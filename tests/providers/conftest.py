@@ -1,0 +1,96 @@
+"""Real engines for the provider tests: one Slurm 22.05 and one sshd per test session.
+
+Each starts once, on ports and in a directory chosen at run time, and is stopped at the end
+(slurmd before slurmctld). Where the binaries are missing the tests skip saying what to
+install; in CI (``CI`` set, where ``install.sh --dev`` installs them) missing is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpulayer_kernel.testing import slurm, sshd
+
+VENV = Path(sys.executable).parent.parent  # this interpreter's venv: GPUlayer is in it
+
+
+def absent(why: str | None) -> None:
+    if why is None:
+        return
+    if os.environ.get("CI"):  # CI installs them (install.sh --dev): missing is a failure there
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def gl_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm.SlurmCluster]:
+    absent(slurm.missing())
+    with slurm.SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def gl_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sshd.SSHServer]:
+    absent(sshd.missing())
+    with sshd.SSHServer(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+def slurm_config(cluster: slurm.SlurmCluster, **autoscale: object) -> str:
+    return f"""
+[autoscale]
+idle_timeout = {autoscale.get("idle_timeout", 2)}
+reconcile_every = 0.5
+boot_timeout = 60
+
+[providers.slurm]
+kind = "slurm"
+slurm_conf = "{cluster.conf}"
+gpulayer = ["{sys.executable}", "-m", "gpulayer_kernel.cli"]
+time_limit = "10"
+boot_seconds = 5
+
+[providers.slurm.partitions.{cluster.partition}]
+price_per_gpu_hour = 2.10
+gpu_kind = "a100"
+gpu_memory_gb = 80
+simulate = true
+"""
+
+
+def ssh_host(server: sshd.SSHServer, name: str, work: Path, **extra: object) -> str:
+    lines = [
+        "[[providers.fleet.hosts]]",
+        f'name = "{name}"',
+        f'address = "{server.address}"',
+        f"port = {server.port}",
+        f'key = "{server.client_key}"',
+        "gpus = 2",
+        'gpu_kind = "a100"',
+        "gpu_memory_gb = 80",
+        "simulate = true",
+        "price_per_gpu_hour = 0.90",
+        f'venv = "{extra.pop("venv", VENV)}"',
+        f'work_dir = "{work}"',
+    ]
+    lines += [f"{k} = {v!r}".replace("'", '"') for k, v in extra.items()]
+    return "\n".join(lines) + "\n"
+
+
+def ssh_config(known_hosts: Path, hosts: str, **autoscale: object) -> str:
+    return f"""
+[autoscale]
+idle_timeout = {autoscale.get("idle_timeout", 2)}
+reconcile_every = 0.5
+boot_timeout = 60
+
+[providers.fleet]
+kind = "ssh"
+known_hosts = "{known_hosts}"
+boot_seconds = 3
+{hosts}"""
