@@ -104,6 +104,8 @@ def reconcile(
                 terminate.append(inst.id)
             continue
         worker = inst.worker_id
+        if inst.id in in_flight and rep is not None and rep.state not in ("booting", "running"):
+            continue  # its launch is still answering: that answer (or failure) says more
         if rep is not None and rep.state == "preempted":
             changes.append(Change(inst.id, S.PREEMPTED, f"preempted: {rep.detail}"))
             if worker:
@@ -130,7 +132,7 @@ def reconcile(
             if worker:
                 lose.append(Lose(worker, f"its instance {inst.id} is gone"))
             continue
-        if inst.state == S.REQUESTED:
+        if inst.state == S.REQUESTED and rep.external_id:  # "": starting, nothing to adopt yet
             changes.append(Change(inst.id, S.BOOTING, None, rep.external_id))
         if inst.state in (S.REQUESTED, S.BOOTING) and now > inst.boot_deadline:
             changes.append(_failed(inst, _late(inst), boot=True))

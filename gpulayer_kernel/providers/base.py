@@ -46,7 +46,7 @@ class LaunchSpec:
 class Reported:
     """One machine as its provider reports it."""
 
-    external_id: str
+    external_id: str  # "" while the machine is starting and has no id of its own yet
     instance_id: str | None  # from the provider's tag; None: not one of GPUlayer's names
     state: ReportedState
     detail: str = ""  # e.g. the Slurm job state and reason

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..contracts import Offer
 from ..errors import ConfigInvalid, ProviderError
-from .base import Census, Check, LaunchSpec, Reported, shell_line, worker_argv
+from .base import Census, Check, LaunchSpec, Reported, ReportedState, shell_line, worker_argv
 from .config import SSHHost, SSHSettings, no_price
 
 GIB = 1 << 30
@@ -303,7 +303,8 @@ class SSHFleetProvider:
             f"cd {shlex.quote(work)} 2>/dev/null || exit 0; "
             f'for d in {prefix}*; do [ -d "$d" ] && [ ! -e "$d/ended" ] || continue; '
             'p=$(cat "$d/worker.pid" '
-            '2>/dev/null); if [ -n "$p" ] && kill -0 $p 2>/dev/null; then s=running; '
+            '2>/dev/null); if [ -z "$p" ]; then s=booting; p=-; '  # started, no pid yet
+            "elif kill -0 $p 2>/dev/null; then s=running; "
             'else s=ended; fi; echo "$d $p $s"; done'
         )
 
@@ -315,16 +316,15 @@ class SSHFleetProvider:
             if len(parts) < 2 or not parts[0].startswith(prefix):
                 continue
             name, state = parts[0], parts[-1]
-            pid = parts[1] if len(parts) == 3 else "?"
+            pid = parts[1] if len(parts) == 3 else "-"
             instance_id = name[len(prefix) :]
-            found.append(
-                Reported(
-                    f"{host.name}:{pid}",
-                    instance_id,
-                    "running" if state == "running" else "ended",
-                    f"worker pid {pid} on {host.name} {state}",
-                )
-            )
+            said: ReportedState = state if state in ("booting", "running") else "ended"
+            detail = f"worker pid {pid} on {host.name} {state}"
+            if pid == "-":
+                detail = f"worker on {host.name} starting"
+            # A machine still starting has no pid yet, and so no external id to adopt.
+            external = f"{host.name}:{pid}" if pid != "-" else ""
+            found.append(Reported(external, instance_id, said, detail))
         return found
 
     async def check(self) -> Check:

@@ -25,7 +25,7 @@ from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.errors import BudgetExceeded
 from gpulayer_kernel.providers import parse_config
 from gpulayer_kernel.store import LocalArtifactStore, SqliteStore
-from gpulayer_kernel.testing import FakeClock, until
+from gpulayer_kernel.testing import FakeClock
 
 from ..conftest import sim_caps
 from .cloud import cloud

@@ -113,9 +113,7 @@ async def test_backoff_doubles_per_attempt_and_is_capped(gl_cp: ControlPlane) ->
 
 
 async def test_a_gang_is_retried_only_when_it_asks(gl_cp: ControlPlane) -> None:
-    wid = (
-        await gl_cp.register(WorkerRegistration(name="w1", capabilities=sim_caps(2)))
-    ).id
+    wid = (await gl_cp.register(WorkerRegistration(name="w1", capabilities=sim_caps(2)))).id
     plain = await gl_cp.submit(spec(gpus=2, retries=2, retry_on=["failed"], retry_backoff=0))
     await fail_once(gl_cp, wid, plain.id)
     assert (await gl_cp.get(plain.id)).state == JobState.FAILED

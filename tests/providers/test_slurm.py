@@ -132,16 +132,14 @@ def test_a_two_gpu_job_with_no_worker_starts_a_slurm_worker_runs_and_the_worker_
         [inst] = c.instances(ended=True).instances
         assert inst.external_id and inst.offer.id == "slurm/gpu-2gpu"
         wait_until(lambda: c.workers() == [], 30, what="its worker to leave")
-    queue = gl_slurm.run("squeue", "-h", "-t", "RUNNING,PENDING", "-n", f"gpulayer-*")
+    queue = gl_slurm.run("squeue", "-h", "-t", "RUNNING,PENDING", "-n", "gpulayer-*")
     assert inst.external_id not in queue.stdout
     costs = subprocess.run(
         [*GL, "costs", "--by", "job"], env=env, capture_output=True, text=True, timeout=60
     )
     assert costs.returncode == 0, costs.stderr
     assert job.id in costs.stdout and "ESTIMATE" in costs.stdout and "CHARGE" in costs.stdout
-    listed = subprocess.run(
-        [*GL, "providers"], env=env, capture_output=True, text=True, timeout=60
-    )
+    listed = subprocess.run([*GL, "providers"], env=env, capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0, listed.stdout + listed.stderr
     assert "slurm/gpu-2gpu: 2× a100 80 GiB" in listed.stdout and "$4.20/h" in listed.stdout
 
@@ -173,5 +171,7 @@ def test_slurm_cancelling_the_worker_s_batch_job_loses_its_job_and_fails_the_ins
         )
         ended = next(i for i in c.instances(ended=True).instances if i.id == inst.id)
         assert ended.state == InstanceState.FAILED
-        assert "CANCELLED" in (ended.reason or "") or "worker was lost or left" in (ended.reason or "")
+        assert "CANCELLED" in (ended.reason or "") or "worker was lost or left" in (
+            ended.reason or ""
+        )
         c.cancel(job.id)
