@@ -318,7 +318,11 @@ class SSHFleetProvider:
             name, state = parts[0], parts[-1]
             pid = parts[1] if len(parts) == 3 else "-"
             instance_id = name[len(prefix) :]
-            said: ReportedState = state if state in ("booting", "running") else "ended"
+            said: ReportedState = "ended"
+            if state == "booting":
+                said = "booting"
+            elif state == "running":
+                said = "running"
             detail = f"worker pid {pid} on {host.name} {state}"
             if pid == "-":
                 detail = f"worker on {host.name} starting"
