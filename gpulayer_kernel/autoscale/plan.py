@@ -313,6 +313,10 @@ class _Planner:
         )
 
     def no_offer(self, shape: Shape) -> ScalingNote:
+        down = sorted((p.name, p.down) for p in self.snap.providers.values() if p.down)
+        if down:  # it may fit what a provider that cannot be read now would offer
+            said = "; ".join(f"{name}: {why}" for name, why in down)
+            return self.make(ScalingCode.PROVIDER_ERROR, detail=said)
         return self.make(ScalingCode.NO_OFFER, detail=_needs(shape))
 
     # -- scale down --------------------------------------------------------------------------

@@ -185,7 +185,9 @@ def scaling_sentence(note: ScalingNote) -> str:
         noun = "instance" if len(note.instances) == 1 else "instances"
         left = f" (~{note.boot_seconds:.0f} s left)" if note.boot_seconds else ""
         return f"{noun} {ids} of {note.offer} {verb} booting for it{left}"
-    offer, boot = note.offer or "?", note.boot_seconds
+    if note.offer is None:  # PROVIDER_ERROR with no offer known: a provider is down
+        return f"no provider can offer a machine for it now ({note.detail or 'no answer'})"
+    offer, boot = note.offer, note.boot_seconds
     price = f"≈ {_dollars(note.price_per_hour)}/h" + (
         f", ~{boot:.0f} s" if boot is not None else ""
     )
@@ -211,7 +213,7 @@ def scaling_sentence(note: ScalingNote) -> str:
         why = f" ({note.detail})" if note.detail else ""
         wait = f"; next try in {note.retry_in:.0f} s" if note.retry_in is not None else ""
         return f"{could} {failed}{why}{wait}"
-    return f"{could} {offer.split('/')[0]} cannot be reached ({note.detail or 'no answer'})"
+    return f"{could} {offer.split('/')[0]} cannot launch now ({note.detail or 'no answer'})"
 
 
 def with_scaling(report: PlacementReport, note: ScalingNote | None) -> PlacementReport:

@@ -248,4 +248,25 @@ class WorkerProcess(_Process):
         return self.start()
 
 
-__all__ = ["GL", "ServeProcess", "WorkerProcess"]
+def kill_homes_under(root: Path) -> int:
+    """SIGKILL every process whose ``GPULAYER_HOME`` lies under ``root``: the workers a test's
+    provider started as "machines" (detached on purpose: a machine outlives the control plane
+    that launched it). Returns how many."""
+    mark = f"GPULAYER_HOME={root}".encode()
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(v.startswith(mark) for v in env):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+    return killed
+
+
+__all__ = ["GL", "ServeProcess", "WorkerProcess", "kill_homes_under"]

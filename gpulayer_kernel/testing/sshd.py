@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from .processes import kill_homes_under
 from .slurm import free_ports
 
 SSHD = "/usr/sbin/sshd"
@@ -130,7 +131,7 @@ Subsystem sftp internal-sftp
     def stop(self) -> None:
         """Stop sshd, and every process started through it that still runs with a home under
         this server's directory (a worker it launched: ``setsid`` detached it from sshd)."""
-        _kill_homes_under(self.root)
+        kill_homes_under(self.root)
         if self._proc is not None and self._proc.poll() is None:
             self._proc.send_signal(signal.SIGTERM)
             try:
@@ -151,19 +152,3 @@ Subsystem sftp internal-sftp
     ) -> None:
         self.stop()
 
-
-def _kill_homes_under(root: Path) -> None:
-    mark = f"GPULAYER_HOME={root}".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if any(v.startswith(mark) for v in env):
-            try:
-                os.kill(int(entry), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass

@@ -13,6 +13,7 @@ from gpulayer_kernel.contracts import (
     InstanceState,
     JobSpec,
     JobState,
+    Offer,
     Resources,
     ScalingCode,
 )
@@ -214,3 +215,39 @@ async def test_a_control_plane_killed_mid_launch_launches_nothing_twice(
             assert list(records) == [first.id]  # adopted, booted, joined: the one machine
             assert records[first.id].external_id is not None
             assert c.provider.launches == 0  # this life launched nothing
+
+
+async def test_a_provider_whose_offers_fail_is_down_and_the_job_is_told_why(
+    tmp_path: Path,
+) -> None:
+    from gpulayer_kernel.providers.config import no_price
+
+    async def unpriced() -> list[Offer]:
+        raise no_price("providers.fake.offers[0].price_per_hour", "an offer without a price")
+
+    async with cloud(tmp_path) as c:
+        c.provider.offers = unpriced  # type: ignore[method-assign]
+        await c.cp.provisioning.autoscaler.refresh()  # type: ignore[union-attr]
+        j = await c.cp.submit(job("sleep", "1", wait_for_capacity=True))
+
+        def noted() -> bool:
+            pending = c.cp.jobs.active_job(j.id).pending  # type: ignore[union-attr]
+            return pending is not None and pending.scaling is not None
+
+        await c.run_until(noted, most=2)
+        said = await c.cp.explain(j.id)
+        # Its last offers are kept (it may come back): they fit, but it cannot launch now.
+        assert "fake/a100x2 could launch one (≈ $4.20/h, ~5 s), but fake cannot launch now" in said
+        assert "price_per_hour: field required" in said and live(c) == []
+        # Never read at all: nothing is known to fit, and the note says why.
+        c.cp.provisioning.autoscaler.state["fake"].offers = []  # type: ignore[union-attr]
+        await c.run_until(
+            lambda: (
+                "no provider can offer"
+                in c.cp.scheduling.explain(
+                    c.cp.jobs.active_job(j.id)  # type: ignore[arg-type]
+                )
+            ),
+            most=3,
+        )
+        assert "(fake: providers.toml:" in await c.cp.explain(j.id)
