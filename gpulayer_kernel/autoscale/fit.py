@@ -15,11 +15,14 @@ from collections.abc import Mapping, Sequence
 from ..capabilities.simulated import simulated_capabilities
 from ..contracts import Device, HostFacts, Offer, Resources, WorkerCapabilities, WorkerState
 from ..scheduler.feasible import (
+    Fit,
     Profile,
     Shape,
     WorkerClass,
     check,
     derive_profile,
+    gpu_fit,
+    gpu_value,
     make_shape,
     shape_value,
 )
@@ -58,7 +61,10 @@ class Fits:
         self._classes = [_class(i, derive_profile(c, i)) for i, (c, _) in enumerate(templates)]
         self._gpus = [len(c.devices) for c, _ in templates]
         self._shapes: dict[tuple[object, ...], Shape] = {}
+        self._gpu_uids: dict[tuple[object, ...], int] = {}
         self._fits: dict[tuple[int, int], bool] = {}
+        # Shapes that differ only in CPUs or a selector share the GPU checks' verdict.
+        self._gpu_fits: dict[tuple[int, int], Fit] = {}
 
     @classmethod
     def of_offers(cls, offers: Sequence[Offer]) -> Fits:
@@ -68,7 +74,8 @@ class Fits:
         key = shape_value(r)
         shape = self._shapes.get(key)
         if shape is None:
-            shape = self._shapes[key] = make_shape(r, key, len(self._shapes))
+            g = self._gpu_uids.setdefault(gpu_value(r), len(self._gpu_uids))
+            shape = self._shapes[key] = make_shape(r, key, len(self._shapes), g)
         return shape
 
     def fits(self, shape: Shape, offer: int) -> bool:
@@ -85,8 +92,15 @@ class Fits:
         labels = self.templates[i][1]
         if any(labels.get(k) != v for k, v in shape.selector):
             return False
-        fit = check(shape, self._classes[i])
+        fit = check(shape, self._classes[i], self._gpu_fit)
         return fit.reason is None and (fit.cpu_only or any(fit.masks))
+
+    def _gpu_fit(self, shape: Shape, profile: Profile) -> Fit:
+        key = (shape.gpu_uid, profile.uid)
+        hit = self._gpu_fits.get(key)
+        if hit is None:
+            hit = self._gpu_fits[key] = gpu_fit(shape, profile)
+        return hit
 
     def units(self, shape: Shape, offer: int) -> float:
         """What a job of ``shape`` is charged for per node there: its GPUs, or the whole

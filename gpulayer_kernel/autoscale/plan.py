@@ -21,9 +21,11 @@ control plane and arrives as ``backoff_until``); ties break on stable keys.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import Any
 
 from ..contracts import InstanceState, Offer, ScalingCode, ScalingNote
 from ..scheduler.feasible import Shape
@@ -51,13 +53,18 @@ class _Bin:
 class _Room:
     """Bins by free GPU count, then offer, oldest first: the tightest fit for a job of ``g``
     GPUs is the first bin at the lowest count >= g whose offer fits (a few lookups, not a
-    scan of every machine)."""
+    scan of every machine). Orders are insertion orders: deterministic for equal inputs."""
 
     def __init__(self) -> None:
         self.by_free: dict[int, dict[int, dict[int, _Bin]]] = {}  # free -> offer -> bins
+        self.frees: list[int] = []  # the keys of ``by_free``, ascending
 
     def add(self, b: _Bin) -> None:
-        self.by_free.setdefault(b.free, {}).setdefault(b.offer, {})[id(b)] = b
+        offers = self.by_free.get(b.free)
+        if offers is None:
+            offers = self.by_free[b.free] = {}
+            insort(self.frees, b.free)
+        offers.setdefault(b.offer, {})[id(b)] = b
 
     def take(self, b: _Bin, gpus: int) -> None:
         offers = self.by_free[b.free]
@@ -70,11 +77,11 @@ class _Room:
     def pick(self, gpus: int, count: int, fits: Callable[[int], bool]) -> list[_Bin]:
         """Up to ``count`` distinct bins with ``gpus`` free whose offer ``fits``."""
         out: list[_Bin] = []
-        for free in sorted(f for f in self.by_free if f >= gpus):
-            for offer in sorted(self.by_free[free]):
+        for free in self.frees[bisect_left(self.frees, gpus) :]:
+            for offer, bins in self.by_free[free].items():
                 if not fits(offer):
                     continue
-                for b in self.by_free[free][offer].values():
+                for b in bins.values():
                     out.append(b)
                     if len(out) == count:
                         return out
@@ -213,53 +220,44 @@ class _Planner:
     ) -> ScalingNote | None:
         """Why offer ``i`` cannot be launched ``n`` times for ``job`` now; None: it can.
         Without ``word`` the reason is not written out (only the cheapest offer's is shown)."""
+        why = self._blocked(job, i, n, cost)
+        if why is None:
+            return None
         if not word:
-            return _BLOCKED if self._blocked(job, i, n, cost) else None
-        return self._blocked(job, i, n, cost)
+            return _BLOCKED
+        code, over, extra = why
+        return self.note(code, i, cost, over, n=n, **extra)
 
-    def _blocked(self, job: PendingJob, i: int, n: int, cost: float) -> ScalingNote | None:
+    def _blocked(
+        self, job: PendingJob, i: int, n: int, cost: float
+    ) -> tuple[ScalingCode, tuple[str, float] | None, dict[str, Any]] | None:
         o = self.offers[i]
         p = self.snap.providers.get(o.provider)
         if p is None or p.down is not None:
             detail = p.down if p is not None and p.down else "not configured"
-            return self.note(ScalingCode.PROVIDER_ERROR, i, cost, n=n, detail=detail)
+            return ScalingCode.PROVIDER_ERROR, None, {"detail": detail}
         if p.backoff_until is not None and p.backoff_until > self.now:
-            return self.note(
-                ScalingCode.PROVIDER_BACKOFF,
-                i,
-                cost,
-                n=n,
-                detail=p.last_error or "",
-                retry_in=p.backoff_until - self.now,
-                limit=float(p.failures),
-            )
+            extra = {
+                "detail": p.last_error or "",
+                "retry_in": p.backoff_until - self.now,
+                "limit": float(p.failures),
+            }
+            return ScalingCode.PROVIDER_BACKOFF, None, extra
         used = self.live.get(o.provider, 0) + self.planned.get(o.provider, 0)
         if used + n > p.max_instances:
-            return self.note(ScalingCode.PROVIDER_LIMIT, i, cost, n=n, limit=float(p.max_instances))
+            return ScalingCode.PROVIDER_LIMIT, None, {"limit": float(p.max_instances)}
         if o.capacity is not None:
             used = self.live_offer.get(o.id, 0) + self.planned_offer.get(o.id, 0)
             if used + n > o.capacity:
-                return self.note(
-                    ScalingCode.PROVIDER_LIMIT,
-                    i,
-                    cost,
-                    n=n,
-                    limit=float(o.capacity),
-                    detail=f"{o.id} is in use",
-                )
+                extra = {"limit": float(o.capacity), "detail": f"{o.id} is in use"}
+                return ScalingCode.PROVIDER_LIMIT, None, extra
         top = self.snap.max_price_per_hour
         if top is not None and self.hourly + n * o.price_per_hour > top + 1e-9:
-            return self.note(
-                ScalingCode.MAX_PRICE,
-                i,
-                cost,
-                n=n,
-                limit=top,
-                detail=f"${self.hourly:.2f}/h running",
-            )
+            extra = {"limit": top, "detail": f"${self.hourly:.2f}/h running"}
+            return ScalingCode.MAX_PRICE, None, extra
         over = self.over_budget(job, cost)
         if over is not None:
-            return self.note(ScalingCode.OVER_BUDGET, i, cost, over, n=n)
+            return ScalingCode.OVER_BUDGET, over, {}
         return None
 
     def launch(
@@ -351,7 +349,9 @@ class _Notes:
     def __call__(self, code: ScalingCode, **fields: object) -> ScalingNote:
         instances = fields.pop("instances", None) or ()
         assert isinstance(instances, (list, tuple))
-        key = (code, *sorted(fields.items()), *instances)
+        # Call sites pass their fields in one order: equal notes share a key (else, merely
+        # less sharing; never a wrong note).
+        key = (code, *fields.items(), *instances)
         note = self._made.get(key)
         if note is None:
             values = {**_DEFAULTS, **fields, "instances": list(instances)}

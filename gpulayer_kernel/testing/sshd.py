@@ -151,4 +151,3 @@ Subsystem sftp internal-sftp
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
