@@ -280,9 +280,8 @@ simulate = true
             f"submit -> job finished: {statistics.median(ours):.2f} s "
             f"(spread {min(ours):.2f}-{max(ours):.2f})"
         )
-        print(
-            f"slurm baseline, sbatch --wait --wrap of the same command: {statistics.median(base):.2f} s"
-        )
+        sbatch = statistics.median(base)
+        print(f"slurm baseline, sbatch --wait --wrap of the same command: {sbatch:.2f} s")
         ratio = statistics.median(ratios)
         print(
             f"slurm cold start ratio (GPUlayer / sbatch): {ratio:.2f}x "
