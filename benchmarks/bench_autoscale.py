@@ -212,23 +212,7 @@ def bench_slurm(rounds: int) -> float | None:
         with slurm_testing.SlurmCluster(tmp / "slurm") as cluster:
             home = tmp / "home"
             home.mkdir()
-            (home / "providers.toml").write_text(
-                f"""
-[autoscale]
-idle_timeout = 1
-reconcile_every = 0.25
-[providers.slurm]
-kind = "slurm"
-slurm_conf = "{cluster.conf}"
-gpulayer = ["{sys.executable}", "-m", "gpulayer_kernel.cli"]
-time_limit = "10"
-boot_seconds = 3
-[providers.slurm.partitions.{cluster.partition}]
-price_per_gpu_hour = 2.10
-gpu_kind = "a100"
-simulate = true
-"""
-            )
+            (home / "providers.toml").write_text(cluster.provider_toml(idle_timeout=1))
             env = {**cluster.env(), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
             # The first Slurm job of a fresh cluster takes longer (~5 s): warm both paths once.
             subprocess.run(

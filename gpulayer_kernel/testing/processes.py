@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 GL = [sys.executable, "-m", "gpulayer_kernel.cli"]
 _READY = re.compile(r"gpulayer serve: ready on (\S+)/api/v1")
@@ -248,6 +248,39 @@ class WorkerProcess(_Process):
         return self.start()
 
 
+def stop_popen(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """SIGTERM a test's daemon, SIGKILL it if it has not exited within ``timeout`` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+class Daemon:
+    """A test engine started by ``with`` (``start``) and stopped when the block ends (``stop``)."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
 def kill_homes_under(root: Path) -> int:
     """SIGKILL every process whose ``GPULAYER_HOME`` lies under ``root``: the workers a test's
     provider started as "machines" (detached on purpose: a machine outlives the control plane
@@ -269,4 +302,4 @@ def kill_homes_under(root: Path) -> int:
     return killed
 
 
-__all__ = ["GL", "ServeProcess", "WorkerProcess", "kill_homes_under"]
+__all__ = ["GL", "Daemon", "ServeProcess", "WorkerProcess", "kill_homes_under", "stop_popen"]

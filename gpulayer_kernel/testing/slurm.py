@@ -17,12 +17,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
-from types import TracebackType
+
+from .processes import Daemon, stop_popen
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel")
 NODES = ("n1", "n2")
@@ -63,7 +64,7 @@ def _bin(name: str) -> str:
     return shutil.which(name) or f"/usr/sbin/{name}"
 
 
-class SlurmCluster:
+class SlurmCluster(Daemon):
     """munged + slurmctld + slurmd ``n1``, ``n2`` (2 CPUs, 2 GPUs each) in partition ``gpu``."""
 
     def __init__(self, root: Path | str, *, partition: str = "gpu") -> None:
@@ -223,22 +224,27 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         order = [k for k in self._procs if k.startswith("slurmd")] + ["slurmctld", "munged"]
         for key in order:
             p = self._procs.pop(key, None)
-            if p is None or p.poll() is not None:
-                continue
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+            if p is not None:
+                stop_popen(p)
 
-    def __enter__(self) -> SlurmCluster:
-        return self.start()
+    def provider_toml(self, *, idle_timeout: float = 2, simulate: bool = True) -> str:
+        """A ``providers.toml`` whose Slurm provider launches workers on this cluster."""
+        return f"""
+[autoscale]
+idle_timeout = {idle_timeout}
+reconcile_every = 0.25
+boot_timeout = 60
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+[providers.slurm]
+kind = "slurm"
+slurm_conf = "{self.conf}"
+gpulayer = ["{sys.executable}", "-m", "gpulayer_kernel.cli"]
+time_limit = "10"
+boot_seconds = 5
+
+[providers.slurm.partitions.{self.partition}]
+price_per_gpu_hour = 2.10
+gpu_kind = "a100"
+gpu_memory_gb = 80
+simulate = {"true" if simulate else "false"}
+"""

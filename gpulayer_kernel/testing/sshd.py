@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
-from types import TracebackType
 
-from .processes import kill_homes_under
+from .processes import Daemon, kill_homes_under, stop_popen
 from .slurm import free_ports
 
 SSHD = "/usr/sbin/sshd"
@@ -48,7 +46,7 @@ def keygen(path: Path) -> str:
     return Path(f"{path}.pub").read_text().strip()
 
 
-class SSHServer:
+class SSHServer(Daemon):
     """``sshd -D`` with its own host key, config and one accepted client key."""
 
     def __init__(
@@ -132,22 +130,6 @@ Subsystem sftp internal-sftp
         """Stop sshd, and every process started through it that still runs with a home under
         this server's directory (a worker it launched: ``setsid`` detached it from sshd)."""
         kill_homes_under(self.root)
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(5)
+        if self._proc is not None:
+            stop_popen(self._proc, 10)
         self._proc = None
-
-    def __enter__(self) -> SSHServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -7,6 +7,7 @@ install; in CI (``CI`` set, where ``install.sh --dev`` installs them) missing is
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulayer_kernel.testing import slurm, sshd
+from gpulayer_kernel.testing import ServeProcess, slurm, sshd
 
 VENV = Path(sys.executable).parent.parent  # this interpreter's venv: GPUlayer is in it
 
@@ -41,26 +42,21 @@ def gl_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sshd.SSHServer
         yield server
 
 
-def slurm_config(cluster: slurm.SlurmCluster, **autoscale: object) -> str:
-    return f"""
-[autoscale]
-idle_timeout = {autoscale.get("idle_timeout", 2)}
-reconcile_every = 0.5
-boot_timeout = 60
+@contextlib.contextmanager
+def served(tmp: Path, config: str) -> Iterator[ServeProcess]:
+    """A ``gpulayer serve`` whose home holds ``config`` as its providers.toml."""
+    home = tmp / "home"
+    home.mkdir()
+    (home / "providers.toml").write_text(config)
+    with ServeProcess(home, heartbeat_timeout=5) as server:
+        yield server
 
-[providers.slurm]
-kind = "slurm"
-slurm_conf = "{cluster.conf}"
-gpulayer = ["{sys.executable}", "-m", "gpulayer_kernel.cli"]
-time_limit = "10"
-boot_seconds = 5
 
-[providers.slurm.partitions.{cluster.partition}]
-price_per_gpu_hour = 2.10
-gpu_kind = "a100"
-gpu_memory_gb = 80
-simulate = true
-"""
+def client_env(server: ServeProcess, tmp: Path) -> dict[str, str]:
+    """The environment of a ``gpulayer`` command that talks to ``server``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
+    env.update(server.client_env(), GPULAYER_HOME=str(tmp / "client-home"))
+    return env
 
 
 def ssh_host(server: sshd.SSHServer, name: str, work: Path, **extra: object) -> str:
@@ -82,10 +78,10 @@ def ssh_host(server: sshd.SSHServer, name: str, work: Path, **extra: object) -> 
     return "\n".join(lines) + "\n"
 
 
-def ssh_config(known_hosts: Path, hosts: str, **autoscale: object) -> str:
+def ssh_config(known_hosts: Path, hosts: str, *, idle_timeout: float = 2) -> str:
     return f"""
 [autoscale]
-idle_timeout = {autoscale.get("idle_timeout", 2)}
+idle_timeout = {idle_timeout}
 reconcile_every = 0.5
 boot_timeout = 60
 

@@ -3,7 +3,6 @@ end, a ``gpulayer serve`` whose autoscaler launches ``gpulayer worker`` as batch
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,7 +23,8 @@ from gpulayer_kernel.providers.config import SlurmSettings
 from gpulayer_kernel.testing import GL, ServeProcess, wait_until
 from gpulayer_kernel.testing.slurm import SlurmCluster
 
-from .conftest import slurm_config
+from .conftest import client_env
+from .conftest import served as serving
 
 pytestmark = pytest.mark.slow
 
@@ -91,17 +91,8 @@ async def test_a_batch_job_is_launched_watched_and_cancelled(gl_slurm: SlurmClus
 
 @pytest.fixture
 def served(tmp_path: Path, gl_slurm: SlurmCluster) -> Iterator[ServeProcess]:
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "providers.toml").write_text(slurm_config(gl_slurm))
-    with ServeProcess(home, heartbeat_timeout=5) as server:
+    with serving(tmp_path, gl_slurm.provider_toml()) as server:
         yield server
-
-
-def client_env(server: ServeProcess, tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
-    env.update(server.client_env(), GPULAYER_HOME=str(tmp / "client-home"))
-    return env
 
 
 def test_a_two_gpu_job_with_no_worker_starts_a_slurm_worker_runs_and_the_worker_ends(

@@ -19,7 +19,8 @@ from gpulayer_kernel.providers.config import SSHSettings
 from gpulayer_kernel.testing import GL, ServeProcess, wait_until
 from gpulayer_kernel.testing.sshd import SSHServer, keygen
 
-from .conftest import VENV, ssh_config, ssh_host
+from .conftest import VENV, client_env, ssh_config, ssh_host
+from .conftest import served as serving
 
 pytestmark = pytest.mark.slow
 
@@ -127,20 +128,16 @@ async def test_gpulayer_is_installed_when_missing_then_a_worker_starts_and_stops
 
 @pytest.fixture
 def served(tmp_path: Path, gl_sshd: SSHServer) -> Iterator[ServeProcess]:
-    home = tmp_path / "home"
-    home.mkdir()
     known = known_hosts(tmp_path, gl_sshd.known_hosts_line())
     host = ssh_host(gl_sshd, "box1", gl_sshd.root / f"work-{os.getpid()}-{tmp_path.name}")
-    (home / "providers.toml").write_text(ssh_config(known, host))
-    with ServeProcess(home, heartbeat_timeout=5) as server:
+    with serving(tmp_path, ssh_config(known, host)) as server:
         yield server
 
 
 def test_a_two_gpu_job_with_no_worker_starts_one_over_ssh_runs_and_it_is_stopped(
     served: ServeProcess, tmp_path: Path
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
-    env.update(served.client_env(), GPULAYER_HOME=str(tmp_path / "client-home"))
+    env = client_env(served, tmp_path)
     code = "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"
     run = subprocess.run(
         [*GL, "run", "--gpus", "2", "--workdir", str(tmp_path), "--", sys.executable, "-c", code],
