@@ -10,9 +10,8 @@
   passed (``backoff_until``, drawn here so the planner stays pure).
 - A scale-down drains the worker first (no new work), checks it still runs nothing, then ends
   the machine; its worker leaves, and its record is removed.
-- Every ``reconcile_every`` seconds a round reads each provider's offers and machines (bounded
-  by the same timeout), applies ``reconcile`` (adopt, fail, preempt, end strays, boot
-  deadlines), lets budgets watch running jobs, and runs a scheduling pass.
+- Every ``reconcile_every`` seconds a round (``reconciler.py``) reads each provider's offers and
+  machines (bounded by the same timeout) and applies ``reconcile``.
 
 Every wait runs on the control plane's clock; a test drives it all with a FakeClock.
 """
@@ -34,12 +33,11 @@ from ..autoscale import (
     ScalingPlan,
     ScalingSnapshot,
     plan_scaling,
-    reconcile,
 )
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import Instance, InstanceState, Offer, PlacementReport, WorkerState
 from ..errors import GPUlayerError
-from ..providers import Census, LaunchSpec, Provider, ProvidersConfig
+from ..providers import LaunchSpec, Provider, ProvidersConfig
 from ..scheduler import Plan, Snapshot
 from ..scheduler.explain import with_scaling
 from ..security import TokenKind, TokenService
@@ -47,11 +45,11 @@ from .budgets import Budgets
 from .instances import InstanceTable
 from .jobs import JobTable, new_id
 from .ledger import Ledger
+from .reconciler import Reconciler
 from .workers import WorkerRegistry
 
 T = TypeVar("T")
 log = logging.getLogger("gpulayer.autoscaler")
-LEAVE_GRACE = 60.0  # seconds the worker of an ended machine has to leave by itself
 S = InstanceState
 Lose = Callable[[str, str, bool], Awaitable[None]]
 
@@ -103,34 +101,30 @@ class Autoscaler:
         self.rng = rng or random.Random()
         self.state = {name: ProviderState() for name in self.providers}
         self.last_plan = ScalingPlan()
-        self._in_flight: set[str] = set()  # instances whose launch call runs now
-        self._ending: set[str] = set()  # instances whose termination runs now
+        self.in_flight: set[str] = set()  # instances whose launch call runs now
+        self.ending: set[str] = set()  # instances whose termination runs now
+        self.dirty: set[str] = set()  # instances changed in memory only (idle times)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._loop: asyncio.Task[None] | None = None
-        self._dirty: set[str] = set()  # instances changed in memory only (idle times)
+        self.reconciler = Reconciler(self)
 
     # -- life ------------------------------------------------------------------------------------
 
     async def start(self) -> None:
         await self.instances.load()
-        await self.refresh()
-        self._loop = asyncio.get_running_loop().create_task(self._rounds())
+        await self.reconciler.refresh()
+        self.reconciler.start()
 
     async def close(self) -> None:
-        if self._loop is not None:
-            self._loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop
-            self._loop = None
+        await self.reconciler.stop()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.instances.save(self._dirty)
+        await self.instances.save(self.dirty)
         for p in self.providers.values():
             with contextlib.suppress(Exception):
                 await p.close()
 
-    async def _bounded(self, coro: Coroutine[Any, Any, T], what: str) -> T:
+    async def bounded(self, coro: Coroutine[Any, Any, T], what: str) -> T:
         """``coro`` within ``launch_timeout`` seconds of the control plane's clock."""
         task = asyncio.get_running_loop().create_task(coro)
         timeout = self.settings.launch_timeout
@@ -143,7 +137,7 @@ class Autoscaler:
             raise
         return task.result()
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._done)
@@ -152,14 +146,6 @@ class Autoscaler:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("autoscaler task failed", exc_info=task.exception())
-
-    async def _rounds(self) -> None:
-        while True:
-            await self.clock.sleep(self.settings.reconcile_every)
-            try:
-                await self.round()
-            except Exception:
-                log.exception("autoscaler round failed")  # one bad round must not end them
 
     # -- the scheduling pass's hook --------------------------------------------------------------
 
@@ -240,20 +226,20 @@ class Autoscaler:
             busy = inst.worker_id in assigned or bool(w is not None and w.running)
             if busy and inst.idle_since is not None:
                 self.instances.change(inst.id, idle_since=None)
-                self._dirty.add(inst.id)
+                self.dirty.add(inst.id)
             elif not busy and inst.idle_since is None:
                 self.instances.change(inst.id, idle_since=now)
-                self._dirty.add(inst.id)
+                self.dirty.add(inst.id)
 
     def _execute(self, plan: ScalingPlan, now: float) -> None:
         for launch in plan.launches:
             self._launch(launch.offer, launch.jobs, now)
         for t in plan.terminations:
             inst = self.instances.get(t.instance_id)
-            if inst is None or inst.id in self._ending or inst.state.ended:
+            if inst is None or inst.id in self.ending or inst.state.ended:
                 continue
-            self._ending.add(inst.id)
-            self._spawn(self._scale_down(inst.id, t.why))
+            self.ending.add(inst.id)
+            self.spawn(self._scale_down(inst.id, t.why))
 
     # -- launching -------------------------------------------------------------------------------
 
@@ -271,9 +257,9 @@ class Autoscaler:
                 for_jobs=list(jobs),
             )
         )
-        self._in_flight.add(iid)
+        self.in_flight.add(iid)
         log.info("launching %s for job(s) %s as instance %s", offer.id, ", ".join(jobs), iid)
-        self._spawn(self._do_launch(iid))
+        self.spawn(self._do_launch(iid))
         return inst
 
     def _boot_timeout(self, provider: str) -> float:
@@ -300,7 +286,7 @@ class Autoscaler:
                 max_seconds=inst.offer.max_hours * 3600 if inst.offer.max_hours else None,
                 ca_cert=self.settings.ca_cert,
             )
-            external = await self._bounded(
+            external = await self.bounded(
                 provider.launch(inst.offer, secret, how), f"{inst.provider}'s launch"
             )
             current = self.instances.get(iid)
@@ -315,7 +301,7 @@ class Autoscaler:
             why = exc.message if isinstance(exc, GPUlayerError) else str(exc) or type(exc).__name__
             await self._failed(iid, f"launch failed: {why}", boot=True)
         finally:
-            self._in_flight.discard(iid)
+            self.in_flight.discard(iid)
             self.kick()
 
     async def _failed(self, iid: str, why: str, *, boot: bool) -> None:
@@ -325,11 +311,11 @@ class Autoscaler:
         log.warning("instance %s (%s) failed: %s", iid, inst.offer.id, why)
         self.instances.change(iid, S.FAILED, reason=why, ended_at=self.clock.now())
         if boot:
-            self._count_failure(inst.provider, why)
-        await self._revoke(inst)
+            self.count_failure(inst.provider, why)
+        await self.revoke(inst)
         await self.instances.save([iid])
 
-    def _count_failure(self, provider: str, why: str) -> None:
+    def count_failure(self, provider: str, why: str) -> None:
         st = self.state[provider]
         st.failures += 1
         st.last_error = why
@@ -338,7 +324,7 @@ class Autoscaler:
         st.backoff_until = self.clock.now() + delay
         self.clock.call_later(delay + 0.01, self.kick)  # plan again once it is over
 
-    async def _revoke(self, inst: Instance) -> None:
+    async def revoke(self, inst: Instance) -> None:
         if inst.token_id is not None:
             with contextlib.suppress(GPUlayerError):
                 await self.tokens.revoke(inst.token_id)
@@ -361,7 +347,7 @@ class Autoscaler:
         if st is not None:
             st.failures, st.backoff_until = 0, None
         log.info("instance %s (%s) joined as worker %s", inst.id, inst.offer.id, name)
-        self._spawn(self.instances.save([inst.id]))
+        self.spawn(self.instances.save([inst.id]))
         return inst
 
     def instance_of(self, worker_id: str) -> Instance | None:
@@ -390,12 +376,12 @@ class Autoscaler:
                 self.instances.change(iid, S.DRAINING)
             await self.instances.save([iid])
             provider = self.providers[inst.provider]
-            await self._bounded(
+            await self.bounded(
                 provider.terminate(inst.id, inst.external_id), f"{inst.provider}'s terminate"
             )
             log.info("instance %s (%s) terminated: %s", iid, inst.offer.id, why)
             self.instances.change(iid, S.TERMINATED, reason=why, ended_at=self.clock.now())
-            await self._revoke(inst)
+            await self.revoke(inst)
             await self.instances.save([iid])
             # Its worker leaves on its own (SIGTERM); the next rounds forget it once it has.
         except asyncio.CancelledError:
@@ -404,126 +390,5 @@ class Autoscaler:
             msg = exc.message if isinstance(exc, GPUlayerError) else str(exc)
             log.warning("terminating instance %s failed (%s); the next round tries again", iid, msg)
         finally:
-            self._ending.discard(iid)
+            self.ending.discard(iid)
             self.kick()
-
-    async def _forget_worker(self, worker_id: str, *, now: bool = False) -> None:
-        """The worker of an ended machine: once it left (or at once with ``now``: its machine
-        is gone), out of service, its sessions revoked (it cannot come back as itself), and
-        forgotten."""
-        w = self.registry.get(worker_id)
-        if w is None:
-            return
-        if w.live and not now:
-            return
-        if w.live:
-            await self.lose(worker_id, "its instance ended", False)
-        await self.tokens.revoke_where(
-            lambda r: r.kind == TokenKind.WORKER and r.worker_id == worker_id
-        )
-        with contextlib.suppress(GPUlayerError):
-            await self.registry.remove(worker_id)
-
-    async def _forget_ended_workers(self, now: float) -> None:
-        """Workers of ended instances: forgotten once they left; after ``LEAVE_GRACE`` seconds
-        still in service (a machine that ignored its end), taken out of service too."""
-        for inst in self.instances.all().values():
-            if not inst.state.ended or inst.worker_id is None:
-                continue
-            if self.registry.get(inst.worker_id) is None:
-                continue
-            late = inst.ended_at is not None and now - inst.ended_at > LEAVE_GRACE
-            await self._forget_worker(inst.worker_id, now=late)
-
-    # -- the reconciler --------------------------------------------------------------------------
-
-    async def refresh(self) -> None:
-        """Read every provider's offers (a provider that fails is ``down``; its offers stay)."""
-        for name, p in self.providers.items():
-            st = self.state[name]
-            try:
-                st.offers = list(await self._bounded(p.offers(), f"{name}'s offers"))
-                st.down = None
-            except Exception as exc:
-                st.down = exc.message if isinstance(exc, GPUlayerError) else str(exc) or "timed out"
-
-    async def round(self) -> None:
-        """One reconciler round (the loop runs one every ``reconcile_every`` seconds)."""
-        await self.refresh()
-        census: dict[str, Census | None] = {}
-        for name, p in self.providers.items():
-            try:
-                census[name] = await self._bounded(p.instances(), f"{name}'s instances")
-            except Exception as exc:
-                census[name] = None
-                log.warning("listing %s's machines failed: %s", name, exc)
-        now = self.clock.now()
-        live = {w.id: w.live for w in self.registry.all()}
-        r = reconcile(
-            self.instances.all(),
-            census,
-            now=now,
-            in_flight=frozenset(self._in_flight),
-            workers_live=live,
-        )
-        changed = set(self._dirty)
-        self._dirty.clear()
-        for ch in r.changes:
-            inst = self.instances.get(ch.instance_id)
-            if inst is None or inst.state.ended:
-                continue
-            fields: dict[str, Any] = {}
-            if ch.external_id is not None:
-                fields["external_id"] = ch.external_id
-                fields["launched_at"] = inst.launched_at or now
-            if ch.reason is not None:
-                fields["reason"] = ch.reason
-            if ch.state is not None and ch.state.ended:
-                fields["ended_at"] = now
-                log.warning("instance %s (%s): %s", inst.id, inst.offer.id, ch.reason)
-                await self._revoke(inst)
-            self.instances.change(inst.id, ch.state, **fields)
-            if ch.boot_failure:
-                self._count_failure(inst.provider, ch.reason or "boot failed")
-            changed.add(inst.id)
-        for iid, charge in r.charges.items():
-            inst = self.instances.get(iid)
-            if inst is not None and inst.charge_reported != round(charge, 6):
-                self.instances.change(iid, charge_reported=round(charge, 6))
-                changed.add(iid)
-        await self.instances.save(changed)
-        for lost in r.lose:
-            w = self.registry.get(lost.worker_id)
-            if w is not None and w.live:
-                await self.lose(lost.worker_id, lost.why, lost.preempted)
-            await self._forget_worker(lost.worker_id)
-        await self._forget_ended_workers(now)
-        for iid in r.terminate:
-            inst = self.instances.get(iid)
-            if inst is not None and iid not in self._ending:
-                self._spawn(self._end_at_provider(inst.provider, inst.id, inst.external_id))
-        for stray in r.strays:
-            log.warning(
-                "%s runs %s, unknown to this control plane: ending it",
-                stray.provider,
-                stray.external_id,
-            )
-            self._spawn(
-                self._end_at_provider(stray.provider, stray.instance_id or "", stray.external_id)
-            )
-        self.instances.forget_ended()
-        await self.budgets.watch()
-        self.kick()
-
-    async def _end_at_provider(self, provider: str, iid: str, external_id: str | None) -> None:
-        try:
-            await self._bounded(
-                self.providers[provider].terminate(iid, external_id), f"{provider}'s terminate"
-            )
-        except Exception as exc:
-            log.warning(
-                "ending %s at %s failed (%s); the next round tries again",
-                external_id,
-                provider,
-                exc,
-            )

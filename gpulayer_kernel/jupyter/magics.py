@@ -25,7 +25,7 @@ from IPython.core.magic import Magics, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from .. import render
-from ..contracts import Job, JobSpec, JobState, parse
+from ..contracts import Job, JobSpec, JobState, parse, parse_pairs
 from ..errors import GPUlayerError
 from ..runner import SHOWN_KEY
 from .bridge import Bridge, Target, get_bridge, reconnect
@@ -128,7 +128,20 @@ class GPUlayerMagics(Magics):
     )
     @argument("--nodes", type=int, default=1, metavar="M", help="workers for a multi-node gang")
     @argument("--timeout", type=float, default=None, metavar="SECONDS", help="kill it after this")
-    @argument("--retries", type=int, default=0, metavar="N", help="re-runs after a failure")
+    @argument(
+        "--retries",
+        type=int,
+        default=0,
+        metavar="N",
+        help="re-runs of a lost or preempted attempt (see --retry-on)",
+    )
+    @argument(
+        "--retry-on",
+        action="append",
+        default=[],
+        choices=["lost", "preempted", "failed"],
+        help='which failures retry (default: lost and preempted; "failed": any failing exit)',
+    )
     @argument(
         "--wait",
         action="store_true",
@@ -173,6 +186,13 @@ class GPUlayerMagics(Magics):
         help="local files or folders bundled with the cell (relative to the notebook)",
     )
     @argument("--name", default=None, help="the job's name (default: cell)")
+    @argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="a label of the job; user=NAME and project=NAME are what budgets and costs group by",
+    )
     @argument("--worker", default=None, metavar="NAME", help="run only on this worker")
     @argument(
         "--no-wait",
@@ -242,9 +262,13 @@ class GPUlayerMagics(Magics):
                 },
                 "env": env_values(args.env),
                 "secrets": args.secret,
-                "labels": {NOTEBOOK_LABEL: notebook} if notebook else {},
+                "labels": {
+                    **parse_pairs(args.label, "--label"),
+                    **({NOTEBOOK_LABEL: notebook} if notebook else {}),
+                },
                 "timeout": args.timeout,
                 "retries": args.retries,
+                **({"retry_on": args.retry_on} if args.retry_on else {}),
                 "wait_for_capacity": args.wait,
             },
         )

@@ -227,7 +227,7 @@ async def test_a_provider_whose_offers_fail_is_down_and_the_job_is_told_why(
 
     async with cloud(tmp_path) as c:
         c.provider.offers = unpriced  # type: ignore[method-assign]
-        await c.cp.provisioning.autoscaler.refresh()  # type: ignore[union-attr]
+        await c.cp.provisioning.autoscaler.reconciler.refresh()  # type: ignore[union-attr]
         j = await c.cp.submit(job("sleep", "1", wait_for_capacity=True))
 
         def noted() -> bool:
