@@ -13,22 +13,24 @@
    per-round ratios.
 2. On a real local Slurm 22.05 (two slurmd nodes), a job submitted with no worker running:
    submit -> a Slurm-launched ``gpulayer worker`` joined -> the job finished, through a real
-   ``gpulayer serve``; against ``sbatch --wait --wrap`` of the same command, interleaved round
-   by round (the idle worker is ended between rounds, so each round starts cold). The last line
-   is the ratio (GPUlayer / sbatch): what GPUlayer's worker costs on top of Slurm's own start.
+   ``gpulayer serve``; against ``sbatch --wrap`` of the same command watched to its end with
+   ``squeue`` every 50 ms, interleaved round by round (the idle worker is ended between rounds,
+   so each round starts cold). The last line is the ratio (GPUlayer / sbatch): what GPUlayer's
+   worker costs on top of Slurm's own start.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -197,6 +199,22 @@ def bench_decision(n_jobs: int, n_offers: int, rounds: int) -> float:
 # cold start on real Slurm
 
 
+def batch(cluster: Any, options: list[str], command: list[str]) -> None:
+    """``sbatch --wrap`` the command and watch it end as a tight client would: ``squeue``
+    every 50 ms (``sbatch --wait`` polls far more slowly, which would flatter GPUlayer)."""
+    r = cluster.run("sbatch", "--parsable", *options, "--wrap", shlex.join(command))
+    job = r.stdout.strip().split(";")[0]
+    assert job.isdigit(), r.stdout + r.stderr
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        state = cluster.run("squeue", "-h", "-j", job, "-t", "all", "-o", "%T").stdout.strip()
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            assert state == "COMPLETED", state
+            return
+        time.sleep(0.05)  # the baseline's own polling interval
+    raise TimeoutError(f"batch job {job} did not end")
+
+
 def bench_slurm(rounds: int) -> float | None:
     from gpulayer_kernel.contracts import CommandWorkload, JobSpec, JobState
     from gpulayer_kernel.testing import ServeProcess, wait_until
@@ -213,15 +231,8 @@ def bench_slurm(rounds: int) -> float | None:
             home = tmp / "home"
             home.mkdir()
             (home / "providers.toml").write_text(cluster.provider_toml(idle_timeout=1))
-            env = {**cluster.env(), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
-            # The first Slurm job of a fresh cluster takes longer (~5 s): warm both paths once.
-            subprocess.run(
-                ["sbatch", "--wait", "--output=/dev/null", "--wrap", "true"],
-                env=env,
-                capture_output=True,
-                timeout=120,
-                check=True,
-            )
+            # The first Slurm job of a fresh cluster takes longer (~5 s): warm Slurm up once.
+            batch(cluster, ["--output=/dev/null"], ["true"])
             ours, base, ratios, joins = [], [], [], []
             with ServeProcess(home, heartbeat_timeout=10) as server, server.client() as c:
                 spec = JobSpec(
@@ -237,20 +248,7 @@ def bench_slurm(rounds: int) -> float | None:
                     assert job.state == JobState.SUCCEEDED, job
                     inst = c.instances(ended=True).instances[0]
                     t2 = time.perf_counter()
-                    subprocess.run(
-                        [
-                            "sbatch",
-                            "--wait",
-                            "--gres=gpu:1",
-                            f"--output={tmp}/sbatch-%j.out",
-                            "--wrap",
-                            " ".join(command[:2]) + f' "{command[2]}"',
-                        ],
-                        env=env,
-                        capture_output=True,
-                        timeout=120,
-                        check=True,
-                    )
+                    batch(cluster, ["--gres=gpu:1", f"--output={tmp}/sbatch-%j.out"], command)
                     t3 = time.perf_counter()
                     if r == 0:
                         continue  # warm-up round
@@ -265,7 +263,7 @@ def bench_slurm(rounds: int) -> float | None:
             f"(spread {min(ours):.2f}-{max(ours):.2f})"
         )
         sbatch = statistics.median(base)
-        print(f"slurm baseline, sbatch --wait --wrap of the same command: {sbatch:.2f} s")
+        print(f"slurm baseline, sbatch --wrap of the same command (squeue 50 ms): {sbatch:.2f} s")
         ratio = statistics.median(ratios)
         print(
             f"slurm cold start ratio (GPUlayer / sbatch): {ratio:.2f}x "

@@ -53,16 +53,31 @@ Template = tuple[WorkerCapabilities, Mapping[str, str]]  # what a worker adverti
 
 
 class Fits:
-    """Remembers, per (shape, template), whether a job of that shape runs on a worker that
-    advertises that template: an offer's (``of_offers``), or a live worker's own."""
+    """Remembers, per shape, which templates a job of that shape runs on: an offer's worker
+    (``of_offers``), or a live worker's own.
+
+    Templates the checks cannot tell apart (same devices, host CPUs) form one class, checked
+    once per shape: 100 offers at 100 prices are a few dozen distinct machines. Labels are then
+    checked per template, only for shapes with a selector. The answer is a bit mask (bit i:
+    template i), which the planner ANDs with its own."""
 
     def __init__(self, templates: Sequence[Template]) -> None:
         self.templates = list(templates)
-        self._classes = [_class(i, derive_profile(c, i)) for i, (c, _) in enumerate(templates)]
+        keys: dict[tuple[object, ...], WorkerClass] = {}
+        self._members: dict[int, int] = {}  # class id -> mask of its templates
+        self._classes: list[WorkerClass] = []
+        for i, (c, _) in enumerate(templates):
+            p = derive_profile(c)
+            cls = keys.get((p.key, p.host_cpus))
+            if cls is None:
+                uid = len(keys)
+                cls = keys[(p.key, p.host_cpus)] = _class(uid, derive_profile(c, uid))
+                self._classes.append(cls)
+            self._members[cls.id] = self._members.get(cls.id, 0) | 1 << i
         self._gpus = [len(c.devices) for c, _ in templates]
         self._shapes: dict[tuple[object, ...], Shape] = {}
         self._gpu_uids: dict[tuple[object, ...], int] = {}
-        self._fits: dict[tuple[int, int], bool] = {}
+        self._masks: dict[int, int] = {}  # shape uid -> the templates it fits
         # Shapes that differ only in CPUs or a selector share the GPU checks' verdict.
         self._gpu_fits: dict[tuple[int, int], Fit] = {}
 
@@ -78,22 +93,27 @@ class Fits:
             shape = self._shapes[key] = make_shape(r, key, len(self._shapes), g)
         return shape
 
-    def fits(self, shape: Shape, offer: int) -> bool:
-        """One node of ``shape`` runs on a worker of template ``offer``."""
-        key = (shape.uid, offer)
-        hit = self._fits.get(key)
-        if hit is None:
-            hit = self._fits[key] = self._check(shape, offer)
+    def mask(self, shape: Shape) -> int:
+        """Every template a job of ``shape`` runs on (one node of it), as a bit mask."""
+        hit = self._masks.get(shape.uid)
+        if hit is not None:
+            return hit
+        hit = 0
+        if shape.worker is None:  # a job that names a worker waits for that worker
+            for cls in self._classes:
+                fit = check(shape, cls, self._gpu_fit)
+                if fit.reason is None and (fit.cpu_only or any(fit.masks)):
+                    hit |= self._members[cls.id]
+            if shape.selector:
+                for i, (_, labels) in enumerate(self.templates):
+                    if hit >> i & 1 and any(labels.get(k) != v for k, v in shape.selector):
+                        hit &= ~(1 << i)
+        self._masks[shape.uid] = hit
         return hit
 
-    def _check(self, shape: Shape, i: int) -> bool:
-        if shape.worker is not None:
-            return False  # a job that names a worker waits for that worker
-        labels = self.templates[i][1]
-        if any(labels.get(k) != v for k, v in shape.selector):
-            return False
-        fit = check(shape, self._classes[i], self._gpu_fit)
-        return fit.reason is None and (fit.cpu_only or any(fit.masks))
+    def fits(self, shape: Shape, offer: int) -> bool:
+        """One node of ``shape`` runs on a worker of template ``offer``."""
+        return bool(self.mask(shape) >> offer & 1)
 
     def _gpu_fit(self, shape: Shape, profile: Profile) -> Fit:
         key = (shape.gpu_uid, profile.uid)

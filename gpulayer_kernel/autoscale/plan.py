@@ -22,7 +22,7 @@ control plane and arrives as ``backoff_until``); ties break on stable keys.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -48,43 +48,59 @@ class _Bin:
     free: int  # GPUs
     instance: str | None  # None: planned by this pass
     eta: float  # seconds until its worker should join
+    seq: int = 0  # order of arrival: ties go to the oldest
 
 
 class _Room:
-    """Bins by free GPU count, then offer, oldest first: the tightest fit for a job of ``g``
-    GPUs is the first bin at the lowest count >= g whose offer fits (a few lookups, not a
-    scan of every machine). Orders are insertion orders: deterministic for equal inputs."""
+    """Bins by free GPU count, then offer, oldest first. Per free count a bit mask says which
+    offers have a bin there, so the tightest fit for a job of ``g`` GPUs is a few big-integer
+    ANDs with the mask of the offers its shape fits (lowest free count >= g, then lowest offer
+    index, then the oldest bin), not a scan of every booting machine."""
 
     def __init__(self) -> None:
-        self.by_free: dict[int, dict[int, dict[int, _Bin]]] = {}  # free -> offer -> bins
-        self.frees: list[int] = []  # the keys of ``by_free``, ascending
+        self.bins: dict[tuple[int, int], dict[int, _Bin]] = {}  # (free, offer) -> bins by seq
+        self.level: dict[int, int] = {}  # free -> mask of the offers with a bin at that count
+        self.frees: list[int] = []  # the keys of ``level``, ascending
+        self._seq = 0
 
     def add(self, b: _Bin) -> None:
-        offers = self.by_free.get(b.free)
-        if offers is None:
-            offers = self.by_free[b.free] = {}
-            insort(self.frees, b.free)
-        offers.setdefault(b.offer, {})[id(b)] = b
+        self._seq += 1
+        b.seq = self._seq
+        self._put(b)
+
+    def _put(self, b: _Bin) -> None:
+        key = (b.free, b.offer)
+        bins = self.bins.get(key)
+        if bins is None:
+            bins = self.bins[key] = {}
+            if b.free not in self.level:
+                insort(self.frees, b.free)
+                self.level[b.free] = 0
+            self.level[b.free] |= 1 << b.offer
+        bins[b.seq] = b
 
     def take(self, b: _Bin, gpus: int) -> None:
-        offers = self.by_free[b.free]
-        del offers[b.offer][id(b)]
-        if not offers[b.offer]:
-            del offers[b.offer]
+        key = (b.free, b.offer)
+        bins = self.bins[key]
+        del bins[b.seq]
+        if not bins:
+            del self.bins[key]
+            self.level[b.free] &= ~(1 << b.offer)
         b.free -= gpus
-        self.add(b)
+        self._put(b)
 
-    def pick(self, gpus: int, count: int, fits: Callable[[int], bool]) -> list[_Bin]:
-        """Up to ``count`` distinct bins with ``gpus`` free whose offer ``fits``."""
+    def pick(self, gpus: int, count: int, offers: int) -> list[_Bin]:
+        """Up to ``count`` distinct bins with ``gpus`` free among the offers in mask ``offers``."""
         out: list[_Bin] = []
         for free in self.frees[bisect_left(self.frees, gpus) :]:
-            for offer, bins in self.by_free[free].items():
-                if not fits(offer):
-                    continue
-                for b in bins.values():
+            m = self.level[free] & offers
+            while m:
+                low = m & -m
+                for b in self.bins[(free, low.bit_length() - 1)].values():
                     out.append(b)
                     if len(out) == count:
                         return out
+                m ^= low
         return out
 
 
@@ -134,6 +150,7 @@ class _Planner:
         )
         self.left = dict(budgets)
         self.make = _Notes()
+        self._candidates: dict[int, list[int]] = {}
         self.launches: list[Launch] = []
         self.planned: dict[str, int] = {}  # provider -> launches this pass
         self.planned_offer: dict[str, int] = {}
@@ -160,7 +177,7 @@ class _Planner:
 
     def place(self, job: PendingJob, shape: Shape) -> tuple[ScalingNote | None, bool]:
         """A note for ``job`` and whether capacity was found (booting or launched) for it."""
-        taken = self.room.pick(shape.gpus, shape.nodes, lambda i: self.fits.fits(shape, i))
+        taken = self.room.pick(shape.gpus, shape.nodes, self.fits.mask(shape))
         if len(taken) == shape.nodes:
             cost = sum(self.cost(job, shape, b.offer) for b in taken)
             over = self.over_budget(job, cost)
@@ -186,11 +203,11 @@ class _Planner:
             return None, True  # too young to launch for; not a failure of its shape
         n = shape.nodes - len(taken)
         first: ScalingNote | None = None
-        for i in self.order:
-            if not self.fits.fits(shape, i):
-                continue
-            cost = sum(self.cost(job, shape, b.offer) for b in taken)
-            cost += n * self.cost(job, shape, i)
+        base = sum(self.cost(job, shape, b.offer) for b in taken) if taken else 0.0
+        for i in self.candidates(shape):
+            if first is not None and self._provider_full(self.offers[i].provider, n):
+                continue  # only the cheapest offer's reason is worded: skip the rest fast
+            cost = base + n * self.cost(job, shape, i)
             blocked = self.blocked(job, i, n, cost, word=first is None)
             if blocked is None:
                 return self.launch(job, shape, i, n, taken, cost), True
@@ -198,6 +215,24 @@ class _Planner:
         if first is None:
             return self.no_offer(shape), False
         return first, False
+
+    def _provider_full(self, provider: str, n: int) -> bool:
+        """Its provider cannot launch ``n`` more now: down, backing off, or at its limit."""
+        p = self.snap.providers.get(provider)
+        if p is None or p.down is not None:
+            return True
+        if p.backoff_until is not None and p.backoff_until > self.now:
+            return True
+        used = self.live.get(provider, 0) + self.planned.get(provider, 0)
+        return used + n > p.max_instances
+
+    def candidates(self, shape: Shape) -> list[int]:
+        """The launchable offers a job of ``shape`` fits, cheapest first (once per shape)."""
+        hit = self._candidates.get(shape.uid)
+        if hit is None:
+            mask = self.fits.mask(shape)
+            hit = self._candidates[shape.uid] = [i for i in self.order if mask >> i & 1]
+        return hit
 
     def cost(self, job: PendingJob, shape: Shape, i: int) -> float:
         """Dollars one node of ``job`` is expected to cost on offer ``i``."""
