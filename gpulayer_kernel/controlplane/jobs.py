@@ -25,7 +25,6 @@ that come with them are written by ``flush`` in the same group commit as the job
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -255,8 +254,7 @@ class JobTable:
             now = [self.cached(c.after.id) or c.after for c in changes]
             rows, self._costs = self._costs, []
             if rows:
-                # Queued before either write awaits: one group commit carries both.
-                await asyncio.gather(self.store.save_jobs(now), self.store.save_costs(rows))
+                await self.store.save_jobs_and_costs(now, rows)  # one transaction, both
                 assert self.ledger is not None
                 self.ledger.on_rows(rows)
             else:

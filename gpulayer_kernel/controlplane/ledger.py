@@ -195,9 +195,18 @@ class Ledger:
         assert job.placement is not None
         p = self.price(job)
         hours = self.hours(job)
-        return AttemptRecord(
+        # Built without validation, every field given: computed here, never user input (a
+        # placement and an end happen per job; validating both records cost ~30 us a job).
+        return AttemptRecord.model_construct(
             attempt=job.attempts,
             placed_at=job.placed_at or now,
+            started_at=None,
+            ended_at=None,
+            outcome=None,
+            reason=None,
+            exit_code=None,
+            retried=False,
+            retry_at=None,
             workers=[n.worker_name for n in job.placement.nodes],
             instances=list(p.instances),
             provider=p.provider,
@@ -205,6 +214,8 @@ class Ledger:
             unit_price=round(p.unit_price, 6),
             estimate_hours=round(hours, 6),
             estimate=round(p.units * p.unit_price * hours, 6),
+            gpu_seconds=None,
+            charge=None,
         )
 
     def _ended(
@@ -237,7 +248,7 @@ class Ledger:
     @staticmethod
     def _row(job: Job, r: AttemptRecord, now: float) -> CostEntry:
         charge = r.charge is not None
-        return CostEntry(
+        return CostEntry.model_construct(
             job_id=job.id,
             attempt=r.attempt,
             kind=CostKind.CHARGE if charge else CostKind.ESTIMATE,

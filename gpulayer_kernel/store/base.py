@@ -119,6 +119,12 @@ class MetadataStore(abc.ABC):
     async def save_costs(self, entries: Sequence[CostEntry]) -> None:
         """Upsert ledger rows by (job_id, attempt, kind): writing one twice leaves one row."""
 
+    async def save_jobs_and_costs(self, jobs: Sequence[Job], entries: Sequence[CostEntry]) -> None:
+        """Jobs and the ledger rows of their changes, in one transaction where the store can
+        (the job table's commit path calls this). This default makes two writes."""
+        await self.save_jobs(jobs)
+        await self.save_costs(entries)
+
     @abc.abstractmethod
     async def list_costs(
         self, since: float | None = None, job_id: str | None = None

@@ -20,11 +20,11 @@ from typing import Any, TypeVar
 import aiosqlite
 from pydantic import ValidationError
 
-from ..contracts import Job, LogRecord, WorkerInfo
+from ..contracts import CostEntry, Job, LogRecord, WorkerInfo
 from ..errors import SchemaTooNew, StoreError, Unavailable
 from .base import JobQuery, MetadataStore, TokenRecord
 from .sqlite_provisioning import MIGRATION as PROVISIONING_MIGRATION
-from .sqlite_provisioning import ProvisioningRows
+from .sqlite_provisioning import UPSERT_COST, ProvisioningRows, cost_row
 
 log = logging.getLogger("gpulayer.store")
 
@@ -97,6 +97,11 @@ class _Run:
     table: str
     sql: str
     rows: list[tuple[Any, ...]]
+
+
+def _job_rows(jobs: Sequence[Job]) -> list[tuple[Any, ...]]:
+    now = time.time()
+    return [(j.id, j.seq, j.state.value, j.spec.name, j.model_dump_json(), now) for j in jobs]
 
 
 class SqliteStore(ProvisioningRows, MetadataStore):
@@ -254,11 +259,13 @@ class SqliteStore(ProvisioningRows, MetadataStore):
     # -- jobs -----------------------------------------------------------------------------------
 
     async def save_jobs(self, jobs: Sequence[Job]) -> None:
-        now = time.time()
-        await self._write(
-            _UPSERT_JOB,
-            [(j.id, j.seq, j.state.value, j.spec.name, j.model_dump_json(), now) for j in jobs],
-        )
+        await self._write(_UPSERT_JOB, _job_rows(jobs))
+
+    async def save_jobs_and_costs(self, jobs: Sequence[Job], entries: Sequence[CostEntry]) -> None:
+        """One group commit: the jobs' rows are queued first (no await), then the costs' write
+        waits for the transaction that carries both."""
+        self._enqueue(_UPSERT_JOB, _job_rows(jobs))
+        await self._write(UPSERT_COST, [cost_row(e) for e in entries])
 
     async def get_job(self, job_id: str) -> Job | None:
         row = await self._fetchone("SELECT body FROM jobs WHERE id = ?", (job_id,))

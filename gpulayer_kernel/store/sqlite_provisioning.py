@@ -35,11 +35,15 @@ _UPSERT_INSTANCE = (
     "INSERT INTO instances (id, provider, state, requested_at, body) VALUES (?, ?, ?, ?, ?) "
     "ON CONFLICT(id) DO UPDATE SET state=excluded.state, body=excluded.body"
 )
-_UPSERT_COST = (
+UPSERT_COST = (
     "INSERT INTO costs (job_id, attempt, kind, at, amount, body) VALUES (?, ?, ?, ?, ?, ?) "
     "ON CONFLICT(job_id, attempt, kind) DO UPDATE SET at=excluded.at, amount=excluded.amount, "
     "body=excluded.body"
 )
+
+
+def cost_row(e: CostEntry) -> tuple[Any, ...]:
+    return (e.job_id, e.attempt, e.kind.value, e.at, e.amount, e.model_dump_json())
 
 
 class ProvisioningRows:
@@ -71,13 +75,7 @@ class ProvisioningRows:
         return [Instance.model_validate_json(r[0]) for r in await self._fetchall(sql, params)]
 
     async def save_costs(self, entries: Sequence[CostEntry]) -> None:
-        await self._write(
-            _UPSERT_COST,
-            [
-                (e.job_id, e.attempt, e.kind.value, e.at, e.amount, e.model_dump_json())
-                for e in entries
-            ],
-        )
+        await self._write(UPSERT_COST, [cost_row(e) for e in entries])
 
     async def list_costs(
         self, since: float | None = None, job_id: str | None = None
