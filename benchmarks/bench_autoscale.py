@@ -2,8 +2,10 @@
 
     python benchmarks/bench_autoscale.py              # 10,000 jobs x 100 offers; Slurm, 5 rounds
     python benchmarks/bench_autoscale.py --quick      # CI smoke size (1,000 x 20; Slurm 1 round)
-    python benchmarks/bench_autoscale.py --no-slurm   # the decision only
+    python benchmarks/bench_autoscale.py --no-slurm   # the ledger and the decision only
 
+0. What the cost ledger adds to a no-op job through the control plane (an attempt record and
+   two ledger rows, written with the job), against the same control plane without it.
 1. ``plan_scaling`` over 10,000 waiting jobs (CPU and 1/2/4/8-GPU jobs of several kinds and
    memory floors, two-node gangs, selectors, budgets) and 100 offers from four providers, with
    machines already booting and idle ones to end: the figure is the median of several rounds
@@ -196,6 +198,55 @@ def bench_decision(n_jobs: int, n_offers: int, rounds: int) -> float:
 
 
 # ------------------------------------------------------------------------------------------------
+# what the ledger costs a job
+
+
+async def _jobs_per(ledger: bool, n: int) -> float:
+    """Seconds per no-op job through a ControlPlane on SQLite, its worker played in-process:
+    submit, placed, started, finished (two ledger rows and an attempt record with the ledger)."""
+    from gpulayer_kernel.contracts import CommandWorkload, FinishReport, JobSpec, WorkerRegistration
+    from gpulayer_kernel.controlplane import ControlPlane
+    from gpulayer_kernel.store import MemoryArtifactStore, SqliteStore
+
+    store = SqliteStore(":memory:")
+    await store.open()
+    cp = ControlPlane(store, MemoryArtifactStore())
+    await cp.start()
+    if not ledger:
+        cp.jobs.ledger = None
+    wid = (await cp.register(WorkerRegistration(name="w"))).id
+    spec = JobSpec(workload=CommandWorkload(argv=["true"]))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        job = await cp.submit(spec)
+        a = (await cp.next_work(wid, wait=5)).assignments[0]
+        await cp.report_started(wid, job.id, a.attempt)
+        done = FinishReport(state="succeeded", exit_code=0, attempt=a.attempt)
+        await cp.report_finished(wid, job.id, done)
+    took = (time.perf_counter() - t0) / n
+    await cp.close()
+    await store.close()
+    return took
+
+
+def bench_ledger(rounds: int, n: int) -> None:
+    import asyncio
+
+    on, off, ratios = [], [], []
+    asyncio.run(_jobs_per(True, 20))  # warm-up
+    for _ in range(rounds):
+        a, b = asyncio.run(_jobs_per(True, n)), asyncio.run(_jobs_per(False, n))
+        on.append(a)
+        off.append(b)
+        ratios.append(a / b)
+    print(
+        f"ledger: {statistics.median(on) * 1e6:.0f} us a no-op job with it, "
+        f"{statistics.median(off) * 1e6:.0f} us without: {statistics.median(ratios):.2f}x "
+        f"(spread {min(ratios):.2f}-{max(ratios):.2f}, {rounds} rounds of {n} jobs)"
+    )
+
+
+# ------------------------------------------------------------------------------------------------
 # cold start on real Slurm
 
 
@@ -282,8 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print(f"machine: {describe()}")
     if args.quick:
+        bench_ledger(1, 50)
         bench_decision(1_000, 20, args.rounds or 3)
     else:
+        bench_ledger(args.rounds or 9, 300)
         bench_decision(10_000, 100, args.rounds or 15)
     if not args.no_slurm:
         bench_slurm(1 if args.quick else (args.rounds or 5))
