@@ -33,7 +33,28 @@ _JOINED = re.compile(r"gpulayer worker: joined \S+ as (\S+) \(id (\w+)")
 _SCRUB = ("GPULAYER_URL", "GPULAYER_TOKEN", "GPULAYER_JOIN_TOKEN", "GPULAYER_SIMULATE_GPUS")
 
 
-class _Process:
+class Daemon:
+    """A test engine started by ``with`` (``start``) and stopped when the block ends (``stop``)."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> object:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class _Process(Daemon):
     """A child process in its own session whose output goes to a file."""
 
     name = "process"
@@ -118,14 +139,6 @@ class _Process:
             os.killpg(self.proc.pid, signal.SIGKILL)
         return self.proc.returncode
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
 
 class ServeProcess(_Process):
     """``gpulayer serve`` on 127.0.0.1 with its own home; ``url``, ``admin_token``."""
@@ -187,9 +200,6 @@ class ServeProcess(_Process):
             _, secret = c.create_token(kind, ttl=ttl)
         return str(secret)
 
-    def __enter__(self) -> ServeProcess:
-        return self.start()
-
 
 class WorkerProcess(_Process):
     """``gpulayer worker`` joining ``url`` with ``join_token``; ``worker_id`` once joined."""
@@ -244,9 +254,6 @@ class WorkerProcess(_Process):
         self.worker_id = self._wait_for(_JOINED, self.ready_timeout).group(2)
         return self
 
-    def __enter__(self) -> WorkerProcess:
-        return self.start()
-
 
 def stop_popen(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
     """SIGTERM a test's daemon, SIGKILL it if it has not exited within ``timeout`` seconds."""
@@ -258,27 +265,6 @@ def stop_popen(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(5)
-
-
-class Daemon:
-    """A test engine started by ``with`` (``start``) and stopped when the block ends (``stop``)."""
-
-    def start(self) -> Self:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def kill_homes_under(root: Path) -> int:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpulayer_kernel.testing import ServeProcess, slurm, sshd
+from gpulayer_kernel.testing import GL, ServeProcess, slurm, sshd
 
 VENV = Path(sys.executable).parent.parent  # this interpreter's venv: GPUlayer is in it
 
@@ -56,6 +57,23 @@ def client_env(server: ServeProcess, tmp: Path) -> dict[str, str]:
     """The environment of a ``gpulayer`` command that talks to ``server``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
     env.update(server.client_env(), GPULAYER_HOME=str(tmp / "client-home"))
+    return env
+
+
+def run_two_gpu_job(server: ServeProcess, tmp: Path) -> dict[str, str]:
+    """``gpulayer run --gpus 2`` of a script printing its rank, with no worker running: it
+    must start one, run both ranks and end 0. Returns the client environment used."""
+    env = client_env(server, tmp)
+    code = "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"
+    run = subprocess.run(
+        [*GL, "run", "--gpus", "2", "--workdir", str(tmp), "--", sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "rank 0 of 2" in run.stdout and "rank 1 of 2" in run.stdout
     return env
 
 

@@ -23,7 +23,7 @@ from gpulayer_kernel.providers.config import SlurmSettings
 from gpulayer_kernel.testing import GL, ServeProcess, wait_until
 from gpulayer_kernel.testing.slurm import SlurmCluster
 
-from .conftest import client_env
+from .conftest import run_two_gpu_job
 from .conftest import served as serving
 
 pytestmark = pytest.mark.slow
@@ -98,17 +98,7 @@ def served(tmp_path: Path, gl_slurm: SlurmCluster) -> Iterator[ServeProcess]:
 def test_a_two_gpu_job_with_no_worker_starts_a_slurm_worker_runs_and_the_worker_ends(
     served: ServeProcess, tmp_path: Path, gl_slurm: SlurmCluster
 ) -> None:
-    env = client_env(served, tmp_path)
-    code = "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"
-    run = subprocess.run(
-        [*GL, "run", "--gpus", "2", "--workdir", str(tmp_path), "--", sys.executable, "-c", code],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "rank 0 of 2" in run.stdout and "rank 1 of 2" in run.stdout
+    env = run_two_gpu_job(served, tmp_path)
     with served.client() as c:
         [job] = c.list()
         [attempt] = job.history

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from gpulayer_kernel.providers.config import SSHSettings
 from gpulayer_kernel.testing import GL, ServeProcess, wait_until
 from gpulayer_kernel.testing.sshd import SSHServer, keygen
 
-from .conftest import VENV, client_env, ssh_config, ssh_host
+from .conftest import VENV, run_two_gpu_job, ssh_config, ssh_host
 from .conftest import served as serving
 
 pytestmark = pytest.mark.slow
@@ -137,17 +136,7 @@ def served(tmp_path: Path, gl_sshd: SSHServer) -> Iterator[ServeProcess]:
 def test_a_two_gpu_job_with_no_worker_starts_one_over_ssh_runs_and_it_is_stopped(
     served: ServeProcess, tmp_path: Path
 ) -> None:
-    env = client_env(served, tmp_path)
-    code = "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"
-    run = subprocess.run(
-        [*GL, "run", "--gpus", "2", "--workdir", str(tmp_path), "--", sys.executable, "-c", code],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "rank 1 of 2" in run.stdout
+    env = run_two_gpu_job(served, tmp_path)
     with served.client() as c:
         [job] = c.list()
         [attempt] = job.history
