@@ -3,8 +3,8 @@
 #
 #   ./install.sh          the package with torch and Jupyter: enough to use GPUlayer
 #   ./install.sh --dev    also everything the test suite needs (test tools; Chromium for the
-#                         browser tests and PostgreSQL for the store tests, when run as root
-#                         with apt)
+#                         browser tests, PostgreSQL for the store tests, Slurm, munge and
+#                         OpenSSH for the provider tests, when run as root with apt)
 #
 # Environment: PYTHON (default python3, must be >= 3.11); GPULAYER_TORCH (default torch==2.13.0,
 # the CPU build; set e.g. GPULAYER_TORCH="torch" to let pip choose a CUDA build).
@@ -76,6 +76,20 @@ if [ "$dev" = 1 ]; then
       postgresql >/dev/null
   else
     echo "install.sh: PostgreSQL not found and not root: the PostgreSQL tests will be skipped" >&2
+  fi
+fi
+if [ "$dev" = 1 ]; then
+  # The provider tests run a real Slurm 22.05 and sshd (tests/providers); they skip without them.
+  if [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ] \
+    && command -v sbatch >/dev/null && [ -x /usr/sbin/sshd ]; then
+    :
+  elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    step "installing Slurm, munge and OpenSSH for the provider tests (apt)"
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+      slurmctld slurmd slurm-client munge openssh-server >/dev/null
+  else
+    echo "install.sh: Slurm/sshd not found and not root: the provider tests will be skipped" >&2
   fi
 fi
 step "ready: .venv/bin/gpulayer --help"

@@ -48,6 +48,7 @@ from .contracts import (
 from .errors import GPUlayerError, Unavailable, from_json
 from .failover import Servers
 from .home import Layout, home_dir, read_owner
+from .provisioning_calls import AsyncProvisioning, Provisioning
 from .security.tls import CA_CERT_ENV, check_url, client_verify, is_loopback
 
 T = TypeVar("T")
@@ -159,7 +160,7 @@ class _Base:
         return resp
 
 
-class AsyncClient(_Base):
+class AsyncClient(_Base, AsyncProvisioning):
     """The asyncio client; ``async with AsyncClient(url, token) as c: ...``."""
 
     def __init__(
@@ -404,7 +405,7 @@ class AsyncClient(_Base):
         return await self._run(self._calls.attach_session(ref, holder))
 
 
-class Client(_Base):
+class Client(_Base, Provisioning):
     """The synchronous client: the same calls as ``AsyncClient``, for scripts and threads."""
 
     def __init__(

@@ -34,6 +34,7 @@ from .worker.transport import InProcessTransport
 
 if TYPE_CHECKING:
     from .api import ApiLimits, ApiServer
+    from .providers import ProvidersConfig
     from .security import TokenService
 
 SIMULATE_ENV = "GPULAYER_SIMULATE_GPUS"
@@ -164,8 +165,12 @@ class Embedded:
         try:
             await self.store.open()
             await self.cp.start()
+            config = self._providers()
             if self._serve is not None:
                 await self._start_api(self._serve)
+                if config is not None and config.autoscale.enabled and config.providers:
+                    assert self.tokens is not None and self.url is not None
+                    await self.cp.provisioning.autoscale(self.tokens, self.url)
             if self._want_worker:
                 caps = await local_capabilities(
                     *self._simulate, cache=self.layout.root / "probe.json"
@@ -182,6 +187,16 @@ class Embedded:
             await self.stop()
             raise
         return self
+
+    def _providers(self) -> ProvidersConfig | None:
+        """Read the providers config (if any) and hand it to the control plane."""
+        from . import providers
+
+        config = providers.load(providers.config_path(self.layout.root))
+        if config is not None:
+            built = providers.build(config, home=self.layout.root, clock=self.cp.clock)
+            self.cp.provisioning.use(config, built)
+        return config
 
     async def _start_api(self, opts: ServeOptions) -> None:
         from .api import ApiServer

@@ -13,10 +13,13 @@ the CLI prints message and hint; no traceback ever reaches a user for one of the
     ├── Unauthorized (401 unauthorized)                   no or unknown credentials
     ├── Forbidden (403 forbidden)                         credentials of the wrong kind
     ├── NotFound (404 not_found)
+    │   └── ConfigInvalid (422 config_invalid)            a providers/costs config file
     ├── Conflict (409 conflict)                           e.g. an illegal state transition
+    │   └── BudgetExceeded (409 budget_exceeded)          a job's estimate is over a budget
     ├── TooLarge (413 too_large)
     ├── QuotaExceeded (429 quota_exceeded)                a user or group is at a quota
     ├── Unavailable (503 unavailable)                     locked state dir, server gone
+    │   └── ProviderError (503 provider_error)            a provider failed, hung or refused
     ├── StoreError (500 store_error)
     │   ├── SchemaTooNew (500 schema_too_new)             database written by a newer GPUlayer
     │   └── SecretsKeyError (500 secrets_key)             the key sealing secrets is missing/wrong
@@ -83,6 +86,11 @@ class BundleError(InvalidInput):
     status = 422
 
 
+class ConfigInvalid(InvalidInput):
+    code = "config_invalid"
+    status = 422
+
+
 class Unauthorized(GPUlayerError):
     code = "unauthorized"
     status = 401
@@ -103,6 +111,11 @@ class Conflict(GPUlayerError):
     status = 409
 
 
+class BudgetExceeded(Conflict):
+    code = "budget_exceeded"
+    status = 409
+
+
 class TooLarge(GPUlayerError):
     code = "too_large"
     status = 413
@@ -115,6 +128,11 @@ class QuotaExceeded(GPUlayerError):
 
 class Unavailable(GPUlayerError):
     code = "unavailable"
+    status = 503
+
+
+class ProviderError(Unavailable):
+    code = "provider_error"
     status = 503
 
 
@@ -162,13 +180,16 @@ ERRORS_BY_CODE: dict[str, type[GPUlayerError]] = {
         ValidationFailed,
         NotJSON,
         BundleError,
+        ConfigInvalid,
         Unauthorized,
         Forbidden,
         NotFound,
         Conflict,
+        BudgetExceeded,
         TooLarge,
         QuotaExceeded,
         Unavailable,
+        ProviderError,
         StoreError,
         SchemaTooNew,
         SecretsKeyError,

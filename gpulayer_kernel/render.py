@@ -212,6 +212,43 @@ def state_line(job: Job, now: float | None = None) -> str:
     return text
 
 
+def dollars(amount: float) -> str:
+    """``$0.00``, ``$1.25``, ``$1,204``."""
+    return f"${amount:,.0f}" if amount >= 1000 else f"${amount:,.2f}"
+
+
+def cost(job: Job) -> str:
+    """What the job cost (charges of its ended attempts) and is expected to (``≈`` the estimate
+    of the one placed or running): ``$0.85 + ≈ $4.20``; empty before it was first placed."""
+    if not job.history:
+        return ""
+    charged = sum(a.charge or 0.0 for a in job.history)
+    open_ = next((a for a in job.history if a.charge is None), None)
+    if open_ is None:
+        return dollars(charged)
+    if charged:
+        return f"{dollars(charged)} + ≈ {dollars(open_.estimate)}"
+    return f"≈ {dollars(open_.estimate)}"
+
+
+def attempt_lines(job: Job) -> list[str]:
+    """One line per attempt: ``attempt 0 on fake-1c2d (fake): preempted (…), $0.12 of ≈ $4.20,
+    retried``."""
+    out = []
+    for a in job.history:
+        where = ", ".join(a.workers) + (f" ({a.provider})" if a.provider else "")
+        how = f"{a.outcome}" + (f" ({a.reason})" if a.reason else "") if a.outcome else "running"
+        money = (
+            f"{dollars(a.charge)} of ≈ {dollars(a.estimate)}"
+            if a.charge is not None
+            else f"≈ {dollars(a.estimate)}"
+        )
+        out.append(
+            f"attempt {a.attempt} on {where}: {how}, {money}" + (", retried" if a.retried else "")
+        )
+    return out
+
+
 def summary(job: Job, now: float | None = None) -> str:
     """A few lines for reprs and ``%gpulayer`` answers: state, placement, why, progress, outputs."""
     lines = [state_line(job, now)]
@@ -219,6 +256,10 @@ def summary(job: Job, now: float | None = None) -> str:
         lines.append(f"  waiting: {job.pending.sentence}")
     if job.placement is not None:
         lines.append(f"  placement: {placement(job)}")
+    if job.history:
+        lines.append(f"  cost: {cost(job)}")
+    if len(job.history) > 1:
+        lines.extend(f"  {line}" for line in attempt_lines(job))
     text = progress(job.progress)
     if text:
         lines.append(f"  progress: {text}")

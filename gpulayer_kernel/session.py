@@ -15,19 +15,26 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Protocol
 
 from .contracts import (
+    Budget,
+    BudgetList,
+    BudgetStatus,
     CellPage,
     CellRequest,
     CellRun,
+    CostReport,
     EventPage,
+    InstanceList,
     Job,
     JobSpec,
     JobState,
     LogPage,
+    ProviderList,
     SessionHolder,
     SessionInfo,
     SessionSpec,
     WorkerInfo,
 )
+from .contracts.costs import GroupBy
 from .embedded import Embedded
 from .errors import Unavailable
 from .home import Layout, home_dir, live_owner
@@ -79,6 +86,13 @@ class Session(Protocol):
     async def restart_session(self, ref: str) -> SessionInfo: ...
     async def stop_session(self, ref: str, reason: str = ...) -> SessionInfo: ...
     async def attach_session(self, ref: str, holder: SessionHolder) -> SessionInfo: ...
+    # providers, costs, budgets (ADR 0010, 0011)
+    async def providers(self) -> ProviderList: ...
+    async def instances(self, ended: bool = False) -> InstanceList: ...
+    async def costs(self, by: GroupBy = "job", since: float | None = None) -> CostReport: ...
+    async def budgets(self) -> BudgetList: ...
+    async def set_budget(self, budget: Budget) -> BudgetStatus: ...
+    async def delete_budget(self, name: str) -> None: ...
 
 
 def find_remote() -> tuple[str, str] | None:

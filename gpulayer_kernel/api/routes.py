@@ -47,6 +47,13 @@ from .openapi import OpenApiHandler
 from .ops import Operation, operations_of
 from .params import ApiLimits, route_pattern
 from .people import QuotaHandler, QuotasHandler, UserHandler, UsersHandler, WhoAmIHandler
+from .provider_routes import (
+    BudgetHandler,
+    BudgetsHandler,
+    CostsHandler,
+    InstancesHandler,
+    ProvidersHandler,
+)
 from .sessions import USER_ROUTES as SESSION_ROUTES
 from .sessions import WORKER_ROUTES as SESSION_WORKER_ROUTES
 from .worker_routes import (
@@ -85,6 +92,11 @@ USER_ROUTES: tuple[type[GLMixin], ...] = (
     SecretKeyHandler,  # before SecretHandler: "rotate-key" is no secret name, and matches first
     SecretHandler,
     *SESSION_ROUTES,
+    ProvidersHandler,
+    InstancesHandler,
+    CostsHandler,
+    BudgetsHandler,
+    BudgetHandler,
     OpenApiHandler,
     WhoAmIHandler,
     UsersHandler,

@@ -107,8 +107,12 @@ class JoinHandler(WorkerRoute):
         keep = principal.worker_id if principal.kind != TokenKind.JOIN else None
         # An instance token is spent only if the enrolment succeeds: a body refused before
         # this point (422) or a failure inside leaves it usable.
+        # An instance token names the provider instance this worker runs on (ADR 0010).
+        instance = principal.token_id if principal.kind == TokenKind.INSTANCE else None
         async with self.ctx.tokens.spending(principal):
-            info = await self.cp.register(body.model_copy(update={"transport": "http"}), keep)
+            info = await self.cp.register(
+                body.model_copy(update={"transport": "http"}), keep, instance_token=instance
+            )
             session = await self.ctx.tokens.issue_worker_session(info.id, name=info.name)
         interval = self.ctx.heartbeat_interval or max(0.2, self.cp.heartbeat_timeout / 3)
         return JoinAnswer(

@@ -26,6 +26,7 @@ def setup_logging() -> None:
         # errors only (GPULAYER_LOG_LEVEL=DEBUG shows every request, never with query strings).
         logging.getLogger("gpulayer.access").setLevel(logging.WARNING)
         logging.getLogger("httpx").setLevel(logging.WARNING)
+        logging.getLogger("asyncssh").setLevel(logging.WARNING)  # a line per SSH channel
 
 
 async def until_signalled() -> None:

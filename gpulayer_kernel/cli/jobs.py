@@ -32,6 +32,11 @@ def add_parsers(sub: Any) -> None:
 
     show = sub.add_parser("show", help="show one job in full (JSON)")
     show.add_argument("job")
+    show.add_argument(
+        "--attempts",
+        action="store_true",
+        help="its attempts as a table: how each ended, why, its estimate and charge",
+    )
 
     explain = sub.add_parser("explain", help="say why a job waits, or why it went where it went")
     explain.add_argument("job")
@@ -126,6 +131,11 @@ async def cmd_logs(args: argparse.Namespace) -> int:
 async def cmd_show(args: argparse.Namespace) -> int:
     async with open_session() as s:
         job = await s.get(args.job)
+    if args.attempts:
+        from .providers import attempts_text
+
+        print(attempts_text(job))
+        return 0
     data: dict[str, Any] = job.model_dump(mode="json")
     print(json.dumps(data, indent=2))
     return 0

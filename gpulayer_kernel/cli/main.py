@@ -10,11 +10,11 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import GPUlayerError
-from . import artifacts, jobs, lab, run, secret, serve, sessions, token, user, worker
+from . import artifacts, jobs, lab, providers, run, secret, serve, sessions, token, user, worker
 from .common import Handler
 
 # In the order ``gpulayer --help`` lists their commands.
-_MODULES = (run, jobs, sessions, artifacts, lab, serve, worker, token, secret, user)
+_MODULES = (run, jobs, sessions, artifacts, lab, serve, worker, token, secret, user, providers)
 COMMANDS: dict[str, Handler] = {name: h for m in _MODULES for name, h in m.COMMANDS.items()}
 
 

@@ -41,7 +41,19 @@ def add_parsers(sub: Any) -> None:
         help="let a GPU job run on CPU when no GPU can take it",
     )
     run.add_argument("--timeout", type=float, default=None, help="seconds before it is killed")
-    run.add_argument("--retries", type=int, default=0, help="re-runs after failure (opt-in)")
+    run.add_argument(
+        "--retries",
+        type=int,
+        default=0,
+        help="re-runs of a lost or preempted attempt (opt-in; see --retry-on, docs/costs.md)",
+    )
+    run.add_argument(
+        "--retry-on",
+        action="append",
+        default=[],
+        choices=["lost", "preempted", "failed"],
+        help='which failures retry (repeat it; default: lost and preempted; "failed": any exit)',
+    )
     run.add_argument(
         "--wait",
         action="store_true",
@@ -122,6 +134,7 @@ def _spec_from_args(args: argparse.Namespace, bundle: str | None = None) -> JobS
             "labels": parse_pairs(args.label, "--label"),
             "timeout": args.timeout,
             "retries": args.retries,
+            **({"retry_on": args.retry_on} if args.retry_on else {}),
             "wait_for_capacity": args.wait,
             "priority": args.priority,
             "workdir": None if bundle is not None else (args.workdir or os.getcwd()),

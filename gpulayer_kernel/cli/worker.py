@@ -37,6 +37,8 @@ def add_parsers(sub: Any) -> None:
     )
     worker.add_argument(
         "--join-token",
+        "--instance-token",
+        dest="join_token",
         default=None,
         metavar="TOKEN",
         help=f"join or instance token (better: ${JOIN_TOKEN_ENV}, which ps does not show)",

@@ -4,6 +4,17 @@ from __future__ import annotations
 
 from ._base import API_VERSION, Contract, ensure_json, parse
 from .artifacts import Artifact
+from .costs import (
+    AttemptRecord,
+    Budget,
+    BudgetList,
+    BudgetPolicy,
+    BudgetStatus,
+    CostEntry,
+    CostKind,
+    CostReport,
+    CostRow,
+)
 from .jobs import (
     ADMIN_USER,
     TERMINAL_STATES,
@@ -35,7 +46,22 @@ from .protocol import (
     Rendezvous,
     Work,
 )
-from .scheduling import PlacementReport, Reason, ReasonCount, SessionHold
+from .providers import (
+    Instance,
+    InstanceList,
+    InstanceState,
+    Offer,
+    ProviderCheck,
+    ProviderList,
+)
+from .scheduling import (
+    PlacementReport,
+    Reason,
+    ReasonCount,
+    ScalingCode,
+    ScalingNote,
+    SessionHold,
+)
 from .sessions import (
     AttachRequest,
     CellAssignment,
@@ -70,6 +96,11 @@ __all__ = [
     "API_VERSION",
     "TERMINAL_STATES",
     "Artifact",
+    "AttemptRecord",
+    "Budget",
+    "BudgetList",
+    "BudgetPolicy",
+    "BudgetStatus",
     "AttachRequest",
     "AttemptRef",
     "CellAssignment",
@@ -82,6 +113,10 @@ __all__ = [
     "CellState",
     "CommandWorkload",
     "Contract",
+    "CostEntry",
+    "CostKind",
+    "CostReport",
+    "CostRow",
     "Device",
     "Event",
     "EventCursor",
@@ -89,6 +124,9 @@ __all__ = [
     "FinishReport",
     "Frameworks",
     "HostFacts",
+    "Instance",
+    "InstanceList",
+    "InstanceState",
     "Job",
     "JobAssignment",
     "JobList",
@@ -99,15 +137,20 @@ __all__ = [
     "LogPage",
     "LogRecord",
     "NodePlacement",
+    "Offer",
     "Placement",
     "PlacementReport",
     "ProgressReport",
+    "ProviderCheck",
+    "ProviderList",
     "PythonWorkload",
     "RankOutcome",
     "Reason",
     "ReasonCount",
     "Rendezvous",
     "Resources",
+    "ScalingCode",
+    "ScalingNote",
     "SessionHolder",
     "SessionHold",
     "SessionInfo",

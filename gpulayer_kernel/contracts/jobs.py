@@ -10,6 +10,7 @@ from pydantic import AfterValidator, Field, JsonValue, field_validator, model_va
 
 from ._base import SHA256_PATTERN, Contract, ensure_json
 from .artifacts import Artifact
+from .costs import AttemptRecord
 from .scheduling import PlacementReport
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -175,6 +176,11 @@ class SessionWorkload(Contract):
 Workload = Annotated[
     CommandWorkload | PythonWorkload | SessionWorkload, Field(discriminator="kind")
 ]
+RetryCause = Literal["lost", "preempted", "failed"]
+
+
+def _default_retry_on() -> list[RetryCause]:
+    return ["lost", "preempted"]
 
 
 class JobSpec(Contract):
@@ -190,7 +196,29 @@ class JobSpec(Contract):
         0,
         ge=0,
         le=10,
-        description="opt-in re-runs after a failure; never applied to gang (multi-GPU) jobs",
+        description="opt-in re-runs after a failure of a kind in `retry_on` (ADR 0011); a gang "
+        "(multi-GPU) job only with `retry_gang`",
+    )
+    retry_on: list[RetryCause] = Field(
+        default_factory=_default_retry_on,
+        description='which failures retry: "lost" (its worker stopped answering), "preempted" '
+        '(its instance was taken back), "failed" (any failing exit, timeouts included)',
+    )
+    retry_exit_codes: list[int] = Field(
+        default_factory=list,
+        max_length=64,
+        description="failing exits with these codes retry too (without `failed` in `retry_on`)",
+    )
+    retry_backoff: float = Field(
+        5.0,
+        ge=0,
+        le=3600,
+        description="seconds before the first retry; doubled each attempt, capped by "
+        "`retry_backoff_max`, with jitter (a random half of it)",
+    )
+    retry_backoff_max: float = Field(300.0, ge=0, le=86400)
+    retry_gang: bool = Field(
+        False, description="let a gang be retried too (gangs fail fast and never retry unless)"
     )
     labels: Labels = Field(default_factory=dict)
     priority: int = Field(0, ge=-1000, le=1000)
@@ -298,6 +326,13 @@ class Job(Contract):
         ADMIN_USER,
         description="the user who submitted it (set by the control plane from the caller's "
         "identity; jobs from before users belong to the admin)",
+    )
+    history: list[AttemptRecord] = Field(
+        default_factory=list,
+        description="every attempt placed so far: where, how it ended, its estimate and charge",
+    )
+    retry_at: float | None = Field(
+        None, description="a retried job waits (capped exponential backoff) until this time"
     )
 
 

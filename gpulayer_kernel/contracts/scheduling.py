@@ -52,6 +52,38 @@ _EXHAUSTED = frozenset(
 )
 
 
+class ScalingCode(StrEnum):
+    """What the autoscaler can do for a waiting job (``PlacementReport.scaling``)."""
+
+    LAUNCHING = "launching"  # an instance is being launched for it
+    BOOTING = "booting"  # an instance launched earlier will take it once its worker joins
+    OVER_BUDGET = "over_budget"  # an offer fits, but its estimate is more than a budget has left
+    MAX_PRICE = "max_price"  # an offer fits, but it would pass the configured max $/h
+    PROVIDER_LIMIT = "provider_limit"  # an offer fits, but its provider is at max_instances
+    PROVIDER_BACKOFF = "provider_backoff"  # an offer fits; its provider's launches failed lately
+    PROVIDER_ERROR = "provider_error"  # the provider of the offer that fits cannot be reached
+    NO_OFFER = "no_offer"  # no provider offers a machine that could run it
+
+
+class ScalingNote(Contract):
+    """The autoscaler's word on a waiting job: what it launches for it, or why it cannot."""
+
+    code: ScalingCode
+    offer: str | None = Field(None, description="the cheapest offer that fits (provider/name)")
+    price_per_hour: float | None = Field(None, description="dollars per hour, every machine")
+    boot_seconds: float | None = None
+    machines: int = Field(1, ge=1, description="machines it needs (a multi-node gang: more)")
+    instances: list[str] = Field(default_factory=list, description="launching/booting for it")
+    estimate: float | None = Field(None, description="dollars it would cost on that offer")
+    budget: str | None = None
+    budget_left: float | None = None
+    limit: float | None = Field(None, description="max $/h or max instances in the way")
+    retry_in: float | None = Field(
+        None, description="provider backoff: seconds (from the note) until it launches again"
+    )
+    detail: str = Field("", description="e.g. the provider's last error")
+
+
 class ReasonCount(Contract):
     code: Reason
     workers: int = Field(ge=0)
@@ -109,6 +141,9 @@ class PlacementReport(Contract):
     fair_share: str | None = Field(
         None, description="how many later jobs of other users fair share put ahead of it"
     )
+    scaling: ScalingNote | None = Field(
+        None, description="what the autoscaler launches for it, or why it cannot (providers)"
+    )
 
     @property
     def never_fits(self) -> bool:
@@ -121,13 +156,20 @@ class PlacementReport(Contract):
             Reason.DRAINING,
             Reason.UNSCHEDULABLE,
         )
+        launchable = self.scaling is not None and self.scaling.code != ScalingCode.NO_OFFER
         return (
             self.workers_total > 0
             and not self.exhausted
             and self.workers_feasible == 0
             and not any(rc.code in state_codes for rc in self.filtered)
+            and not launchable  # an offer fits it: a provider can start a worker that can
         )
 
     @property
     def waiting_helps(self) -> bool:
-        return bool(self.exhausted) or self.workers_total == 0 or self.quota is not None
+        launch = self.scaling is not None and self.scaling.code in (
+            ScalingCode.LAUNCHING,
+            ScalingCode.BOOTING,
+            ScalingCode.PROVIDER_BACKOFF,
+        )
+        return bool(self.exhausted) or self.workers_total == 0 or self.quota is not None or launch

@@ -6,8 +6,10 @@ written through to the MetadataStore (group-committed) before a call returns, so
 every acknowledged change on disk. Each part owns its state and changes only through its methods:
 ``jobs`` (JobTable: the one commit path of every job change), ``registry`` (workers), ``event_log``
 (the ring UIs follow), ``tails`` (job logs), ``dispatch`` (inboxes, cancels, rendezvous),
-``scheduling`` (passes, reservations), ``outcomes`` (finishes, cancels, retries, lost workers) and
-``reaper``. Every wait and timeout runs on ``clock``: tests hand in a FakeClock.
+``scheduling`` (passes, reservations), ``outcomes`` (finishes, cancels, retries, lost workers),
+``reaper``, ``sessions`` (ADR 0019), and ``provisioning`` (the cost ledger, budgets, provider
+instances and, where the control plane serves workers, the autoscaler: ADR 0010, 0011). Every
+wait and timeout runs on ``clock``: tests hand in a FakeClock.
 
 Identity (``security.roles``): calls that read or act on someone's work take ``who`` (an
 ``Identity``: user and role) and check it with ``check_read``/``check_act``; ``who=None`` is the
@@ -24,18 +26,24 @@ from typing import Any
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import (
     Artifact,
+    Budget,
+    BudgetList,
+    BudgetStatus,
     CellPage,
     CellReport,
     CellRequest,
     CellRun,
+    CostReport,
     Event,
     EventPage,
     FinishReport,
+    InstanceList,
     Job,
     JobSpec,
     JobState,
     LogLine,
     LogPage,
+    ProviderList,
     Rendezvous,
     SessionHold,
     SessionHolder,
@@ -49,6 +57,7 @@ from ..contracts import (
     check_secret_name,
     ensure_json,
 )
+from ..contracts.costs import GroupBy
 from ..errors import Conflict, NotFound, Unavailable
 from ..redact import Redactor
 from ..scheduler import Snapshot
@@ -68,9 +77,10 @@ from ..store import ArtifactStore, MetadataStore
 from .blobs import Blobs
 from .dispatch import Dispatcher
 from .events import EventLog
-from .jobs import Change, JobTable, artifact_named
+from .jobs import Change, JobTable, artifact_named, new_id
 from .logs import LogTails
 from .outcomes import Outcomes
+from .provisioning import Provisioning
 from .reaper import Reaper
 from .scheduling import SchedulingLoop
 from .secrets import SecretTable
@@ -135,7 +145,17 @@ class ControlPlane:
             users=self.users,
             usage=self.usage,
         )
-        self.reaper = Reaper(self.registry, self._lose_worker, self.outcomes.overdue, clock=clock)
+        self.provisioning = Provisioning(
+            store,
+            self.jobs,
+            self.registry,
+            self.tails,
+            self.scheduling,
+            lose=lambda wid, why, preempted: self._lose_worker(wid, why, preempted=preempted),
+            cancel=self.outcomes.cancel,
+            clock=clock,
+        )
+        self.reaper = Reaper(self.registry, self._lose_worker, self._overdue, clock=clock)
         self.sessions = SessionTable(
             store, self.jobs, self.dispatch, self.tails, self.event_log, self.redactor, clock=clock
         )
@@ -170,6 +190,7 @@ class ControlPlane:
         await self.jobs.load()
         await self.sessions.load()
         await self.usage.load(self.store)
+        await self.provisioning.start()
         for w in self.registry.restore(await self.store.load_workers()):
             await self._lose_worker(w.id, "its host process stopped")
         await self.outcomes.orphans_at_start()  # after the losses: their jobs are settled
@@ -181,6 +202,7 @@ class ControlPlane:
     async def close(self) -> None:
         self.scheduling.close()
         self.sessions.close()
+        await self.provisioning.close()
         await self.reaper.stop()
         self.jobs.close()
         self.dispatch.close()
@@ -192,6 +214,7 @@ class ControlPlane:
         self.dispatch.job_changed(after)
         if after.spec.is_session:
             self.sessions.job_changed(change)
+        self.provisioning.job_changed(after)
         if after.state == before.state or not (
             after.state.terminal or after.state == JobState.QUEUED
         ):
@@ -227,10 +250,20 @@ class ControlPlane:
         return holds
 
     async def _lose_worker(
-        self, worker_id: str, why: str, state: WorkerState = WorkerState.LOST
+        self,
+        worker_id: str,
+        why: str,
+        state: WorkerState = WorkerState.LOST,
+        *,
+        preempted: bool = False,
     ) -> None:
-        await self.outcomes.lose_worker(worker_id, why, state)
+        await self.outcomes.lose_worker(worker_id, why, state, preempted=preempted)
         self.scheduling.kick()
+
+    async def _overdue(self) -> None:
+        """The reaper's round: gangs without rendezvous, unconfirmed cancels, budgets."""
+        await self.outcomes.overdue()
+        await self.provisioning.budgets.watch()
 
     # -- client side -----------------------------------------------------------------------------
 
@@ -261,9 +294,11 @@ class ControlPlane:
         self.users.check_submit(
             owner, spec.resources.gpus * spec.resources.nodes, self.jobs.queued_of
         )
+        budgets, estimate = self.provisioning.check_submit(spec, owner)  # refused over a budget
         change = self.jobs.add(spec, owner)
         if added is not None:
             added(change.after)
+        self.provisioning.submitted(change.after, budgets, estimate)
         self.tails.open(change.after.id)  # before any await: its first line is numbered 1
         self.scheduling.fresh.add(change.after.id)  # its first pass decides if it can ever fit
         try:
@@ -456,8 +491,18 @@ class ControlPlane:
 
     # -- worker side -----------------------------------------------------------------------------
 
-    async def register(self, reg: WorkerRegistration, worker_id: str | None = None) -> WorkerInfo:
-        """Enrol a worker (or re-enrol one after a restart, keeping its id)."""
+    async def register(
+        self,
+        reg: WorkerRegistration,
+        worker_id: str | None = None,
+        *,
+        instance_token: str | None = None,
+    ) -> WorkerInfo:
+        """Enrol a worker (or re-enrol one after a restart, keeping its id); one that joined with
+        an instance token (its id) is the worker of that provider instance."""
+        if instance_token is not None:
+            worker_id = worker_id or new_id()  # linked to its instance before it can take work
+            self.provisioning.joining(instance_token, worker_id, reg.name)
         info = await self.registry.register(reg, worker_id)
         self.scheduling.kick()
         return info
@@ -607,6 +652,45 @@ class ControlPlane:
         self, job_id: str, name: str, *, who: Identity | None = None
     ) -> Artifact:
         return artifact_named(await self.get(job_id, who=who), name)
+
+    # -- providers, costs, budgets (ADR 0010, 0011) ----------------------------------------------
+
+    async def providers(self, *, who: Identity | None = None) -> ProviderList:
+        """Every configured provider, checked now, with its offers and instance count."""
+        check_role(who, Role.VIEWER, "see providers")
+        return await self.provisioning.provider_list()
+
+    async def instances(self, ended: bool = False, *, who: Identity | None = None) -> InstanceList:
+        """Provider instances, newest first (with ``ended``: the ended ones too)."""
+        check_role(who, Role.VIEWER, "see provider instances")
+        return await self.provisioning.instance_list(ended)
+
+    async def costs(
+        self, by: GroupBy = "job", since: float | None = None, *, who: Identity | None = None
+    ) -> CostReport:
+        """Estimates and charges summed by user, job, provider, UTC day or project: everyone's
+        for admins and viewers, a user's own jobs' for a user."""
+        check_role(who, Role.VIEWER, "see costs")
+        user = None if sees_all(who) else resolved(who).user
+        return await self.provisioning.cost_report(by, since, user=user)
+
+    async def budgets(self, *, who: Identity | None = None) -> BudgetList:
+        """Budgets with what they spent and have left (a user: those its jobs spend from)."""
+        check_role(who, Role.VIEWER, "see budgets")
+        listed = self.provisioning.budget_list()
+        if sees_all(who):
+            return listed
+        me = resolved(who).user
+        mine = [s for s in listed.budgets if s.budget.scope != "user" or s.budget.match == me]
+        return BudgetList(budgets=mine)
+
+    async def set_budget(self, budget: Budget, *, who: Identity | None = None) -> BudgetStatus:
+        check_role(who, Role.ADMIN, "set budgets")
+        return await self.provisioning.set_budget(budget)
+
+    async def delete_budget(self, name: str, *, who: Identity | None = None) -> None:
+        check_role(who, Role.ADMIN, "delete budgets")
+        await self.provisioning.delete_budget(name)
 
 
 def _owned_by(event: Event, user: str) -> bool:

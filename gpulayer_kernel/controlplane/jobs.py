@@ -22,6 +22,10 @@ job is taken back instead: its submitter was told it failed).
 ``stage`` is also where secret values are masked in what a job carries from its workers (its
 result, progress fields and reason): whoever reports them, nothing unmasked is kept, stored,
 announced or served. Workers mask first; this is the second layer.
+
+And it is where attempts are accounted (``ledger.py``, ADR 0011): a placement opens the attempt's
+record in ``Job.history`` with its estimate, an end closes it with its charge; the ledger rows
+that come with them are written by ``flush`` in the same group commit as the job.
 """
 
 from __future__ import annotations
@@ -34,10 +38,11 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..contracts import ADMIN_USER, Artifact, Job, JobSpec, JobState
+from ..contracts import ADMIN_USER, Artifact, CostEntry, Job, JobSpec, JobState
 from ..errors import Conflict, InvalidInput, NotFound, Unavailable
 from ..store import JobQuery, MetadataStore
 from .events import EventLog
+from .ledger import AttemptEnd, Ledger
 from .signals import Signals
 from .states import check_transition, check_update
 
@@ -84,6 +89,8 @@ class JobTable:
         self._nodes_done: dict[str, set[str]] = {}  # gang job id -> workers whose node succeeded
         self.dirty: set[str] = set()  # staged changes the store could not take yet
         self._resync: asyncio.Task[None] | None = None
+        self.ledger: Ledger | None = None  # the control plane sets one (it prices attempts)
+        self._costs: list[CostEntry] = []  # ledger rows staged, written by the next flush
 
     async def load(self) -> None:
         """Read numbering and the active jobs back from the store (at start)."""
@@ -205,12 +212,22 @@ class JobTable:
         """Take back a new job whose first write failed (its submitter is told so)."""
         self._active.pop(job_id, None)
         self.dirty.discard(job_id)
+        self._costs = [c for c in self._costs if c.job_id != job_id]  # its estimate goes too
 
-    def stage(self, job_id: str, target: JobState | None = None, **fields: Any) -> Change:
+    def stage(
+        self,
+        job_id: str,
+        target: JobState | None = None,
+        *,
+        ended: AttemptEnd | None = None,
+        **fields: Any,
+    ) -> Change:
         """Check one change against the tables and apply it in memory; ``flush`` makes it stick.
 
         With ``target`` the job moves (any field may change with it; a final move stamps
         ``finished_at``); without, only the fields ``states.UPDATES`` allows for its state.
+        ``ended`` says how the attempt ended when the move alone does not (a retry, a
+        preemption): the ledger records it with the attempt's charge.
         """
         before = self._active.get(job_id)
         if before is None:
@@ -236,6 +253,9 @@ class JobTable:
             if target.terminal:
                 fields.setdefault("finished_at", self.clock.now())
         after = before.model_copy(update=fields)
+        if self.ledger is not None and target is not None:
+            after, rows = self.ledger.account(before, after, ended)
+            self._costs.extend(rows)
         if after.state.terminal or after.state == JobState.QUEUED:
             self._nodes_done.pop(job_id, None)
         if after.state.terminal:
@@ -274,13 +294,22 @@ class JobTable:
         """Write jobs (and any left dirty by an outage); an unreachable store marks them dirty."""
         ids = {j.id for j in jobs}
         jobs += [j for i in self.dirty - ids if (j := self.cached(i)) is not None]
+        rows, self._costs = self._costs, []
         try:
-            await self.store.save_jobs(jobs)
-        except Unavailable:
-            self.dirty.update(j.id for j in jobs)
-            if self._resync is None or self._resync.done():
-                self._resync = asyncio.create_task(self._resync_loop())
+            if rows:
+                await self.store.save_jobs_and_costs(jobs, rows)  # one transaction, both
+            else:
+                await self.store.save_jobs(jobs)
+        except Exception as exc:
+            self._costs = rows + self._costs  # written with the next flush: never lost
+            if isinstance(exc, Unavailable):
+                self.dirty.update(j.id for j in jobs)
+                if self._resync is None or self._resync.done():
+                    self._resync = asyncio.create_task(self._resync_loop())
             raise
+        if rows:
+            assert self.ledger is not None
+            self.ledger.on_rows(rows)
         self.dirty.difference_update(j.id for j in jobs)
 
     async def resync(self) -> None:
@@ -301,9 +330,16 @@ class JobTable:
                 log.exception("writing jobs after the store came back failed")
         log.info("the store answers again: every staged job change is written")
 
-    async def commit(self, job_id: str, target: JobState | None = None, **fields: Any) -> Job:
+    async def commit(
+        self,
+        job_id: str,
+        target: JobState | None = None,
+        *,
+        ended: AttemptEnd | None = None,
+        **fields: Any,
+    ) -> Job:
         """Stage and flush one change; returns the job as changed."""
-        change = self.stage(job_id, target, **fields)
+        change = self.stage(job_id, target, ended=ended, **fields)
         await self.flush([change])
         return change.after
 

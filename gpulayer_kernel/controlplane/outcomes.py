@@ -1,8 +1,12 @@
 """Job outcomes: what a finish report, a cancel, a lost worker or a missed rendezvous does to a job.
 
-Each rule here is written once: a failed job that asked for retries is queued again as a new
-attempt (never a gang: one failed rank usually means all fail again); a gang fails fast, stopping
-every other rank and naming the one that failed. A cancel ends a job in any state that is not
+Each rule here is written once: a job that asked for retries is queued again as a new attempt
+when it failed in a way it named (ADR 0011: ``retry_on``, by default a lost worker or a preempted
+instance; a failing exit only with ``"failed"`` or a listed ``retry_exit_codes``), after a capped
+exponential backoff with jitter (``retry_at``; the scheduling loop holds it until then); never a
+gang unless it asked (``retry_gang``): one failed rank usually means all fail again. A gang fails
+fast, stopping every other rank and naming the one that failed. How each attempt ended goes to
+the ledger with the change (``AttemptEnd``). A cancel ends a job in any state that is not
 final: a queued job at once; a placed or running one once its workers confirm the stop, at once
 if one of them is gone (lost, offline, unknown), and at the latest ``cancel_timeout`` seconds
 after the request if they never answer. Every change goes through the job table's commit path.
@@ -14,14 +18,17 @@ late lines (and every other report of it) are refused as ``stale_attempt``.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import FinishReport, Job, JobState, WorkerState
+from ..contracts.jobs import RetryCause
 from ..errors import Conflict
 from .dispatch import Dispatcher
 from .jobs import JobTable
+from .ledger import AttemptEnd
 from .logs import LogTails
 from .workers import WorkerRegistry
 
@@ -49,6 +56,7 @@ class Outcomes:
         # Long enough for a worker to stop a job (SIGTERM, its grace, SIGKILL) and ship its end.
         self.cancel_timeout = cancel_timeout
         self._cancel_asked: dict[str, float] = {}  # job id -> when its stop was asked (monotonic)
+        self.rng = random.Random()  # retry jitter; a test may seed it
 
     def held(self, worker_id: str, job_id: str, attempt: int | None = None) -> Job:
         """The active job a worker reports on, if that worker (known, not lost) holds part of it
@@ -71,18 +79,40 @@ class Outcomes:
         return self.jobs.held_by(job_id, worker_id)
 
     @staticmethod
-    def may_retry(job: Job) -> bool:
-        # A gang job is never retried automatically: one failed rank usually means all fail again.
-        return not job.spec.is_gang and job.attempts - job.requeues < job.spec.retries
+    def may_retry(job: Job, cause: RetryCause = "lost", exit_code: int | None = None) -> bool:
+        """Whether this failure of ``job`` retries: it asked for retries left, for this cause
+        (or this exit code), and it is no gang unless it asked that too."""
+        spec = job.spec
+        if spec.is_gang and not spec.retry_gang:
+            return False  # one failed rank usually means all fail again
+        if job.attempts - job.requeues >= spec.retries:
+            return False
+        if cause in spec.retry_on:
+            return True
+        return cause == "failed" and exit_code is not None and exit_code in spec.retry_exit_codes
 
-    async def retry(self, job: Job, why: str) -> Job:
-        """Queue the job again as its next attempt, saying why in its log."""
+    def backoff(self, job: Job) -> float:
+        """Seconds before the next attempt: ``retry_backoff`` doubled per retry so far, capped
+        at ``retry_backoff_max``, of which a random half (equal jitter: retries of many jobs
+        that failed together do not come back together, and none comes back at once)."""
+        spec = job.spec
+        n = job.attempts - job.requeues
+        top = min(spec.retry_backoff_max, spec.retry_backoff * 2.0 ** min(n, 30))
+        return top / 2 + self.rng.uniform(0, top / 2)
+
+    async def retry(
+        self, job: Job, why: str, cause: RetryCause = "failed", exit_code: int | None = None
+    ) -> Job:
+        """Queue the job again as its next attempt (after its backoff), saying why in its log."""
         attempt = job.attempts + 1
+        delay = self.backoff(job)
+        retry_at = self.clock.now() + delay if delay > 0 else None
         # Staged (in memory, no await) before the line is written: from here on a late line of
         # the old attempt is refused, so none lands after the line that marks the new attempt.
         change = self.jobs.stage(
             job.id,
             JobState.QUEUED,
+            ended=AttemptEnd(cause, why, exit_code, retry_at),
             attempts=attempt,
             placement=None,
             cancel_requested=False,
@@ -90,9 +120,12 @@ class Outcomes:
             started_at=None,
             placed_at=None,
             progress=None,
+            retry_at=retry_at,
         )
+        wait = f" in {delay:.1f}s" if delay > 0 else ""
         await self.logs.system(
-            job.id, f"attempt {attempt} failed ({why}); retrying ({attempt}/{job.spec.retries})"
+            job.id,
+            f"attempt {attempt} failed ({why}); retrying ({attempt}/{job.spec.retries}){wait}",
         )
         await self.jobs.flush([change])
         return change.after
@@ -103,6 +136,7 @@ class Outcomes:
         job = await self.jobs.commit(
             job.id,
             JobState.QUEUED,
+            ended=AttemptEnd("requeued", why),
             attempts=job.attempts + 1,
             requeues=job.requeues + 1,
             placement=None,
@@ -115,11 +149,17 @@ class Outcomes:
         await self.logs.system(job.id, f"{why}; it never started, so it is back in the queue")
         return job
 
-    async def retry_or_lose(self, job: Job, reason: str) -> Job:
-        if self.may_retry(job):
-            return await self.retry(job, reason)
+    async def retry_or_lose(self, job: Job, reason: str, cause: RetryCause = "lost") -> Job:
+        if self.may_retry(job, cause):
+            return await self.retry(job, reason, cause)
+        # Staged before the line is written (no await between): a gang's other rank, told to
+        # stop, may report "cancelled" meanwhile; it must find the job lost already.
+        change = self.jobs.stage(
+            job.id, JobState.LOST, ended=AttemptEnd(cause, reason), reason=reason
+        )
         await self.logs.system(job.id, reason)
-        return await self.jobs.commit(job.id, JobState.LOST, reason=reason)
+        await self.jobs.flush([change])
+        return change.after
 
     async def cancel(self, job: Job, reason: str) -> Job:
         """A queued job is cancelled now; a placed or running one once its workers stop it (now
@@ -172,8 +212,14 @@ class Outcomes:
         state = JobState(report.state)
         if job.cancel_requested and state != JobState.SUCCEEDED:
             state = JobState.CANCELLED
-        if state == JobState.FAILED and self.may_retry(job):
-            return await self.retry(job, report.reason or f"exit code {report.exit_code}")
+        elif state == JobState.CANCELLED:
+            # Nobody asked: its worker stopped it as it shut down (Slurm's scancel, a machine
+            # taken back, SIGTERM). The job was lost, not cancelled: it may go round again.
+            why = f"its worker stopped it ({report.reason or 'it shut down'})"
+            return await self.retry_or_lose(job, why, "lost")
+        if state == JobState.FAILED and self.may_retry(job, "failed", report.exit_code):
+            why = report.reason or f"exit code {report.exit_code}"
+            return await self.retry(job, why, "failed", report.exit_code)
         return await self.jobs.commit(
             job.id,
             state,
@@ -206,9 +252,18 @@ class Outcomes:
             job, report.model_copy(update={"artifacts": [], "result": job.result})
         )
 
-    async def lose_worker(self, worker_id: str, why: str, state: WorkerState) -> None:
-        """A worker stopped answering (lost) or left (offline): so do the jobs it held."""
+    async def lose_worker(
+        self, worker_id: str, why: str, state: WorkerState, *, preempted: bool = False
+    ) -> None:
+        """A worker stopped answering (lost) or left (offline): so do the jobs it held. On a
+        ``preempted`` instance they end ``lost`` with reason ``preempted: ...``."""
         w = self.workers.mark_gone(worker_id, state)
+        cause: RetryCause = "preempted" if preempted else "lost"
+        lost = (
+            f"preempted: worker {w.name} ({why})"
+            if preempted
+            else f"worker {w.name} was lost: {why}"
+        )
         self.dispatch.forget_worker(worker_id)
         for listed in self.jobs.active():
             job = self.jobs.active_job(listed.id)  # an earlier await may have ended it
@@ -223,9 +278,9 @@ class Outcomes:
             if job.cancel_requested:
                 await self.jobs.commit(job.id, JobState.CANCELLED, reason=job.reason)
             elif job.state == JobState.PLACED:
-                await self.requeue(job, f"worker {w.name} was lost: {why}")
+                await self.requeue(job, lost)
             else:
-                await self.retry_or_lose(job, f"worker {w.name} was lost: {why}")
+                await self.retry_or_lose(job, lost, cause)
         await self.workers.save(worker_id)
 
     async def orphans_at_start(self) -> None:
@@ -237,10 +292,12 @@ class Outcomes:
                 continue
             reason = "its worker was gone when the control plane restarted"
             await self.logs.system(job.id, reason)
-            if self.may_retry(job):
-                await self.retry(job, reason)
+            if self.may_retry(job, "lost"):
+                await self.retry(job, reason, "lost")
             else:
-                await self.jobs.commit(job.id, JobState.LOST, reason=reason)
+                await self.jobs.commit(
+                    job.id, JobState.LOST, ended=AttemptEnd("lost", reason), reason=reason
+                )
 
     async def redeliver_placed(self, secrets: Callable[[Job], Awaitable[dict[str, str]]]) -> None:
         """After a restart, hand placed-but-not-started jobs whose workers are known out again,

@@ -20,6 +20,12 @@ the snapshot carries them, so a pass stays replayable.
 A job that no worker here can ever run (``PlacementReport.never_fits``) fails at its first pass,
 saying what exists, unless it asked to wait for capacity (``JobSpec.wait_for_capacity``). With no
 workers at all it waits (one may join); a job naming a worker that is known but gone waits for it.
+
+Two additions for providers and retries (ADR 0010, 0011): a retried job waiting out its backoff
+(``Job.retry_at``) is left out of passes until then (a timer runs a pass when it is due); and
+``annotate``, when the control plane has an autoscaler, adds to each waiting job's report what a
+provider can launch for it (``PlacementReport.scaling``) before the reports are stored, so a job
+an offer fits is never failed as "can never run".
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from ..clock import SYSTEM_CLOCK, Clock, Timer
@@ -104,6 +110,8 @@ class SchedulingLoop:
         # Sessions holding GPUs on these workers (names), for waiting jobs' sentences (ADR 0019).
         self.session_holds: Callable[[Sequence[str]], list[SessionHold]] = lambda _names: []
         self.fresh: set[str] = set()  # jobs submitted since the last pass: never-fit is decided
+        # The autoscaler's word on the waiting jobs of a pass (None: no providers here).
+        self.annotate: Callable[[Snapshot, Plan], Mapping[str, PlacementReport]] | None = None
         self._pending = False
         self._timer: Timer | None = None
         self.running = False
@@ -135,6 +143,8 @@ class SchedulingLoop:
         running: dict[str, list[RunningJob]] = {}
         pending: list[JobRequest] = []
         for job in self.jobs.active():
+            if job.state == JobState.QUEUED and job.retry_at is not None and job.retry_at > now:
+                continue  # waiting out its retry backoff (a timer runs a pass when it is due)
             if job.state == JobState.QUEUED:
                 pending.append(
                     JobRequest(
@@ -179,6 +189,14 @@ class SchedulingLoop:
 
     def explain(self, job: Job) -> str:
         """Why the job waits, where it was placed, or how it ended, in one sentence."""
+        now = self.clock.now()
+        if job.state == JobState.QUEUED and job.retry_at is not None and job.retry_at > now:
+            last = job.history[-1] if job.history else None
+            why = f" after {last.outcome}: {last.reason}" if last and last.reason else ""
+            return (
+                f"job {job.id} waits {job.retry_at - now:.0f}s more before attempt "
+                f"{job.attempts} (retry backoff{why})"
+            )
         if job.pending is not None and job.state == JobState.QUEUED:
             if job.pending.sessions:  # how long they have been idle: as of now
                 return with_sessions(job.pending, job.pending.sessions, self.clock.now()).sentence
@@ -202,7 +220,10 @@ class SchedulingLoop:
         if not self.running:
             return
         fresh, self.fresh = self.fresh, set()  # before the snapshot: each is in this pass
-        plan = await self.plan()
+        plan, snapshot = await self.plan()
+        reports = plan.pending
+        if self.annotate is not None:  # every pass: it also scales idle machines down
+            reports = self.annotate(snapshot, plan)
         self.reservations = dict(plan.reservations)
         now = self.clock.now()
         placed: list[Change] = []
@@ -213,10 +234,15 @@ class SchedulingLoop:
             # In memory now, so nothing placed twice; written below in one group commit.
             placed.append(
                 self.jobs.stage(
-                    job.id, JobState.PLACED, placement=a.placement, pending=None, placed_at=now
+                    job.id,
+                    JobState.PLACED,
+                    placement=a.placement,
+                    pending=None,
+                    placed_at=now,
+                    retry_at=None,
                 )
             )
-        for job_id, report in plan.pending.items():
+        for job_id, report in reports.items():
             job = self.jobs.active_job(job_id)
             if job is None or job.state != JobState.QUEUED or job.pending == report:
                 continue
@@ -234,13 +260,13 @@ class SchedulingLoop:
         if placed:
             await self._hand_out(placed)
 
-    async def plan(self) -> Plan:
+    async def plan(self) -> tuple[Plan, Snapshot]:
         """One pass of the scheduler; workers whose data makes it raise are set aside first."""
         for _ in range(3):
             snapshot = self.snapshot()
             try:
                 with gc_paused() if self.pause_gc else contextlib.nullcontext():
-                    return schedule(snapshot, self.cache)
+                    return schedule(snapshot, self.cache), snapshot
             except Exception as exc:
                 culprits = _culprits(snapshot)
                 if not culprits:
@@ -253,7 +279,8 @@ class SchedulingLoop:
                         worker.id, f"a scheduling pass failed on it: {why}"
                     )
                 log.debug("scheduling pass failed", exc_info=exc)
-        return schedule(self.snapshot(), self.cache)
+        snapshot = self.snapshot()
+        return schedule(snapshot, self.cache), snapshot
 
     def _with_sessions(self, job: Job, report: PlacementReport, now: float) -> PlacementReport:
         """The report naming the sessions that hold the GPUs it waits for, if any do."""
@@ -308,7 +335,8 @@ class SchedulingLoop:
             self.workers.refresh(wid)
 
     def _arm_reservation_timer(self, now: float) -> None:
-        """Run a pass when the next waiting gang job becomes old enough to reserve devices.
+        """Run a pass when the next waiting gang job becomes old enough to reserve devices, or
+        the next retried job's backoff is over.
 
         Nothing else may happen in the cluster at that moment, and the scheduler has no clock.
         """
@@ -316,6 +344,11 @@ class SchedulingLoop:
             j.submitted_at + self.reserve_after
             for j in self.jobs.active()
             if j.state == JobState.QUEUED and j.spec.is_gang and j.id not in self.reservations
+        ]
+        due += [
+            j.retry_at
+            for j in self.jobs.active()
+            if j.state == JobState.QUEUED and j.retry_at is not None
         ]
         due = [t for t in due if t > now]
         if self._timer is not None:
@@ -380,9 +413,19 @@ def _describe(p: Placement | None) -> str:
 
 
 def _reasons(report: PlacementReport) -> tuple[object, ...]:
-    """What a waiting job's report says, without its queue position."""
+    """What a waiting job's report says, without its queue position (nor the autoscaler's
+    estimates and countdowns, which change every pass)."""
     sessions = tuple((h.session_id, h.gpus, h.idle_since is None) for h in report.sessions)
-    return (report.filtered, report.exhausted, report.reserved_by, report.reservation, sessions)
+    note = report.scaling
+    scaling = (note.code, note.offer, tuple(note.instances)) if note is not None else None
+    return (
+        report.filtered,
+        report.exhausted,
+        report.reserved_by,
+        report.reservation,
+        sessions,
+        scaling,
+    )
 
 
 def _log_task_error(task: asyncio.Task[None]) -> None:

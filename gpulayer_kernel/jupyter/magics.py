@@ -30,7 +30,7 @@ except ImportError as exc:  # a wheel installed without the jupyter extra
     raise MissingExtra.of("jupyter", "the %%gpulayer magics", exc) from None
 
 from .. import render, transfer
-from ..contracts import Job, JobSpec, JobState, parse
+from ..contracts import Job, JobSpec, JobState, parse, parse_pairs
 from ..runner import LAST_VALUE, SHOWN_KEY
 from ..sessions import SessionCellError
 from .bridge import Bridge, Target, get_bridge, reconnect
@@ -158,7 +158,20 @@ class GPUlayerMagics(Magics):
     )
     @argument("--nodes", type=int, default=1, metavar="M", help="workers for a multi-node gang")
     @argument("--timeout", type=float, default=None, metavar="SECONDS", help="kill it after this")
-    @argument("--retries", type=int, default=0, metavar="N", help="re-runs after a failure")
+    @argument(
+        "--retries",
+        type=int,
+        default=0,
+        metavar="N",
+        help="re-runs of a lost or preempted attempt (see --retry-on)",
+    )
+    @argument(
+        "--retry-on",
+        action="append",
+        default=[],
+        choices=["lost", "preempted", "failed"],
+        help='which failures retry (default: lost and preempted; "failed": any failing exit)',
+    )
     @argument(
         "--wait",
         action="store_true",
@@ -203,6 +216,13 @@ class GPUlayerMagics(Magics):
         help="local files or folders bundled with the cell (relative to the notebook)",
     )
     @argument("--name", default=None, help="the job's name (default: cell)")
+    @argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="a label of the job; user=NAME and project=NAME are what budgets and costs group by",
+    )
     @argument("--worker", default=None, metavar="NAME", help="run only on this worker")
     @argument(
         "--no-wait",
@@ -304,9 +324,13 @@ class GPUlayerMagics(Magics):
                 },
                 "env": env_values(args.env) | ({transfer.OUT_ENV: "1"} if args.out else {}),
                 "secrets": args.secret,
-                "labels": {NOTEBOOK_LABEL: notebook} if notebook else {},
+                "labels": {
+                    **parse_pairs(args.label, "--label"),
+                    **({NOTEBOOK_LABEL: notebook} if notebook else {}),
+                },
                 "timeout": args.timeout,
                 "retries": args.retries,
+                **({"retry_on": args.retry_on} if args.retry_on else {}),
                 "wait_for_capacity": args.wait,
             },
         )

@@ -194,10 +194,12 @@ function render({ model, el: root }) {
   const badge = el("span", "gl-state", head);
   const title = el("span", "gl-title", head);
   const clock = el("span", "gl-elapsed", head);
+  const cost = el("span", "gl-cost", head);
   const button = el("button", "gl-cancel jupyter-button", head);
   button.textContent = "Cancel";
   const place = el("div", "gl-place", box);
   const pending = el("div", "gl-pending", box);
+  const attempts = el("ul", "gl-attempts", box);
   const prog = el("div", "gl-progress", box);
   const bar = el("progress", "", prog);
   bar.max = 1;
@@ -268,6 +270,12 @@ function render({ model, el: root }) {
       ? "waiting: " + why + (model.get("waiting_helps") ? " (waiting helps)" : " (waiting won't help)")
       : "";
     pending.style.display = why ? "" : "none";
+    cost.textContent = model.get("cost");
+    cost.title = "charged so far, ≈ estimated for the attempt in progress";
+    const tried = model.get("attempts") || [];
+    attempts.textContent = "";
+    for (const line of tried) el("li", "", attempts).textContent = line;
+    attempts.style.display = tried.length ? "" : "none";
     const frac = model.get("progress");
     const ptext = model.get("progress_text");
     prog.style.display = ptext ? "" : "none";

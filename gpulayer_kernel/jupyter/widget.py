@@ -110,6 +110,8 @@ class JobWidget(anywidget.AnyWidget):
     kernel_id = traitlets.Unicode("").tag(sync=True)
     message = traitlets.Unicode("").tag(sync=True)
     chart = traitlets.List(traitlets.List()).tag(sync=True)  # [[step, {metric: value}], ...]
+    cost = traitlets.Unicode("").tag(sync=True)  # charged, ≈ estimated (render.cost)
+    attempts = traitlets.List(traitlets.Unicode()).tag(sync=True)  # render.attempt_lines
 
     def __init__(self, bridge: Bridge, job: Job, *, blocking: bool, **kwargs: Any) -> None:
         super().__init__(
@@ -143,6 +145,9 @@ class JobWidget(anywidget.AnyWidget):
             self.elapsed = -1.0 if took is None else took
             self.running = job.state == JobState.RUNNING
             self.ranks = render.ranks(job)
+            self.cost = render.cost(job)
+            # One attempt says nothing the rest does not; a retried job lists them all.
+            self.attempts = render.attempt_lines(job) if len(job.history) > 1 else []
         self._chart(job.progress)
 
     def _chart(self, fields: dict[str, Any] | None) -> None:

@@ -11,6 +11,13 @@ A job held back by its user's quota, or put behind other users' jobs by fair sha
 says so after the reasons: ``…; alice is at their quota (4/4 GPUs; waiting helps); behind 2 jobs
 of users with less recent use; position 5 in the queue`` (``noted``).
 
+Where providers are configured, the autoscaler's note on a waiting job (``report.scaling``) is
+worded here too, after the workers' part (``scaling_sentence``; ``with_scaling`` adds it to a
+rendered report, exactly as ``render`` would)::
+
+    0/1 workers can run job 3f2a9c1d: 1 has too few free GPUs (need 2; waiting helps); slurm/
+    gpu-2gpu can launch one (≈ $4.20/h, ~40 s): launching it; position 1 in the queue
+
 A placed job gets one sentence saying why it went where it went (``placed_sentence``):
 ``placed on w1 devices [0,1]: tightest fit, 0 GPUs left free``.
 
@@ -26,12 +33,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..capabilities.kinds import format_bytes
-from ..contracts import PlacementReport, Reason, ReasonCount, Resources, SessionHold
+from ..contracts import (
+    PlacementReport,
+    Reason,
+    ReasonCount,
+    Resources,
+    ScalingCode,
+    ScalingNote,
+    SessionHold,
+)
 from .cache import Memo
 from .feasible import Shape
 
 SHORT_ID = 8
 NO_WORKERS = "no workers have joined yet; start one with `gpulayer worker`"
+NO_WORKERS_YET = "no workers have joined yet"
 
 # The documented check order; ties in a sentence follow it.
 STAGE_ORDER: tuple[Reason, ...] = (
@@ -146,8 +162,10 @@ def render(report: PlacementReport, now: float | None = None) -> str:
     """The one sentence shape for a waiting job (``now``: for how long sessions are idle)."""
     head = f"{report.workers_feasible}/{report.workers_total} workers can run job "
     head += short(report.job_id)
+    scaling = f"; {scaling_sentence(report.scaling)}" if report.scaling is not None else ""
     if report.workers_total == 0:
-        return f"{head}: {NO_WORKERS}{_position(report.position)}"
+        none = NO_WORKERS_YET if scaling else NO_WORKERS
+        return f"{head}: {none}{scaling}{_position(report.position)}"
     if report.nodes > 1:
         head += f", which needs {report.nodes} at once"
     reasons = sorted(
@@ -164,7 +182,78 @@ def render(report: PlacementReport, now: float | None = None) -> str:
         tail += f"; {report.fair_share}"
     if report.sessions:
         tail += "; " + held_by_sessions(report.sessions, now)
-    return f"{head}: {body}{tail}{_position(report.position)}"
+    return f"{head}: {body}{tail}{scaling}{_position(report.position)}"
+
+
+# ------------------------------------------------------------------------------------------------
+# what the autoscaler can do (providers, ADR 0010)
+
+
+def _dollars(x: float | None) -> str:
+    return f"${x or 0:,.2f}"
+
+
+def scaling_sentence(note: ScalingNote) -> str:
+    """The autoscaler's part of a waiting job's sentence."""
+    code = note.code
+    if code is ScalingCode.NO_OFFER:
+        return f"no provider offers a machine for it (it needs {note.detail or 'more'})"
+    if code is ScalingCode.BOOTING:
+        ids = ", ".join(short(i) for i in note.instances)
+        verb = "is" if len(note.instances) == 1 else "are"
+        noun = "instance" if len(note.instances) == 1 else "instances"
+        left = f" (~{note.boot_seconds:.0f} s left)" if note.boot_seconds else ""
+        return f"{noun} {ids} of {note.offer} {verb} booting for it{left}"
+    if note.offer is None:  # PROVIDER_ERROR with no offer known: a provider is down
+        return f"no provider can offer a machine for it now ({note.detail or 'no answer'})"
+    offer, boot = note.offer, note.boot_seconds
+    price = f"≈ {_dollars(note.price_per_hour)}/h" + (
+        f", ~{boot:.0f} s" if boot is not None else ""
+    )
+    one = "one" if note.machines == 1 else str(note.machines)
+    if code is ScalingCode.LAUNCHING:
+        return f"{offer} can launch {one} ({price}): launching {'it' if one == 'one' else 'them'}"
+    could = f"{offer} could launch {one} ({price}), but"
+    if code is ScalingCode.OVER_BUDGET:
+        need = f"≈ {_dollars(note.estimate)} needed, " if note.estimate else ""
+        return (
+            f"{could} it would exceed budget `{note.budget}` "
+            f"({need}{_dollars(note.budget_left)} left)"
+        )
+    if code is ScalingCode.MAX_PRICE:
+        running = f" ({note.detail})" if note.detail else ""
+        return f"{could} that would pass the max of {_dollars(note.limit)}/h{running}"
+    if code is ScalingCode.PROVIDER_LIMIT:
+        if note.detail:
+            return f"{could} {note.detail} (at most {note.limit or 0:.0f} at once)"
+        return f"{could} {offer.split('/')[0]} is at its limit of {note.limit or 0:.0f} instances"
+    if code is ScalingCode.PROVIDER_BACKOFF:
+        failed = f"its last {note.limit:.0f} launch(es) failed" if note.limit else "launches failed"
+        why = f" ({note.detail})" if note.detail else ""
+        wait = f"; next try in {note.retry_in:.0f} s" if note.retry_in is not None else ""
+        return f"{could} {failed}{why}{wait}"
+    return f"{could} {offer.split('/')[0]} cannot launch now ({note.detail or 'no answer'})"
+
+
+def with_scaling(report: PlacementReport, note: ScalingNote | None) -> PlacementReport:
+    """``report`` (rendered) with the autoscaler's note: exactly ``render``'s sentence for it,
+    built from the rendered one (a test holds the two together)."""
+    if note is None and report.scaling is None:
+        return report
+    base = report if report.scaling is None else _without_scaling(report)
+    if note is None:
+        return base
+    tail = _position(base.position)
+    text = base.sentence[: len(base.sentence) - len(tail)] if tail else base.sentence
+    if base.workers_total == 0 and text.endswith(NO_WORKERS):
+        text = text[: -len(NO_WORKERS)] + NO_WORKERS_YET
+    sentence = f"{text}; {scaling_sentence(note)}{tail}"
+    return base.model_copy(update={"scaling": note, "sentence": sentence})
+
+
+def _without_scaling(report: PlacementReport) -> PlacementReport:
+    plain = report.model_copy(update={"scaling": None})
+    return plain.model_copy(update={"sentence": render(plain)})
 
 
 def noted(report: PlacementReport, quota: str | None, fair_share: str | None) -> PlacementReport:

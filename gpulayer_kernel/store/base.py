@@ -1,5 +1,5 @@
 """The metadata store interface (ADR 0008): jobs, logs, sessions, workers, tokens, users, quotas,
-secrets.
+secrets, and (ADR 0010, 0011) provider instances, the cost ledger and budgets.
 
 Secret values reach the store already sealed (``security.vault``): a store keeps whatever text it
 is given and never sees a plaintext value or the key.
@@ -11,7 +11,18 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..contracts import ADMIN_USER, CellRun, Job, JobState, LogRecord, SessionRecord, WorkerInfo
+from ..contracts import (
+    ADMIN_USER,
+    Budget,
+    CellRun,
+    CostEntry,
+    Instance,
+    Job,
+    JobState,
+    LogRecord,
+    SessionRecord,
+    WorkerInfo,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,3 +213,39 @@ class MetadataStore(abc.ABC):
     @abc.abstractmethod
     async def replace_secrets(self, secrets: Sequence[SecretRecord]) -> None:
         """Write these secrets' values in one transaction (a key rotation re-seals them all)."""
+
+    # -- provisioning and accounting (migration 5) ------------------------------------------------
+
+    @abc.abstractmethod
+    async def save_instances(self, instances: Sequence[Instance]) -> None:
+        """Upsert provider instances by id (written before the provider is called)."""
+
+    @abc.abstractmethod
+    async def load_instances(self, *, ended: bool = False, limit: int = 1000) -> list[Instance]:
+        """Instances newest first; only those not ended unless ``ended``."""
+
+    @abc.abstractmethod
+    async def save_costs(self, entries: Sequence[CostEntry]) -> None:
+        """Upsert ledger rows by (job_id, attempt, kind): writing one twice leaves one row."""
+
+    async def save_jobs_and_costs(self, jobs: Sequence[Job], entries: Sequence[CostEntry]) -> None:
+        """Jobs and the ledger rows of their changes, in one transaction where the store can
+        (the job table's commit path calls this). This default makes two writes."""
+        await self.save_jobs(jobs)
+        await self.save_costs(entries)
+
+    @abc.abstractmethod
+    async def list_costs(
+        self, since: float | None = None, job_id: str | None = None
+    ) -> list[CostEntry]:
+        """Ledger rows recorded at or after ``since`` (of one job, if given), oldest first."""
+
+    @abc.abstractmethod
+    async def save_budget(self, budget: Budget) -> None: ...
+
+    @abc.abstractmethod
+    async def load_budgets(self) -> list[Budget]: ...
+
+    @abc.abstractmethod
+    async def delete_budget(self, name: str) -> bool:
+        """Forget a budget; False if there was none of that name."""

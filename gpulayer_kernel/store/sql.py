@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..contracts import ADMIN_USER, CellRun, Job, LogRecord, SessionRecord, WorkerInfo
+from ..contracts import ADMIN_USER, CellRun, CostEntry, Job, LogRecord, SessionRecord, WorkerInfo
 from ..errors import GPUlayerError, StoreError
 from .base import (
     JobQuery,
@@ -36,6 +36,7 @@ from .base import (
     TokenRecord,
     UserRecord,
 )
+from .sql_provisioning import UPSERT_COST, ProvisioningRows, cost_row
 
 log = logging.getLogger("gpulayer.store")
 
@@ -103,7 +104,14 @@ class Run:
     rows: list[tuple[Any, ...]]
 
 
-class SqlStore(MetadataStore):
+def _job_rows(jobs: Sequence[Job]) -> list[tuple[Any, ...]]:
+    now = time.time()
+    return [
+        (j.id, j.seq, j.state.value, j.spec.name, j.model_dump_json(), now, j.owner) for j in jobs
+    ]
+
+
+class SqlStore(ProvisioningRows, MetadataStore):
     """A MetadataStore over SQL: subclasses connect, migrate, read and run one transaction."""
 
     def __init__(self) -> None:
@@ -185,14 +193,13 @@ class SqlStore(MetadataStore):
     # -- jobs -----------------------------------------------------------------------------------
 
     async def save_jobs(self, jobs: Sequence[Job]) -> None:
-        now = time.time()
-        await self._write(
-            UPSERT_JOB,
-            [
-                (j.id, j.seq, j.state.value, j.spec.name, j.model_dump_json(), now, j.owner)
-                for j in jobs
-            ],
-        )
+        await self._write(UPSERT_JOB, _job_rows(jobs))
+
+    async def save_jobs_and_costs(self, jobs: Sequence[Job], entries: Sequence[CostEntry]) -> None:
+        """One group commit: the jobs' rows are queued first (no await), then the costs' write
+        waits for the transaction that carries both."""
+        self._enqueue(UPSERT_JOB, _job_rows(jobs))
+        await self._write(UPSERT_COST, [cost_row(e) for e in entries])
 
     async def get_job(self, job_id: str) -> Job | None:
         row = await self._fetchone("SELECT body FROM jobs WHERE id = ?", (job_id,))

@@ -21,6 +21,7 @@ import aiosqlite
 
 from ..errors import GPUlayerError, SchemaTooNew, StoreError, Unavailable
 from .sql import Run, SqlStore
+from .sql_provisioning import MIGRATION as PROVISIONING_MIGRATION
 
 # Numbered migrations; each runs once, in its own transaction, and is recorded in the file.
 # Never edit a shipped migration: add a new one.
@@ -89,6 +90,7 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         DROP TABLE secrets;
         """,
     ),
+    PROVISIONING_MIGRATION,
 ]
 LATEST_SCHEMA = MIGRATIONS[-1][0]
 T = TypeVar("T")

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 GL = [sys.executable, "-m", "gpulayer_kernel.cli"]
 _READY = re.compile(r"gpulayer serve: ready on (\S+)/api/v1")
@@ -36,7 +36,28 @@ _JOINED = re.compile(r"gpulayer worker: joined \S+ as (\S+) \(id (\w+)")
 _SCRUB = ("GPULAYER_URL", "GPULAYER_TOKEN", "GPULAYER_JOIN_TOKEN", "GPULAYER_SIMULATE_GPUS")
 
 
-class _Process:
+class Daemon:
+    """A test engine started by ``with`` (``start``) and stopped when the block ends (``stop``)."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> object:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class _Process(Daemon):
     """A child process in its own session whose output goes to a file."""
 
     name = "process"
@@ -121,14 +142,6 @@ class _Process:
             os.killpg(self.proc.pid, signal.SIGKILL)
         return self.proc.returncode
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
 
 class ServeProcess(_Process):
     """``gpulayer serve`` on 127.0.0.1 with its own home; ``url``, ``admin_token``."""
@@ -200,9 +213,6 @@ class ServeProcess(_Process):
             _, secret = c.create_token(kind, ttl=ttl)
         return str(secret)
 
-    def __enter__(self) -> ServeProcess:
-        return self.start()
-
 
 class WorkerProcess(_Process):
     """``gpulayer worker`` joining ``url`` with ``join_token``; ``worker_id`` once joined."""
@@ -257,8 +267,38 @@ class WorkerProcess(_Process):
         self.worker_id = self._wait_for(_JOINED, self.ready_timeout).group(2)
         return self
 
-    def __enter__(self) -> WorkerProcess:
-        return self.start()
+
+def stop_popen(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """SIGTERM a test's daemon, SIGKILL it if it has not exited within ``timeout`` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
 
 
-__all__ = ["GL", "ServeProcess", "WorkerProcess"]
+def kill_homes_under(root: Path) -> int:
+    """SIGKILL every process whose ``GPULAYER_HOME`` lies under ``root``: the workers a test's
+    provider started as "machines" (detached on purpose: a machine outlives the control plane
+    that launched it). Returns how many."""
+    mark = f"GPULAYER_HOME={root}".encode()
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(v.startswith(mark) for v in env):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+    return killed
+
+
+__all__ = ["GL", "Daemon", "ServeProcess", "WorkerProcess", "kill_homes_under", "stop_popen"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
@@ -44,6 +45,13 @@ log = logging.getLogger("gpulayer.worker")
 Attempt = tuple[str, int]  # (job id, attempt)
 # Attempts remembered after they ran to the end, so a late duplicate of one is not run again.
 DONE_KEPT = 4_096
+# A job killed by one of these, not by us, may have got the signal its machine's end sent to
+# every process at once (Slurm's scancel, a preemption): wait this long for the worker's own
+# before reporting it failed, so that it is reported stopped with its worker (and may retry).
+SHUTDOWN_SIGNALS = frozenset(
+    128 + s for s in (signal.SIGTERM, signal.SIGKILL, signal.SIGHUP, signal.SIGINT)
+)
+SIGNAL_GRACE = 2.0
 
 
 class WorkerAgent:
@@ -80,6 +88,7 @@ class WorkerAgent:
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = False
         self._stopped = False
+        self._stopping_now: asyncio.Future[None] | None = None  # set when stop() begins
         self.joined = asyncio.Event()
 
     async def start(self) -> WorkerInfo:
@@ -106,6 +115,8 @@ class WorkerAgent:
         if self._stopped:
             return
         self._stopped = self._stopping = True
+        if self._stopping_now is not None and not self._stopping_now.done():
+            self._stopping_now.set_result(None)
         try:
             for t in self._loops:
                 t.cancel()
@@ -241,7 +252,7 @@ class WorkerAgent:
 
     async def _run_job(self, key: Attempt, ex: JobExecutor | SessionExecutor) -> None:
         try:
-            report = await ex.run()
+            report = await self._with_shutdown(await ex.run())
             await self._deliver(key[0], report.model_copy(update={"attempt": key[1]}))
         finally:
             self.running.pop(key, None)
@@ -249,6 +260,22 @@ class WorkerAgent:
             while len(self._done) > DONE_KEPT:
                 self._done.popitem(last=False)
             await asyncio.to_thread(ex.cleanup)
+
+    async def _with_shutdown(self, report: FinishReport) -> FinishReport:
+        """A job killed by a shutdown signal we did not send, as the worker stops too, was
+        stopped with its worker (reported ``cancelled``: the control plane, which asked for no
+        cancel, counts it lost), not failed."""
+        signalled = (report.reason or "").startswith("killed by")  # not a timeout of ours
+        if report.state != "failed" or report.exit_code not in SHUTDOWN_SIGNALS or not signalled:
+            return report
+        if not self._stopping:
+            if self._stopping_now is None:
+                self._stopping_now = asyncio.get_running_loop().create_future()
+            await self.clock.wait_for(self._stopping_now, SIGNAL_GRACE)
+        if not self._stopping:
+            return report
+        why = f"the worker is shutting down; the job was {report.reason or 'signalled'}"
+        return report.model_copy(update={"state": "cancelled", "reason": why})
 
     async def _deliver(self, job_id: str, report: FinishReport) -> None:
         """Report a result until the control plane has it: a finished job's result is never lost

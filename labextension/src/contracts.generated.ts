@@ -15,14 +15,22 @@
 export type AnyContract =
   | IArtifact
   | IAttachRequest
+  | IAttemptRecord
+  | IBudget
+  | IBudgetList
+  | IBudgetStatus
   | ICellList
   | ICellPage
   | ICellReport
   | ICellRequest
+  | ICostEntry
+  | ICostReport
   | IEvent
   | IEventCursor
   | IEventPage
   | IFinishReport
+  | IInstance
+  | IInstanceList
   | IJob
   | IJobAssignment
   | IJobList
@@ -31,8 +39,11 @@ export type AnyContract =
   | ILogLine
   | ILogPage
   | ILogRecord
+  | IOffer1
   | IPlacementReport
   | IProgressReport
+  | IProviderCheck
+  | IProviderList
   | IRendezvous
   | ISessionInfo
   | ISessionList
@@ -42,9 +53,11 @@ export type AnyContract =
   | IWorkerCapabilities
   | IWorkerInfo
   | IWorkerRegistration;
+export type BudgetPolicy = 'warn' | 'cancel';
 export type JsonValue =
   null | boolean | number | string | JsonValue[] | { [key: string]: JsonValue };
 export type CellState = 'queued' | 'running' | 'ok' | 'error' | 'aborted';
+export type CostKind = 'estimate' | 'charge';
 /**
  * Stable reason codes. ``filtered`` ones never clear by waiting; ``exhausted`` ones may.
  */
@@ -68,6 +81,18 @@ export type Reason =
   | 'cpus_busy'
   | 'not_enough_nodes'
   | 'worker_suspect';
+/**
+ * What the autoscaler can do for a waiting job (``PlacementReport.scaling``).
+ */
+export type ScalingCode =
+  | 'launching'
+  | 'booting'
+  | 'over_budget'
+  | 'max_price'
+  | 'provider_limit'
+  | 'provider_backoff'
+  | 'provider_error'
+  | 'no_offer';
 export type JobState =
   | 'queued'
   | 'placed'
@@ -82,6 +107,14 @@ export type JobState =
 export type SessionStatus = 'waiting' | 'idle' | 'busy' | 'broken' | 'ended';
 export type WorkerState =
   'ready' | 'busy' | 'draining' | 'cordoned' | 'lost' | 'offline';
+export type InstanceState =
+  | 'requested'
+  | 'booting'
+  | 'joined'
+  | 'draining'
+  | 'terminated'
+  | 'failed'
+  | 'preempted';
 
 export interface IArtifact {
   api_version: 'gpulayer/v1';
@@ -114,6 +147,98 @@ export interface ISessionHolder {
    * the holder's notebook path
    */
   notebook: string | null;
+}
+/**
+ * One attempt of a job: where it ran, how it ended, what it was expected to cost and cost.
+ */
+export interface IAttemptRecord {
+  api_version: 'gpulayer/v1';
+  attempt: number;
+  /**
+   * dollars charged when it ended
+   */
+  charge: number | null;
+  ended_at: number | null;
+  /**
+   * dollars expected at placement
+   */
+  estimate: number;
+  estimate_hours: number;
+  exit_code: number | null;
+  /**
+   * unit-seconds actually held
+   */
+  gpu_seconds: number | null;
+  /**
+   * provider instance ids
+   */
+  instances: string[];
+  /**
+   * None while the attempt is placed/running
+   */
+  outcome:
+    | ('succeeded' | 'failed' | 'cancelled' | 'lost' | 'preempted' | 'requeued')
+    | null;
+  placed_at: number;
+  provider: string | null;
+  reason: string | null;
+  /**
+   * a new attempt followed this one
+   */
+  retried: boolean;
+  /**
+   * when the next attempt may start (backoff)
+   */
+  retry_at: number | null;
+  started_at: number | null;
+  /**
+   * dollars per unit-hour at placement
+   */
+  unit_price: number;
+  /**
+   * GPUs held (machines, for a CPU-only worker)
+   */
+  units: number;
+  /**
+   * worker names, node order
+   */
+  workers: string[];
+}
+/**
+ * A spending limit for a user's or a project's jobs (matched on the job's labels).
+ */
+export interface IBudget {
+  api_version: 'gpulayer/v1';
+  /**
+   * dollars per period
+   */
+  limit: number;
+  /**
+   * the user or project name
+   */
+  match: string;
+  name: string;
+  period: 'total' | 'day' | 'week' | 'month';
+  policy: BudgetPolicy;
+  scope: 'user' | 'project';
+}
+export interface IBudgetList {
+  api_version: 'gpulayer/v1';
+  budgets: IBudgetStatus[];
+}
+export interface IBudgetStatus {
+  api_version: 'gpulayer/v1';
+  budget: IBudget;
+  /**
+   * estimates of attempts placed or running now
+   */
+  committed: number;
+  left: number;
+  period_start: number | null;
+  /**
+   * charges of ended attempts this period
+   */
+  spent: number;
 }
 export interface ICellList {
   api_version: 'gpulayer/v1';
@@ -315,6 +440,68 @@ export interface ICellRequest {
   outputs: string[];
 }
 /**
+ * One ledger row: the estimate or the charge of one attempt (unique per job/attempt/kind).
+ */
+export interface ICostEntry {
+  /**
+   * dollars
+   */
+  amount: number;
+  api_version: 'gpulayer/v1';
+  /**
+   * when it was recorded (placement or end)
+   */
+  at: number;
+  attempt: number;
+  instances: string[];
+  job_id: string;
+  job_name: string;
+  kind: CostKind;
+  project: string | null;
+  /**
+   * None: hardware not launched by a provider
+   */
+  provider: string | null;
+  /**
+   * charge: unit-seconds held
+   */
+  seconds: number | null;
+  unit_price: number;
+  units: number;
+  user: string | null;
+  workers: string[];
+}
+export interface ICostReport {
+  api_version: 'gpulayer/v1';
+  by: 'user' | 'job' | 'provider' | 'day' | 'project';
+  rows: ICostRow[];
+  since: number | null;
+  total_charge: number;
+  total_estimate: number;
+}
+/**
+ * Costs summed over one group (a user, a job, a provider, a UTC day, a project).
+ */
+export interface ICostRow {
+  api_version: 'gpulayer/v1';
+  attempts: number;
+  charge: number;
+  estimate: number;
+  gpu_hours: number;
+  /**
+   * the group ("-" for none: no user label, owned hardware)
+   */
+  key: string;
+  /**
+   * attempts still running (estimate, no charge yet)
+   */
+  open: number;
+  /**
+   * by provider: what the provider itself billed for its instances
+   */
+  reported: number | null;
+}
+/**
  * A change a UI should show: a job or a worker, as it is now.
  */
 export interface IEvent {
@@ -336,6 +523,10 @@ export interface IJob {
   cancel_requested: boolean;
   exit_code: number | null;
   finished_at: number | null;
+  /**
+   * every attempt placed so far: where, how it ended, its estimate and charge
+   */
+  history: IAttemptRecord[];
   id: string;
   /**
    * the user who submitted it (set by the control plane from the caller's identity; jobs from before users belong to the admin)
@@ -356,6 +547,10 @@ export interface IJob {
    */
   requeues: number;
   result: JsonValue;
+  /**
+   * a retried job waits (capped exponential backoff) until this time
+   */
+  retry_at: number | null;
   seq: number;
   spec: IJobSpec;
   started_at: number | null;
@@ -406,6 +601,10 @@ export interface IPlacementReport {
    * the job whose reservation holds devices this one could otherwise use
    */
   reserved_by: string | null;
+  /**
+   * what the autoscaler launches for it, or why it cannot (providers)
+   */
+  scaling: IScalingNote | null;
   sentence: string;
   /**
    * sessions holding GPUs on the workers that could run it once they free up
@@ -420,6 +619,48 @@ export interface IReasonCount {
   detail: string;
   waiting_helps: boolean;
   workers: number;
+}
+/**
+ * The autoscaler's word on a waiting job: what it launches for it, or why it cannot.
+ */
+export interface IScalingNote {
+  api_version: 'gpulayer/v1';
+  boot_seconds: number | null;
+  budget: string | null;
+  budget_left: number | null;
+  code: ScalingCode;
+  /**
+   * e.g. the provider's last error
+   */
+  detail: string;
+  /**
+   * dollars it would cost on that offer
+   */
+  estimate: number | null;
+  /**
+   * launching/booting for it
+   */
+  instances: string[];
+  /**
+   * max $/h or max instances in the way
+   */
+  limit: number | null;
+  /**
+   * machines it needs (a multi-node gang: more)
+   */
+  machines: number;
+  /**
+   * the cheapest offer that fits (provider/name)
+   */
+  offer: string | null;
+  /**
+   * dollars per hour, every machine
+   */
+  price_per_hour: number | null;
+  /**
+   * provider backoff: seconds (from the note) until it launches again
+   */
+  retry_in: number | null;
 }
 /**
  * GPUs a session holds on a worker the waiting job could use (ADR 0019).
@@ -474,9 +715,28 @@ export interface IJobSpec {
   priority: number;
   resources: IResources;
   /**
-   * opt-in re-runs after a failure; never applied to gang (multi-GPU) jobs
+   * opt-in re-runs after a failure of a kind in `retry_on` (ADR 0011); a gang (multi-GPU) job only with `retry_gang`
    */
   retries: number;
+  /**
+   * seconds before the first retry; doubled each attempt, capped by `retry_backoff_max`, with jitter (a random half of it)
+   */
+  retry_backoff: number;
+  retry_backoff_max: number;
+  /**
+   * failing exits with these codes retry too (without `failed` in `retry_on`)
+   *
+   * @maxItems 64
+   */
+  retry_exit_codes: number[];
+  /**
+   * let a gang be retried too (gangs fail fast and never retry unless)
+   */
+  retry_gang: boolean;
+  /**
+   * which failures retry: "lost" (its worker stopped answering), "preempted" (its instance was taken back), "failed" (any failing exit, timeouts included)
+   */
+  retry_on: ('lost' | 'preempted' | 'failed')[];
   /**
    * names resolved on the worker
    */
@@ -765,6 +1025,106 @@ export interface IFinishReport {
   state: 'succeeded' | 'failed' | 'cancelled';
 }
 /**
+ * One machine GPUlayer asked a provider for, from request to end.
+ */
+export interface IInstance {
+  api_version: 'gpulayer/v1';
+  /**
+   * terminated as failed if not joined by then
+   */
+  boot_deadline: number;
+  /**
+   * dollars the provider itself reports for it, where it reports any
+   */
+  charge_reported: number | null;
+  ended_at: number | null;
+  /**
+   * the provider's own id: a Slurm job id, host:pid, a fake machine id
+   */
+  external_id: string | null;
+  /**
+   * jobs it was launched for
+   */
+  for_jobs: string[];
+  id: string;
+  /**
+   * when its worker last ran nothing
+   */
+  idle_since: number | null;
+  joined_at: number | null;
+  launched_at: number | null;
+  offer: IOffer;
+  provider: string;
+  /**
+   * why it failed, was preempted or terminated
+   */
+  reason: string | null;
+  requested_at: number;
+  state: InstanceState;
+  /**
+   * its single-use instance token (never the secret)
+   */
+  token_id: string | null;
+  worker_id: string | null;
+  /**
+   * the name its worker joins with
+   */
+  worker_name: string;
+}
+/**
+ * the offer it was launched from, as it was then
+ */
+export interface IOffer {
+  api_version: 'gpulayer/v1';
+  /**
+   * typical seconds from launch to joined
+   */
+  boot_seconds: number;
+  /**
+   * most instances of this offer at once (an SSH host: 1)
+   */
+  capacity: number | null;
+  cpus: number;
+  /**
+   * normalized kind, e.g. "a100"; "" with no GPUs
+   */
+  gpu_kind: string;
+  /**
+   * bytes per GPU
+   */
+  gpu_memory: number;
+  gpus: number;
+  labels: {
+    [k: string]: string;
+  };
+  /**
+   * the longest an instance may live (a batch job's time limit)
+   */
+  max_hours: number | null;
+  memory_bytes: number;
+  /**
+   * the offer's name within its provider
+   */
+  name: string;
+  /**
+   * dollars per hour for the whole machine; 0 for owned hardware
+   */
+  price_per_hour: number;
+  /**
+   * the provider's name in the config
+   */
+  provider: string;
+  region: string;
+  /**
+   * its worker advertises simulated GPUs
+   */
+  simulated: boolean;
+}
+export interface IInstanceList {
+  api_version: 'gpulayer/v1';
+  instances: IInstance[];
+}
+/**
  * One attempt of one job handed to one worker: the job, this worker's share, and secrets.
  */
 export interface IJobAssignment {
@@ -805,6 +1165,55 @@ export interface ILogPage {
   records: ILogRecord[];
   state: JobState;
 }
+/**
+ * A machine a provider can launch, as the scheduler would see the worker on it.
+ */
+export interface IOffer1 {
+  api_version: 'gpulayer/v1';
+  /**
+   * typical seconds from launch to joined
+   */
+  boot_seconds: number;
+  /**
+   * most instances of this offer at once (an SSH host: 1)
+   */
+  capacity: number | null;
+  cpus: number;
+  /**
+   * normalized kind, e.g. "a100"; "" with no GPUs
+   */
+  gpu_kind: string;
+  /**
+   * bytes per GPU
+   */
+  gpu_memory: number;
+  gpus: number;
+  labels: {
+    [k: string]: string;
+  };
+  /**
+   * the longest an instance may live (a batch job's time limit)
+   */
+  max_hours: number | null;
+  memory_bytes: number;
+  /**
+   * the offer's name within its provider
+   */
+  name: string;
+  /**
+   * dollars per hour for the whole machine; 0 for owned hardware
+   */
+  price_per_hour: number;
+  /**
+   * the provider's name in the config
+   */
+  provider: string;
+  region: string;
+  /**
+   * its worker advertises simulated GPUs
+   */
+  simulated: boolean;
+}
 export interface IProgressReport {
   api_version: 'gpulayer/v1';
   /**
@@ -814,6 +1223,42 @@ export interface IProgressReport {
   fields: {
     [k: string]: JsonValue;
   };
+}
+/**
+ * What ``gpulayer providers`` says about one configured provider.
+ */
+export interface IProviderCheck {
+  api_version: 'gpulayer/v1';
+  /**
+   * no launch before this (failures)
+   */
+  backoff_until: number | null;
+  /**
+   * what was checked, or why it failed
+   */
+  detail: string;
+  /**
+   * instances of it that are not ended
+   */
+  instances: number;
+  kind: string;
+  last_error: string | null;
+  max_instances: number;
+  name: string;
+  offers: IOffer1[];
+  ok: boolean;
+}
+export interface IProviderList {
+  api_version: 'gpulayer/v1';
+  /**
+   * whether this control plane runs the autoscaler
+   */
+  autoscaling: boolean;
+  /**
+   * the provider config file read
+   */
+  config: string;
+  providers: IProviderCheck[];
 }
 /**
  * Where the ranks of a multi-node gang meet: published by the rank-0 worker.

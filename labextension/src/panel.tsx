@@ -16,6 +16,7 @@ import {
   useNow,
   useSignal
 } from './components';
+import { formatAttempts, formatCost } from './costs';
 import {
   deviceJob,
   formatAge,
@@ -444,6 +445,7 @@ function JobRow(props: {
   useFocusRow(ref, props.focused, props.focusToken);
   const placement = formatPlacement(job);
   const exit = formatExit(job);
+  const cost = formatCost(job);
   return (
     <li
       ref={ref}
@@ -461,6 +463,11 @@ function JobRow(props: {
           {job.spec.name}
         </button>
         <span className="gl-Id">{shortId(job.id)}</span>
+        {cost && (
+          <span className="gl-Cost" data-cost title={formatAttempts(job)}>
+            {cost}
+          </span>
+        )}
         <JobStateBadge state={job.state} cancelling={job.cancel_requested} />
       </div>
       <div className="gl-Row-meta">

@@ -48,6 +48,11 @@ export function job(id: string, seq: number, over: Partial<IJob> = {}): IJob {
       secrets: [],
       priority: 0,
       retries: 0,
+      retry_on: ['lost', 'preempted'],
+      retry_exit_codes: [],
+      retry_backoff: 5,
+      retry_backoff_max: 300,
+      retry_gang: false,
       timeout: null,
       workdir: null,
       wait_for_capacity: false
@@ -68,6 +73,8 @@ export function job(id: string, seq: number, over: Partial<IJob> = {}): IJob {
     artifacts: [],
     cancel_requested: false,
     owner: 'admin',
+    history: [],
+    retry_at: null,
     ...over
   };
 }
@@ -137,6 +144,7 @@ export function report(
     sessions: [],
     quota: null,
     fair_share: null,
+    scaling: null,
     ...over
   };
 }

@@ -116,7 +116,7 @@ async def test_a_paused_worker_s_stale_attempt_is_refused_stopped_and_kept_apart
     cp = world.cp
     assert cp is not None
     wid = await join(cp)
-    job = await cp.submit(cmd("sleep", "30", retries=1))
+    job = await cp.submit(cmd("sleep", "30", retries=1, retry_backoff=0))
     first = await take(cp, wid)
     assert first.attempt == 0
     await cp.report_started(wid, job.id, attempt=0)
@@ -339,7 +339,7 @@ async def test_a_worker_holding_a_stale_attempt_takes_the_new_one(
     script = (
         f'echo $$ > {pids}.$GPULAYER_ATTEMPT; [ "$GPULAYER_ATTEMPT" = 0 ] && exec sleep 60; exit 0'
     )
-    job = await gl_cp.submit(cmd("sh", "-c", script, retries=1))
+    job = await gl_cp.submit(cmd("sh", "-c", script, retries=1, retry_backoff=0))
     await until(lambda: Path(f"{pids}.0").exists() and Path(f"{pids}.0").read_text(), 30)
     pid0 = int(Path(f"{pids}.0").read_text())
     await until(lambda: gl_cp.jobs.active_job(job.id).state == JobState.RUNNING, 10)  # type: ignore[union-attr]

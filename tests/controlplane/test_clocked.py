@@ -111,7 +111,7 @@ async def test_a_lost_worker_s_job_that_may_retry_is_queued_again(
     gl_cp: ControlPlane, gl_clock: FakeClock
 ) -> None:
     wid = await join(gl_cp)
-    job = await gl_cp.submit(cmd("sleep", "30", retries=1))
+    job = await gl_cp.submit(cmd("sleep", "30", retries=1, retry_backoff=0))
     await take(gl_cp, wid)
     await gl_cp.report_started(wid, job.id)
     await advance_until(gl_clock, await state_is(gl_cp, job.id, JobState.QUEUED), 0.5, 5)
@@ -133,7 +133,7 @@ async def test_a_failing_job_with_retries_is_requeued_and_counts_attempts(
     gl_cp: ControlPlane,
 ) -> None:
     wid = await join(gl_cp)
-    job = await gl_cp.submit(cmd("false", retries=2))
+    job = await gl_cp.submit(cmd("false", retries=2, retry_on=["failed"], retry_backoff=0))
     for attempt in range(3):
         a = await take(gl_cp, wid)
         assert a.job.attempts == attempt

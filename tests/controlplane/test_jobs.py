@@ -204,7 +204,7 @@ async def test_retries_are_opt_in_and_counted(
     await gl_worker()
     once = await gl_cp.wait((await gl_cp.submit(cmd("false"))).id, timeout=30)
     assert (once.state, once.attempts) == (JobState.FAILED, 0)
-    job = await gl_cp.submit(cmd("false", retries=2))
+    job = await gl_cp.submit(cmd("false", retries=2, retry_on=["failed"], retry_backoff=0))
     done = await gl_cp.wait(job.id, timeout=30)
     assert (done.state, done.attempts) == (JobState.FAILED, 2)
     assert sum("retrying" in t for t in await texts(gl_cp, job.id, "system")) == 2

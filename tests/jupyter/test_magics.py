@@ -98,6 +98,8 @@ def test_help_documents_every_option_and_submits_nothing(
         "--nodes",
         "--timeout",
         "--retries",
+        "--retry-on",
+        "--label",
         "--env",
         "--secret",
         "--in",
@@ -110,6 +112,15 @@ def test_help_documents_every_option_and_submits_nothing(
     ):
         assert option in out
     assert job_count() == before
+
+
+def test_labels_and_retry_causes_reach_the_job(ip: InteractiveShell) -> None:
+    handle = cell(ip, "--label project=vision --retries 2 --retry-on failed --no-wait", "1 + 1")
+    job = bridge_mod.get_bridge().get(handle.job.id)
+    assert job.spec.labels["project"] == "vision"
+    assert (job.spec.retries, job.spec.retry_on) == (2, ["failed"])
+    with pytest.raises(CellError, match="--label 'oops' is not KEY=VALUE"):
+        cell(ip, "--label oops", "1")
 
 
 def test_tensors_travel_through_in_and_out_of_a_one_shot_cell_without_pickle(

@@ -114,3 +114,33 @@ def test_widget_js_parses() -> None:
         check=True,
         timeout=30,
     )
+
+
+def test_a_retried_job_shows_its_cost_and_every_attempt() -> None:
+    from gpulayer_kernel.contracts import AttemptRecord
+
+    first = AttemptRecord(
+        attempt=0,
+        placed_at=1,
+        started_at=2,
+        ended_at=60,
+        outcome="preempted",
+        reason="preempted: worker fake-1c2d",
+        retried=True,
+        workers=["fake-1c2d"],
+        provider="fake",
+        units=2,
+        unit_price=2.1,
+        estimate=4.2,
+        charge=0.07,
+    )
+    second = AttemptRecord(attempt=1, placed_at=70, workers=["fake-9a8b"], estimate=4.2)
+    w, _ = widget(make_job(1, history=[first, second]))
+    assert w.cost == "$0.07 + ≈ $4.20"
+    assert w.attempts == [
+        "attempt 0 on fake-1c2d (fake): preempted (preempted: worker fake-1c2d), $0.07 of "
+        "≈ $4.20, retried",
+        "attempt 1 on fake-9a8b: running, ≈ $4.20",
+    ]
+    single, _ = widget(make_job(1, history=[second]))
+    assert single.cost == "≈ $4.20" and single.attempts == []

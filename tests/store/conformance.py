@@ -19,13 +19,19 @@ from pathlib import Path
 import pytest
 
 from gpulayer_kernel.contracts import (
+    Budget,
     CellRun,
     CellState,
     CommandWorkload,
+    CostEntry,
+    CostKind,
+    Instance,
+    InstanceState,
     Job,
     JobSpec,
     JobState,
     LogRecord,
+    Offer,
     SessionHolder,
     SessionRecord,
     WorkerInfo,
@@ -440,6 +446,59 @@ class StoreConformance:
         for s in (store, other):
             assert await s.max_job_seq() == 30
             assert len(await s.list_jobs(JobQuery(limit=100))) == 30
+
+    # -- provider instances, the cost ledger, budgets (migration 5) -----------------------------
+
+    async def test_instances_are_upserted_and_listed_newest_first(
+        self, store: MetadataStore
+    ) -> None:
+        offer = Offer(provider="p", name="x", gpus=1, price_per_hour=1.0)
+
+        def inst(i: int, state: InstanceState) -> Instance:
+            return Instance(
+                id=f"{i:012x}",
+                provider="p",
+                offer=offer,
+                state=state,
+                worker_name=f"p-{i}",
+                requested_at=float(i),
+                boot_deadline=float(i) + 60,
+            )
+
+        await store.save_instances([inst(1, InstanceState.JOINED), inst(2, InstanceState.BOOTING)])
+        await store.save_instances([inst(1, InstanceState.TERMINATED)])
+        assert [i.id for i in await store.load_instances()] == ["000000000002"]
+        everything = await store.load_instances(ended=True)
+        assert [(i.id, i.state) for i in everything] == [
+            ("000000000002", InstanceState.BOOTING),
+            ("000000000001", InstanceState.TERMINATED),
+        ]
+
+    async def test_a_cost_row_written_twice_is_one_row(self, store: MetadataStore) -> None:
+        def row(job_id: str, kind: CostKind, amount: float, at: float) -> CostEntry:
+            return CostEntry(job_id=job_id, attempt=0, kind=kind, amount=amount, at=at)
+
+        await store.save_costs([row("a", CostKind.ESTIMATE, 2.0, 10.0)])
+        for _ in range(3):  # at-least-once: the same charge, again and again
+            await store.save_costs([row("a", CostKind.CHARGE, 0.5, 20.0)])
+        await store.save_jobs_and_costs([job(1)], [row("b", CostKind.ESTIMATE, 1.0, 30.0)])
+        assert await store.get_job("job00000001") == job(1)
+        rows = await store.list_costs()
+        assert [(r.job_id, r.kind, r.amount) for r in rows] == [
+            ("a", CostKind.ESTIMATE, 2.0),
+            ("a", CostKind.CHARGE, 0.5),
+            ("b", CostKind.ESTIMATE, 1.0),
+        ]
+        assert [r.job_id for r in await store.list_costs(since=15.0)] == ["a", "b"]
+        assert len(await store.list_costs(job_id="a")) == 2
+
+    async def test_budgets_are_saved_changed_and_deleted(self, store: MetadataStore) -> None:
+        b = Budget(name="team", scope="project", match="vision", limit=10)
+        await store.save_budget(b)
+        await store.save_budget(b.model_copy(update={"limit": 20.0}))
+        assert [x.limit for x in await store.load_budgets()] == [20.0]
+        assert await store.delete_budget("team") and not await store.delete_budget("team")
+        assert await store.load_budgets() == []
 
     # -- migrations -----------------------------------------------------------------------------
 

@@ -68,7 +68,9 @@ def test_a_paused_worker_s_job_ends_through_its_next_attempt(
     server, worker = served
     pids = tmp_path / "pid"
     with server.client() as c:
-        job = c.submit(JobSpec(workload=CommandWorkload(argv=attempt_script(pids)), retries=1))
+        job = c.submit(
+            JobSpec(workload=CommandWorkload(argv=attempt_script(pids)), retries=1, retry_backoff=0)
+        )
         pid0 = pid_of(Path(f"{pids}.0"))
         wait_until(lambda: c.get(job.id).state == JobState.RUNNING, 30, what="attempt 0 running")
         with paused(worker):
@@ -92,7 +94,9 @@ def test_cancel_ends_the_job_between_attempts_and_the_stale_process_stops(
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
     env.update(server.client_env(), GPULAYER_HOME=str(tmp_path / "client-home"))
     with server.client() as c:
-        job = c.submit(JobSpec(workload=CommandWorkload(argv=attempt_script(pids)), retries=1))
+        job = c.submit(
+            JobSpec(workload=CommandWorkload(argv=attempt_script(pids)), retries=1, retry_backoff=0)
+        )
         pid0 = pid_of(Path(f"{pids}.0"))
         with paused(worker):
             wait_until(lambda: c.get(job.id).attempts == 1, 30, what="attempt 0 declared lost")
