@@ -39,6 +39,7 @@ from ..contracts import (
     FinishReport,
     InstanceList,
     Job,
+    JobReport,
     JobSpec,
     JobState,
     LogLine,
@@ -58,7 +59,7 @@ from ..contracts import (
     ensure_json,
 )
 from ..contracts.costs import GroupBy
-from ..errors import Conflict, NotFound, Unavailable
+from ..errors import Conflict, GPUlayerError, NotFound, Unavailable
 from ..redact import Redactor
 from ..scheduler import Snapshot
 from ..security.roles import (
@@ -82,6 +83,7 @@ from .logs import LogTails
 from .outcomes import Outcomes
 from .provisioning import Provisioning
 from .reaper import Reaper
+from .reports import Reports
 from .scheduling import SchedulingLoop
 from .secrets import SecretTable
 from .sessions import SessionTable
@@ -136,6 +138,9 @@ class ControlPlane:
         self.dispatch = Dispatcher(clock, self.jobs.active_job)
         parts = (self.jobs, self.registry, self.tails, self.dispatch)
         self.outcomes = Outcomes(*parts, clock=clock, rendezvous_timeout=rendezvous_timeout)
+        self.reports = Reports(
+            self.jobs, self.tails, self.dispatch, self.outcomes, made_by=self.blobs.made_by
+        )
         self.scheduling = SchedulingLoop(
             store,
             *parts,
@@ -570,20 +575,23 @@ class ControlPlane:
 
     async def report_finished(self, worker_id: str, job_id: str, report: FinishReport) -> Job:
         """Record a job's outcome. Idempotent: a second report of a finished job changes nothing."""
-        if self.jobs.active_job(job_id) is None:
-            stored = self.jobs.cached(job_id) or await self.store.get_job(job_id)
-            if (
-                stored is not None
-                and stored.state.terminal
-                and report.attempt in (None, stored.attempts)
-            ):
-                if job_id in self.jobs.dirty:
-                    await self.jobs.resync()  # acknowledged only once it is stored
-                return stored  # a retried report after a reconnect: recorded once already
-        job = self._owned(worker_id, job_id, report.attempt)
-        done = await self.outcomes.finished(worker_id, job, report)
-        await self.blobs.made_by(done)
-        return done
+        entry = JobReport.model_construct(
+            job_id=job_id,
+            attempt=report.attempt,
+            started=False,
+            lines=[],
+            progress=None,
+            finished=report,
+        )
+        return await self.reports.finish(worker_id, entry)
+
+    async def report(
+        self, worker_id: str, reports: Sequence[JobReport]
+    ) -> builtins.list[GPUlayerError | None]:
+        """Protocol 1.1: several attempts' reports at once (started, lines, progress, end: a
+        short job's start is written with its end); each entry's refusal, or None."""
+        self.registry.require(worker_id)
+        return await self.reports.apply(worker_id, reports)
 
     async def report_cell(self, worker_id: str, job_id: str, report: CellReport) -> None:
         """A session cell's end on one worker's ranks (idempotent: a repeat changes nothing)."""
