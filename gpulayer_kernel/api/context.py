@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
+from ..contracts import PROTOCOL
 from ..controlplane import ControlPlane
 from ..security import TokenService
 from .ops import Operation
@@ -38,6 +39,9 @@ class ApiContext:
     polls: int = 0
     polls_done: asyncio.Event = field(default_factory=asyncio.Event)
     uploads: int = 0  # raw bodies streaming to disk now (``ApiLimits.max_uploads`` at most)
+    # The protocol this mount speaks: "1.0" serves exactly the routes and answers of a server
+    # from before 1.1 (to test that new clients and workers still speak to one).
+    protocol: str = PROTOCOL
 
     async def drain(self, timeout: float = 1.0) -> None:
         """Stop: every long-poll answers now (503 shutting_down); wait briefly for them."""

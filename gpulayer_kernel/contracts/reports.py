@@ -14,8 +14,6 @@ each is validated on its own (as a :class:`JobReport` or a ``JobSpec``).
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field, JsonValue
 
 from ._base import Contract
@@ -48,7 +46,7 @@ class JobReport(Contract):
 class ReportBatch(Contract):
     """Reports about several attempts; each entry is a :class:`JobReport`, checked on its own."""
 
-    reports: list[dict[str, Any]] = Field(max_length=MAX_BATCH)
+    reports: list[JsonValue] = Field(max_length=MAX_BATCH)
 
 
 class Refusal(Contract):
@@ -97,7 +95,7 @@ class JobFollow(Contract):
 class SubmitBatch(Contract):
     """Several jobs in one request (a sweep); each entry is a JobSpec, checked on its own."""
 
-    specs: list[dict[str, Any]] = Field(max_length=MAX_BATCH)
+    specs: list[JsonValue] = Field(max_length=MAX_BATCH)
 
 
 class SubmitAnswer(Contract):

@@ -92,6 +92,8 @@ class JobTable:
         self.dirty: set[str] = set()  # staged changes the store could not take yet
         self._resync: asyncio.Task[None] | None = None
         self._folded: dict[str, list[Change]] = {}  # staged, written with the job's next flush
+        # The event seq of each cached job's last announced change: what a follower has seen.
+        self._versions: dict[str, int] = {}
         self.ledger: Ledger | None = None  # the control plane sets one (it prices attempts)
         self._costs: list[CostEntry] = []  # ledger rows staged, written by the next flush
 
@@ -265,7 +267,8 @@ class JobTable:
             del self._active[job_id]
             self._finished[job_id] = after
             while len(self._finished) > FINISHED_CACHE:
-                self._finished.popitem(last=False)
+                gone, _ = self._finished.popitem(last=False)
+                self._versions.pop(gone, None)
         else:
             self._active[job_id] = after
         return Change(before, after)
@@ -289,10 +292,12 @@ class JobTable:
             after = change.after
             if after.state.terminal:
                 self.events.job(after)
+                self._versions[after.id] = self.events.seq
                 # Late waiters find the final state in the finished cache or the store.
                 self._signals.drop(after.id)
             elif announce:
                 self.events.job(after)
+                self._versions[after.id] = self.events.seq
                 self._signals.fire(after.id)
             if self.on_change is not None:
                 self.on_change(change)
@@ -349,6 +354,11 @@ class JobTable:
         change = self.stage(job_id, target, ended=ended, **fields)
         await self.flush([change])
         return change.after
+
+    def version(self, job_id: str) -> int:
+        """The event seq of the job's last announced change (0: none since this start; a job
+        out of the cache is final and changes no more)."""
+        return self._versions.get(job_id, 0)
 
     def fold(self, change: Change) -> None:
         """Keep a staged change back: it is written and announced with the job's next flush
