@@ -119,15 +119,18 @@ async def measure(
             labels = list(opened) if r % 2 == 0 else list(reversed(opened))
             for label in labels:
                 store = opened[label]
-                runs: dict[str, Awaitable[float]] = {
-                    "grouped": grouped(store, transitions(next(seq), jobs)),
-                    "batched": batched(store, transitions(next(seq), jobs), per),
+                run_on = store  # bound per label (the lambdas below run at once)
+                # Each mode's jobs are made just before it runs: only they are alive (and
+                # scanned by the garbage collector) while it is measured.
+                runs: dict[str, Callable[[], Awaitable[float]]] = {
+                    "grouped": lambda s=run_on: grouped(s, transitions(next(seq), jobs)),
+                    "batched": lambda s=run_on: batched(s, transitions(next(seq), jobs), per),
+                    "one by one": lambda s=run_on: one_by_one(s, transitions(next(seq), base_jobs)),
                 }
                 if label == "this tree":
-                    runs["alone"] = asyncio_alone(transitions(next(seq), jobs))
-                    runs["one by one"] = one_by_one(store, transitions(next(seq), base_jobs))
+                    runs["alone"] = lambda: asyncio_alone(transitions(next(seq), jobs))
                 for mode, run in runs.items():
-                    out.setdefault(f"{label}/{mode}", []).append(await run)
+                    out.setdefault(f"{label}/{mode}", []).append(await run())
         return out
     finally:
         for store in opened.values():
@@ -154,7 +157,10 @@ def store_at(rev: str) -> ModuleType:
         text = re.sub(r"^(\s*)from \.", rf"\1from {name}.", text, flags=re.M)
         (folder / Path(path).name).write_text(text)
     sys.path.insert(0, str(folder.parent))
-    return importlib.import_module(name)
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:  # before issue 14 the SQLite store ran on aiosqlite
+        sys.exit(f"the store at {rev} does not import here ({exc}); pip install aiosqlite?")
 
 
 def report(label: str, figures: dict[str, list[float]], per: int, against: str | None) -> float:
@@ -168,12 +174,16 @@ def report(label: str, figures: dict[str, list[float]], per: int, against: str |
         f"{g / base:.1f}x"
     )
     if against:
-        pairs = zip(figures[f"{here}/grouped"], figures[f"{against}/grouped"], strict=True)
-        ratios = [x / y for x, y in pairs]
+        ratios = []
+        for mode in ("grouped", "batched", "one by one"):
+            pairs = zip(figures[f"{here}/{mode}"], figures[f"{against}/{mode}"], strict=True)
+            each = [x / y for x, y in pairs]
+            ratios.append(f"{statistics.median(each):.2f}x ({min(each):.2f}-{max(each):.2f})")
         print(
             f"{label} at {against}: {med[f'{against}/grouped']:,.0f}/s one job per writer, "
-            f"{med[f'{against}/batched']:,.0f}/s {per} per writer; this tree / {against}: "
-            f"{statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})"
+            f"{med[f'{against}/batched']:,.0f}/s {per} per writer, "
+            f"{med[f'{against}/one by one']:,.0f}/s one by one; this tree / {against}, per "
+            f"round: {', '.join(ratios)}"
         )
     return g
 
