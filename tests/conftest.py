@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -115,3 +116,10 @@ def gl_postgres() -> Iterator[PostgresServer]:
         yield server
     finally:
         server.close()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One per-machine probe cache for the whole run, out of the home folder (capabilities/
+    machine.py): the first local worker's background probe fills it, later ones read it."""
+    if not os.environ.get("GPULAYER_CACHE_DIR"):
+        os.environ["GPULAYER_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpulayer-test-cache-")

@@ -9,7 +9,8 @@ Sources, in order:
 
 1. **torch** when it imports: framework facts (version, CUDA/HIP build, ``cuda.is_available``,
    ``mps.is_available``, distributed backends) and, when it sees them, the CUDA/ROCm/MPS devices.
-2. **NVML** (``pynvml`` from nvidia-ml-py, optional) and then **nvidia-smi** when torch is absent,
+2. **NVML** (``pynvml`` from nvidia-ml-py if installed, else the driver's library through ctypes:
+   ``nvml.py``) and then **nvidia-smi** when torch is absent,
    broken or sees no device: GPUs are usable when their driver is, so a box with a driver and no
    torch still offers its GPUs to command workloads. They also supply the driver version.
 
@@ -429,8 +430,13 @@ def probe(
 def _driver_devices(nvml: Any, smi: SmiRunner, errors: list[str]) -> tuple[Found, str]:
     if nvml is IMPORT:
         nvml, why = import_optional("pynvml")
-        if why:
-            errors.append(f"nvml: pynvml {why}")
+        if why:  # no pynvml: the driver's own library through ctypes (nvml.py)
+            from . import nvml as nvml_ctypes
+
+            try:
+                nvml = nvml_ctypes.load()
+            except OSError as exc:
+                errors.append(f"nvml: pynvml {why}, and {_one_line(exc)}")
     if nvml is not None:
         found = read_nvml(nvml)
         if not found.errors or found.devices:
