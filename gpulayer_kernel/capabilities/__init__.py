@@ -17,9 +17,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .host import read_host
     from .kinds import normalize_kind, parse_kind
     from .local import LocalProbe, local_capabilities
-    from .readers import parse_nvidia_smi, probe, read_host, read_nvml, read_torch
+    from .readers import parse_nvidia_smi, probe, read_nvml, read_torch
     from .run import run_probe
     from .simulated import simulated_capabilities
     from .support import (
@@ -41,7 +42,7 @@ _LAZY = {
     "parse_kind": "kinds",
     "parse_nvidia_smi": "readers",
     "probe": "readers",
-    "read_host": "readers",
+    "read_host": "host",
     "read_nvml": "readers",
     "read_torch": "readers",
     "run_probe": "run",

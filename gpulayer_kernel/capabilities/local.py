@@ -39,10 +39,11 @@ from ..contracts import Frameworks, WorkerCapabilities
 from ..errors import InvalidInput
 from .build import TorchBuild, read_torch_build, torch_dir
 from .driver import DriverFacts, read_drivers
+from .host import read_host
 from .machine import MachineCache, cache_dir, machine_key
-from .readers import read_host, with_runtime
 from .run import PROBE_MODULE, probe_env, run_probe
 from .simulated import simulated_capabilities
+from .support import with_runtime
 
 log = logging.getLogger("gpulayer.capabilities")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from ..contracts import HostFacts, WorkerCapabilities
-from .readers import read_host
+from .host import read_host
 
 PROBE_MODULE = "gpulayer_kernel.capabilities.probe"
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])

@@ -27,7 +27,6 @@ from .explain import PlacedNode, finish, noted, placed_sentence
 from .feasible import Fit, Shape, WorkerClass, check, make_shape, selected
 from .model import Assignment, JobRequest, Plan, Reservation, Snapshot, WorkerView
 from .rank import INF, Lane, NodeChoice, bits, lanes
-from .reports import Reports
 from .share import QuotaLedger, fair_notes, fair_order
 
 
@@ -350,6 +349,10 @@ class _Pass:
     def explain(self, waiting: Sequence[tuple[JobRequest, Shape]]) -> dict[str, PlacementReport]:
         if not waiting:
             return {}
+        # Imported on the first pass that has waiting jobs: a cold start's first passes (a worker
+        # joining, one job placed) never need it (issue 14, item 5: import time).
+        from .reports import Reports
+
         reports = Reports(
             self.index,
             self.classes,
