@@ -4,6 +4,7 @@ ipyparallel starting from nothing, in the same run.
     python benchmarks/bench_cold.py                 # 5 interleaved rounds, anchors included
     python benchmarks/bench_cold.py --rounds 9
     python benchmarks/bench_cold.py --quick         # one round, no anchors: the smoke test
+    python benchmarks/bench_cold.py --against DIR   # also another checkout's package (before/after)
 
 Each round starts, in an order that rotates from round to round:
 
@@ -17,7 +18,9 @@ Each round starts, in an order that rotates from round to round:
   driver upgrade): the full probe then runs in the background; the round waits for it to end
   before going on, so it does not slow the next measurement;
 * **Ray** ``ray.init()`` (a local cluster, no dashboard) and the first ``ray.get(f.remote())``;
-* **ipyparallel** ``Cluster(n=1)`` started, connected and the first ``apply_sync``.
+* **ipyparallel** ``Cluster(n=1)`` started, connected and the first ``apply_sync``;
+* with ``--against DIR``: the Python API script again, importing the package from ``DIR`` (a
+  checkout of another version, e.g. ``git worktree add /tmp/main main``), for a before/after.
 
 Every time is measured from spawning the process to reading the result on its stdout (what the
 user waits for); shutting down is not counted, for anyone. The per-machine cache is warmed once
@@ -44,15 +47,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import describe
 
 MARK = "COLD-RESULT"
+CWD = "BENCH_COLD_CWD"
 
 GPULAYER_SCRIPT = f"""
 import asyncio
+from gpulayer_kernel import bundles
 from gpulayer_kernel.contracts import JobSpec, PythonWorkload
-from gpulayer_kernel.jupyter.cellspec import bundle
 from gpulayer_kernel.session import open_session
 
 async def main():
-    digest, data = bundle("1 + 1", [])
+    digest, data = bundles.build({{"cell.py": b"1 + 1"}})
     async with open_session(local_worker=True) as s:
         await s.put_bundle(data, digest)
         work = PythonWorkload(bundle=digest, entrypoint="cell:cell.py")
@@ -86,10 +90,13 @@ with ipp.Cluster(n=1, log_level=40) as rc:
 
 
 def until_result(argv: list[str], env: dict[str, str], timeout: float = 180.0) -> float:
-    """Seconds from spawning ``argv`` to the result line on its stdout; waits for its exit."""
+    """Seconds from spawning ``argv`` to the result line on its stdout; waits for its exit.
+
+    It runs in ``$BENCH_COLD_CWD`` (the run's scratch folder): ``python -c`` puts its working
+    folder first on ``sys.path``, and a checkout's would shadow ``--against``."""
     start = time.perf_counter()
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, cwd=env[CWD]
     )
     assert proc.stdout is not None
     took: float | None = None
@@ -128,17 +135,21 @@ def wait_for_background_probe(cache: Path, timeout: float = 180.0) -> None:
 class Runner:
     """The paths measured, each a callable returning seconds."""
 
-    def __init__(self, work: Path, anchors: bool) -> None:
+    def __init__(self, work: Path, anchors: bool, against: Path | None = None) -> None:
         self.work = work
         self.cache = work / "machine-cache"
         self.base = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
         self.base["GPULAYER_CACHE_DIR"] = str(self.cache)
+        self.base[CWD] = str(work)
         self.n = 0
         self.paths: dict[str, Callable[[], float]] = {
             "gpulayer, Python API": self.api,
             "gpulayer run -- true": self.cli,
             "gpulayer, first start on this machine": self.first,
         }
+        self.against = against
+        if against is not None:
+            self.paths[f"gpulayer from {against}, Python API"] = self.other
         if anchors:
             self.paths["Ray init + first task"] = self.ray
             self.paths["ipyparallel Cluster(n=1) + apply"] = self.ipp
@@ -160,6 +171,7 @@ class Runner:
             capture_output=True,
             text=True,
             timeout=180,
+            cwd=self.work,
         )
         if done.returncode != 0:
             raise RuntimeError(f"gpulayer run failed: {done.stderr[-2000:]}")
@@ -174,6 +186,10 @@ class Runner:
             wait_for_background_probe(cache)
         return took
 
+    def other(self) -> float:
+        env = self.env(PYTHONPATH=str(self.against))
+        return until_result([sys.executable, "-c", GPULAYER_SCRIPT], env)
+
     def ray(self) -> float:
         env = {**self.base, "RAY_USAGE_STATS_ENABLED": "0"}
         return until_result([sys.executable, "-c", RAY_SCRIPT], env)
@@ -187,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="one round, no anchors (smoke test)")
+    parser.add_argument(
+        "--against", type=Path, default=None, metavar="DIR", help="another package tree to time"
+    )
     args = parser.parse_args(argv)
     anchors = not args.quick
     if anchors:
@@ -197,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {describe()}; load average {os.getloadavg()[0]:.2f}")
     work = Path(tempfile.mkdtemp(prefix="gpulayer-bench-cold-"))
     try:
-        run = Runner(work, anchors)
+        run = Runner(work, anchors, args.against)
         run.api()  # warms the per-machine probe cache (and the OS's file cache) once
         wait_for_background_probe(run.cache) if importlib.util.find_spec("torch") else None
         names = list(run.paths)
@@ -215,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     figure = "gpulayer, Python API"
     ratios = ""
     for name in names[3:]:
+        if name.startswith("gpulayer from"):
+            continue
         per_round = [a / b for a, b in zip(times[figure], times[name], strict=True)]
         ratios += f"; /{name.split()[0]} {statistics.median(per_round):.2f}"
     print(f"cold start, fresh $GPULAYER_HOME to first result: {ms[figure]:.0f} ms{ratios}")
