@@ -61,8 +61,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "SUPPORT_MATRIX",
     "LocalProbe",
+    "SUPPORT_MATRIX",
     "WorkerSupport",
     "job_refusal",
     "local_capabilities",

@@ -33,64 +33,13 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any
 
 from ..contracts import PlacementReport, Reason, ReasonCount, Resources, WorkerCapabilities
+from .cluster import Cluster, standing
 from .feasible import Fit, Profile, Shape, derive_profile, gpu_fit, gpu_value, shape_value
-
-if TYPE_CHECKING:
-    from .cluster import Cluster
-
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-class Memo(Generic[K, V]):
-    """A map that forgets what the last pass did not use (see the module docstring).
-
-    Values are never ``None``. Hot paths read ``new`` directly and call ``get`` only on a miss.
-    """
-
-    __slots__ = ("new", "old")
-
-    def __init__(self) -> None:
-        self.new: dict[K, V] = {}
-        self.old: dict[K, V] = {}
-
-    def get(self, key: K) -> V | None:
-        hit = self.new.get(key)
-        if hit is None and self.old:
-            hit = self.old.pop(key, None)
-            if hit is not None:
-                self.new[key] = hit
-        return hit
-
-    def put(self, key: K, value: V) -> V:
-        self.new[key] = value
-        return value
-
-    def begin(self) -> None:
-        """A pass starts: every entry is old until the pass uses it."""
-        if self.old:  # the last pass did not end (it raised): keep both generations' entries
-            self.old.update(self.new)
-        else:
-            self.old = self.new
-        self.new = {}
-
-    def keep(self) -> None:
-        """Everything held is in use this pass (without asking for each entry)."""
-        if self.old:
-            self.new.update(self.old)
-            self.old = {}
-
-    def end(self) -> int:
-        """A pass ended: drop what it did not use; returns how many entries went."""
-        dropped = len(self.old)
-        self.old = {}
-        return dropped
-
-    def __len__(self) -> int:
-        return len(self.new) + len(self.old)
+from .memo import Memo
+from .model import WorkerView
 
 
 class SchedulerCache:
@@ -156,9 +105,17 @@ class SchedulerCache:
 
     # -- lookups (call inside ``open_pass``) ----------------------------------------------------
 
-    def reuse_profiles(self) -> None:
-        """This pass uses the standing cluster, hence every profile it holds."""
-        self._profiles.keep()
+    def cluster_for(
+        self, workers: tuple[WorkerView, ...], cpu_asks: Sequence[float], names: frozenset[str]
+    ) -> Cluster:
+        """The standing cluster for this pass's workers and queue (cluster.py): the last one,
+        patched, when that is the same as building it."""
+        last = self.cluster
+        cluster = standing(last, workers, cpu_asks, names, self.profiles, self.picks)
+        if cluster is last:
+            self._profiles.keep()  # the cluster still uses every profile it holds
+        self.cluster = cluster
+        return cluster
 
     def profile(self, caps: WorkerCapabilities) -> Profile:
         """The scheduler's view of ``caps``, derived once per object while it stays in use."""

@@ -4,7 +4,7 @@ Every pass needs the workers sorted by id, their profiles, their classes and the
 (``rank.Index``) before it places anything. Built from scratch that is a walk over every worker
 and every running job — about 0.6 ms for 1,000 workers, most of what placing *one* new job costs.
 Between two passes few workers change (a job started or ended on one or two), so the
-``SchedulerCache`` keeps the last ``Cluster`` and each pass asks ``standing`` for it:
+``SchedulerCache`` keeps the last ``Cluster`` and each pass asks it for one (``standing``):
 
 * the same ``workers`` tuple as last time: reused as it is (one identity check);
 * the same workers in the same order, each the same ``WorkerView`` object or one that differs only
@@ -22,11 +22,11 @@ never depends on the cache.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from .cache import SchedulerCache
+from ..contracts import WorkerCapabilities
 from .feasible import (
     Profile,
     WorkerClass,
@@ -35,6 +35,7 @@ from .feasible import (
     same_class_state,
     state_reason,
 )
+from .memo import Memo
 from .model import WorkerView
 from .rank import Index
 
@@ -69,21 +70,20 @@ class Cluster:
 
 
 def standing(
-    cache: SchedulerCache,
+    last: Cluster | None,
     workers: tuple[WorkerView, ...],
     cpu_asks: Sequence[float],
     names: frozenset[str],
+    profiles: Callable[[Sequence[WorkerCapabilities]], list[Profile]],
+    picks: Memo[tuple[int, int], int],
 ) -> Cluster:
     """The cluster for a pass over ``workers`` whose queue asks ``cpu_asks`` (ascending, distinct)
-    CPUs and names ``names``: the cache's, patched, when that is the same as building it."""
-    last = cache.cluster
-    if isinstance(last, Cluster) and _same_partition(last, cpu_asks, names):
+    CPUs and names ``names``: ``last``, patched, when that is the same as building it (then it
+    is returned as it is), else a new one (``profiles``: the cache's, ``picks``: its memo)."""
+    if last is not None and _same_partition(last, cpu_asks, names):
         if workers is last.given or _patch(last, workers):
-            cache.reuse_profiles()  # the cluster still uses every profile: keep them
             return last
-    built = _build(cache, workers, tuple(cpu_asks), names)
-    cache.cluster = built
-    return built
+    return _build(workers, tuple(cpu_asks), names, profiles, picks)
 
 
 def _partition(
@@ -130,10 +130,11 @@ def _patch(last: Cluster, workers: tuple[WorkerView, ...]) -> bool:
 
 
 def _build(
-    cache: SchedulerCache,
     given: tuple[WorkerView, ...],
     cpu_asks: tuple[float, ...],
     names: frozenset[str],
+    derive: Callable[[Sequence[WorkerCapabilities]], list[Profile]],
+    picks: Memo[tuple[int, int], int],
 ) -> Cluster:
     order = sorted(range(len(given)), key=lambda k: given[k].id)
     workers = [given[k] for k in order]
@@ -142,7 +143,7 @@ def _build(
         position[k] = i
     classes: dict[tuple[object, ...], WorkerClass] = {}
     class_of: list[WorkerClass] = []
-    profiles = cache.profiles([w.capabilities for w in workers])
+    profiles = derive([w.capabilities for w in workers])
     for i, (w, p) in enumerate(zip(workers, profiles, strict=True)):
         ck = class_key(p, w.state, p.host_cpus, w.name, cpu_asks, names, w.hold)
         cls = classes.get(ck)
@@ -162,7 +163,7 @@ def _build(
         profiles=profiles,
         classes=list(classes.values()),
         class_of=class_of,
-        index=Index(workers, profiles, class_of, len(classes), cache.picks),
+        index=Index(workers, profiles, class_of, len(classes), picks),
         cpu_asks=cpu_asks,
         host_cpus=host_cpus,
         names=worker_names,

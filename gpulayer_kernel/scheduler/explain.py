@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from ..capabilities.kinds import format_bytes
 from ..contracts import PlacementReport, Reason, ReasonCount, Resources, SessionHold
-from .cache import Memo
 from .feasible import Shape
+from .memo import Memo
 
 SHORT_ID = 8
 NO_WORKERS = "no workers have joined yet; start one with `gpulayer worker`"

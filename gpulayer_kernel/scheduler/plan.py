@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 from ..contracts import NodePlacement, Placement, PlacementReport
 from .cache import SchedulerCache
-from .cluster import standing
 from .explain import PlacedNode, finish, noted, placed_sentence
 from .feasible import Fit, Shape, WorkerClass, check, make_shape, selected
 from .model import Assignment, JobRequest, Plan, Reservation, Snapshot, WorkerView
@@ -98,7 +97,7 @@ class _Pass:
         self.has_selectors = any(s.selector for s in shapes.values())
         # Workers sorted, classed and their free capacity: kept by the cache between passes and
         # patched where a worker's running jobs changed (cluster.py); this pass places on a copy.
-        cluster = standing(cache, snapshot.workers, cpu_asks, names)
+        cluster = cache.cluster_for(snapshot.workers, cpu_asks, names)
         self.workers: list[WorkerView] = cluster.workers
         self.classes = cluster.classes
         self.index = cluster.index.fork(cache.picks)

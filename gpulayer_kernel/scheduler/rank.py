@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 
-from .cache import Memo
 from .feasible import Fit, Profile, Shape, WorkerClass
+from .memo import Memo
 from .model import WorkerView
 
 INF = float("inf")

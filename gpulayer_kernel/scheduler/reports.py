@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..contracts import PlacementReport, Reason, ReasonCount
-from .cache import Memo
 from .explain import make_report, sentence_parts
 from .feasible import Fit, Shape, WorkerClass, suitable_count
+from .memo import Memo
 from .model import Reservation, WorkerView
 from .rank import Index
 
