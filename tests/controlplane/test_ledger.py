@@ -23,8 +23,8 @@ from gpulayer_kernel.contracts import (
 )
 from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.errors import BudgetExceeded
-from gpulayer_kernel.security.roles import Identity, Role
 from gpulayer_kernel.providers import parse_config
+from gpulayer_kernel.security.roles import Identity, Role
 from gpulayer_kernel.store import LocalArtifactStore, SqliteStore
 from gpulayer_kernel.testing import FakeClock
 
