@@ -51,7 +51,6 @@ from gpulayer_kernel.contracts import (
     InstanceState,
     Offer,
     Resources,
-    WorkerState,
 )
 from gpulayer_kernel.scheduler.feasible import (
     WorkerClass,
@@ -125,9 +124,7 @@ def naive(snap: ScalingSnapshot, offered: list[Offer], budgets: dict[str, float]
     """The same decision made the obvious way: each job against each offer, every time."""
     order = sorted(offered, key=lambda o: (o.price_per_hour, o.boot_seconds, o.id))
     classes = [
-        WorkerClass(
-            i, derive_profile(offer_capabilities(o), i), WorkerState.READY, None, o.cpus, None, []
-        )
+        WorkerClass(i, derive_profile(offer_capabilities(o), i), None, o.cpus, None, [])
         for i, o in enumerate(order)
     ]
     bins: list[list[int]] = []  # [offer index, free GPUs]

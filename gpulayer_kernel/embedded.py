@@ -9,35 +9,31 @@ it instead of failing on the lock (DESIGN rule 3); ``gpulayer serve`` is this wi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import hashlib
-import importlib.util
-import json
-import os
+import logging
 import socket
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .contracts import WorkerCapabilities, WorkerRegistration
-from .controlplane import ControlPlane
-from .errors import InvalidInput
-from .home import Layout, StateLock, home_dir
-from .security.vault import key_source
-from .store import LocalArtifactStore, open_store
-from .worker.agent import WorkerAgent
-from .worker.config import ExecutorConfig
-from .worker.transport import InProcessTransport
+from .home import SERVING_SOON, Layout, StateLock, home_dir
 
 if TYPE_CHECKING:
     from .api import ApiLimits, ApiServer
+    from .capabilities.local import LocalProbe
+    from .contracts import WorkerCapabilities
+    from .controlplane import ControlPlane
     from .providers import ProvidersConfig
     from .security import TokenService
+    from .store import MetadataStore
+    from .worker.agent import WorkerAgent
 
-SIMULATE_ENV = "GPULAYER_SIMULATE_GPUS"
+__all__ = ["LOCAL_TOKEN_NAME", "Embedded", "ServeOptions", "follow_probe"]
+
+log = logging.getLogger("gpulayer.embedded")
+SERVE_SOON_WITHIN = 1.0  # seconds a `soon` API waits for the first job's end before serving
 # The client token published in the lock file for local commands; replaced at every start.
 LOCAL_TOKEN_NAME = "local-session"
 
@@ -52,64 +48,34 @@ class ServeOptions:
     tls_key: str | None = None
     ca_cert: str | None = None  # what local clients should trust; default: the certificate
     limits: ApiLimits | None = None
+    # Serve a moment after start (the first job's end, or SERVE_SOON_WITHIN seconds), off the
+    # way to the first result: `gpulayer run` publishes its address for other terminals that late.
+    soon: bool = False
 
 
-SIMULATE_KIND_ENV = "GPULAYER_SIMULATE_KIND"
-
-
-PROBE_CACHE_TTL = 24 * 3600.0
-
-
-def _probe_key() -> str:
-    """What the probe's answer depends on: the interpreter, torch's install, the GPU driver."""
-    parts = [sys.executable, sys.version]
-    spec = importlib.util.find_spec("torch")  # finds the package without importing it (~2 s)
-    if spec is not None and spec.origin:
-        parts.append(f"torch@{os.stat(spec.origin).st_mtime_ns}")
-    with contextlib.suppress(OSError):
-        parts.append(Path("/proc/driver/nvidia/version").read_text())
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
-
-
-async def local_capabilities(
-    simulate_gpus: int | None = None,
-    simulate_kind: str | None = None,
-    cache: Path | None = None,
-) -> WorkerCapabilities:
-    """This machine's capabilities: simulated GPUs when asked, else the isolated probe's.
-
-    The probe imports torch in a subprocess (~2.5 s here), so its answer is cached in ``cache``
-    for a day, keyed by interpreter, torch install and driver version.
-    """
-    from . import capabilities
-
-    if simulate_gpus is None and os.environ.get(SIMULATE_ENV):
-        try:
-            simulate_gpus = int(os.environ[SIMULATE_ENV])
-        except ValueError:
-            raise InvalidInput(
-                f"{SIMULATE_ENV}={os.environ[SIMULATE_ENV]!r} is not a number",
-                hint=f"set {SIMULATE_ENV} to how many simulated GPUs the local worker has",
-            ) from None
-    simulate_kind = simulate_kind or os.environ.get(SIMULATE_KIND_ENV) or "a100-80gb"
-    if simulate_gpus:
-        return capabilities.simulated_capabilities(simulate_gpus, simulate_kind)
-    key = _probe_key()
-    if cache is not None:
-        with contextlib.suppress(OSError, ValueError):
-            data = json.loads(cache.read_text())
-            if data["key"] == key and time.time() - data["time"] < PROBE_CACHE_TTL:
-                return WorkerCapabilities.model_validate(data["capabilities"])
-    caps = await capabilities.run_probe()
-    # A failed probe run ("probe: timed out …") is not cached: the next start tries again.
-    if cache is not None and not any(e.startswith("probe:") for e in caps.probe_errors):
-        with contextlib.suppress(OSError):
-            cache.write_text(
-                json.dumps(
-                    {"key": key, "time": time.time(), "capabilities": caps.model_dump(mode="json")}
-                )
-            )
+async def follow_probe(agent: WorkerAgent, probed: LocalProbe) -> WorkerCapabilities | None:
+    """Once the background probe answers, re-register ``agent`` with what it found (if that
+    differs from what it joined with): the same worker id, its jobs untouched."""
+    caps = await probed.checked()
+    if caps is None or caps == agent.registration.capabilities:
+        return caps
+    agent.registration = agent.registration.model_copy(update={"capabilities": caps})
+    try:
+        agent.info = await agent.transport.register(agent.registration)
+    except Exception as exc:  # it keeps its first answer; the next start reads the cache
+        log.warning("could not re-register with the full probe's answer: %s", exc)
+        return None
+    log.info(
+        "worker %s: capabilities confirmed by the full probe (%d GPU(s), %s)",
+        agent.registration.name,
+        len(caps.devices),
+        caps.runtime,
+    )
     return caps
+
+
+def _import_api() -> None:
+    from . import api  # noqa: F401  (tornado and the handlers: ~60 ms of imports)
 
 
 class Embedded:
@@ -133,10 +99,16 @@ class Embedded:
         """``db``: a store URL (default: SQLite in the home); ``artifacts``: the blob folder
         (default: in the home; a standby shares it); ``secrets_key``: a key file (default: the
         environment's key, else ``secrets.key`` in the home)."""
+        # Imported here, not at the top: `session.py` imports this module for every command,
+        # and one that talks to a served control plane needs none of this (issue 14, item 5).
+        from .controlplane import ControlPlane
+        from .security.vault import key_source
+        from .store import LocalArtifactStore, open_store
+
         self.layout = Layout(home_dir(home))
         self.lock = StateLock(self.layout)
-        self.store = open_store(db or f"sqlite://{self.layout.db}")
-        self.cp = ControlPlane(
+        self.store: MetadataStore = open_store(db or f"sqlite://{self.layout.db}")
+        self.cp: ControlPlane = ControlPlane(
             self.store,
             LocalArtifactStore(Path(artifacts) if artifacts else self.layout.artifacts),
             heartbeat_timeout=heartbeat_timeout,
@@ -150,39 +122,34 @@ class Embedded:
         self._simulate = (simulate_gpus, simulate_kind)
         self._worker_name = worker_name or f"local-{socket.gethostname()}"
         self.worker: WorkerAgent | None = None
+        self.probe: LocalProbe | None = None
         self._serve = ServeOptions() if serve is True else serve or None
         self.tokens: TokenService | None = None
         self.api: ApiServer | None = None
         self.url: str | None = None
         self._local_token: str | None = None
+        self._background: list[asyncio.Task[Any]] = []
+        self._providers_config: ProvidersConfig | None = None
 
     async def start(self) -> Embedded:
-        if self._serve is not None:
+        opts = self._serve
+        if opts is not None:
             from .security import check_serve
 
-            check_serve(self._serve.host, self._serve.tls_cert, self._serve.tls_key)
+            check_serve(opts.host, opts.tls_cert, opts.tls_key)
         self.lock.acquire()
+        if opts is not None and opts.soon:
+            self.lock.publish({"serve": SERVING_SOON})  # a second process waits for the address
         try:
             await self.store.open()
             await self.cp.start()
-            config = self._providers()
-            if self._serve is not None:
-                await self._start_api(self._serve)
-                if config is not None and config.autoscale.enabled and config.providers:
-                    assert self.tokens is not None and self.url is not None
-                    await self.cp.provisioning.autoscale(self.tokens, self.url)
+            self._providers_config = self._providers()
+            if opts is not None and not opts.soon:
+                await self._start_api(opts)
             if self._want_worker:
-                caps = await local_capabilities(
-                    *self._simulate, cache=self.layout.root / "probe.json"
-                )
-                self.worker = WorkerAgent(
-                    InProcessTransport(self.cp),
-                    WorkerRegistration(name=self._worker_name, capabilities=caps),
-                    ExecutorConfig(work_root=self.layout.work),
-                    clock=self.cp.clock,
-                    heartbeat_interval=max(0.5, self.cp.heartbeat_timeout / 3),
-                )
-                await self.worker.start()
+                await self._start_worker()
+            if opts is not None and opts.soon:
+                self._background.append(asyncio.create_task(self._serve_soon(opts)))
         except BaseException:
             await self.stop()
             raise
@@ -197,6 +164,52 @@ class Embedded:
             built = providers.build(config, home=self.layout.root, clock=self.cp.clock)
             self.cp.provisioning.use(config, built)
         return config
+
+    async def _start_worker(self) -> None:
+        from .capabilities.local import local_capabilities
+        from .contracts import WorkerRegistration
+        from .worker.agent import WorkerAgent
+        from .worker.config import ExecutorConfig
+        from .worker.transport import InProcessTransport
+
+        # No torch import here: the per-machine cache, or the driver's devices now and the full
+        # probe in the background (capabilities/local.py), re-registering once it answers.
+        self.probe = probe = await local_capabilities(*self._simulate)
+        self.worker = WorkerAgent(
+            InProcessTransport(self.cp),
+            WorkerRegistration(name=self._worker_name, capabilities=probe.capabilities),
+            ExecutorConfig(work_root=self.layout.work),
+            clock=self.cp.clock,
+            heartbeat_interval=max(0.5, self.cp.heartbeat_timeout / 3),
+        )
+        await self.worker.start()
+        if probe.check is not None:
+            self._background.append(asyncio.create_task(follow_probe(self.worker, probe)))
+
+    async def _serve_soon(self, opts: ServeOptions) -> None:
+        """Serve once the first job here has ended, or after ``SERVE_SOON_WITHIN`` seconds.
+
+        Never on the way to the first result: tornado's import and the API's start cost ~60 ms
+        of CPU, and on two cores that much beside a running job delays its result by as much
+        (measured: 577 vs 512 ms to a cell's value, median of 10). A `gpulayer run` of a short
+        job never serves at all; a long one serves within a second. A second process finding
+        the lock waits for the address meanwhile (``home.live_owner``).
+        """
+        events = self.cp.event_log
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SERVE_SOON_WITHIN
+        cursor = events.cursor()
+        while (left := deadline - loop.time()) > 0:
+            page = await events.page(cursor=cursor, wait=left)
+            cursor = page.cursor
+            if any(e.job is not None and e.job.state.terminal for e in page.events):
+                break
+        await asyncio.to_thread(_import_api)
+        try:
+            await self._start_api(opts)
+        except Exception as exc:  # the control plane works without it; say why
+            log.error("could not serve the API for other terminals: %s", exc)
+            self.lock.publish({})  # nobody should wait for an address that will not come
 
     async def _start_api(self, opts: ServeOptions) -> None:
         from .api import ApiServer
@@ -217,8 +230,15 @@ class Embedded:
         if opts.tls_cert:
             info["ca_cert"] = str(Path(opts.ca_cert or opts.tls_cert).resolve())
         self.lock.publish(info)
+        config = self._providers_config
+        if config is not None and config.autoscale.enabled and config.providers:
+            await self.cp.provisioning.autoscale(tokens, self.url)
 
     async def stop(self) -> None:
+        background, self._background = self._background, []
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
         if self.api is not None:
             await self.api.stop()
             self.api = None

@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,19 +58,36 @@ def read_owner(layout: Layout) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def live_owner(layout: Layout) -> dict[str, Any]:
-    """The owner's published info; {} when nobody holds the lock (a killed owner's file stays)."""
-    try:
-        fd = os.open(layout.lock, os.O_RDWR)
-    except FileNotFoundError:
-        return {}
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return read_owner(layout)  # held: the owner is alive
-    finally:
-        os.close(fd)  # closing drops our lock, if we took it
-    return {}
+SERVING_SOON = "soon"  # published as "serve" by an owner whose address follows in a moment
+SERVING_WAIT = 5.0  # seconds a second process waits for that address
+
+
+def live_owner(layout: Layout, wait: float = SERVING_WAIT) -> dict[str, Any]:
+    """The owner's published info; {} when nobody holds the lock (a killed owner's file stays).
+
+    An owner that serves its API a moment after it starts (``gpulayer run``: not on the way to
+    its first job) says so with ``"serve": "soon"``; then this waits up to ``wait`` seconds for
+    the address rather than report an owner that cannot be reached yet.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fd = os.open(layout.lock, os.O_RDWR)
+        except FileNotFoundError:
+            return {}
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            info = read_owner(layout)  # held: the owner is alive
+            # Empty: it took the lock and has not written it yet (or is rewriting it).
+            coming = not info or (info.get("serve") == SERVING_SOON and "url" not in info)
+            if not coming or time.monotonic() > deadline:
+                return info
+        else:
+            return {}
+        finally:
+            os.close(fd)  # closing drops our lock, if we took it
+        time.sleep(0.02)  # another process's start-up, not a hot path
 
 
 class StateLock:

@@ -36,7 +36,7 @@ from .contracts import (
     WorkerInfo,
 )
 from .contracts.costs import GroupBy
-from .embedded import Embedded
+from .embedded import Embedded, ServeOptions
 from .errors import GPUlayerError, Unavailable
 from .home import Layout, home_dir, live_owner
 
@@ -141,7 +141,8 @@ async def open_session(*, local_worker: bool = False) -> AsyncIterator[Session]:
     # A long-lived embedded host (one with a local worker: `gpulayer run`, a kernel) also serves
     # the API on loopback and publishes it in the lock file, so that `gpulayer jobs` in another
     # terminal connects to it instead of failing on the lock (DESIGN rule 3).
-    async with Embedded(local_worker=local_worker, serve=local_worker) as emb:
+    serve = ServeOptions(soon=True) if local_worker else False  # not on the way to its first job
+    async with Embedded(local_worker=local_worker, serve=serve) as emb:
         yield emb.cp
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -119,3 +120,31 @@ def gl_postgres() -> Iterator[PostgresServer]:
         yield server
     finally:
         server.close()
+
+
+_CACHE_MADE: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One per-machine probe cache for the whole run, out of the home folder (capabilities/
+    machine.py): the first local worker's background probe fills it, later ones read it."""
+    if not os.environ.get("GPULAYER_CACHE_DIR"):
+        os.environ["GPULAYER_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpulayer-test-cache-")
+        _CACHE_MADE.append(os.environ["GPULAYER_CACHE_DIR"])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove that cache, unless a background probe still writes into it (it ends by itself)."""
+    import fcntl
+    import shutil
+
+    for folder in _CACHE_MADE:
+        for lock in Path(folder).glob("probe-*.lock"):
+            fd = os.open(lock, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # held by a probe process: leave the folder to it
+            finally:
+                os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)

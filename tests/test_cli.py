@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpulayer_kernel.contracts import JobState
+from gpulayer_kernel.home import Layout, live_owner
 from gpulayer_kernel.testing import wait_until
 
 from .conftest import pid_alive
@@ -138,7 +139,10 @@ def test_a_second_process_connects_to_the_live_run_instead_of_the_database(
 ) -> None:
     proc, child = _start_run("--name", "long")
     try:
-        owner = json.loads((gl_home / "controlplane.lock").read_text())
+        # The run serves its API a moment after it starts (not on the way to its job); a second
+        # process reading the lock waits for the address it announced.
+        assert json.loads((gl_home / "controlplane.lock").read_text())["pid"] == proc.pid
+        owner = live_owner(Layout(gl_home))
         assert owner["url"].startswith("http://127.0.0.1:")
         assert oct((gl_home / "controlplane.lock").stat().st_mode)[-3:] == "600"
         listed = gl("jobs", "--json")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..capabilities.simulated import simulated_capabilities
-from ..contracts import Device, HostFacts, Offer, Resources, WorkerCapabilities, WorkerState
+from ..contracts import Device, HostFacts, Offer, Resources, WorkerCapabilities
 from ..scheduler.feasible import (
     Fit,
     Profile,
@@ -129,4 +129,4 @@ class Fits:
 
 
 def _class(i: int, profile: Profile) -> WorkerClass:
-    return WorkerClass(i, profile, WorkerState.READY, None, profile.host_cpus, None, [i])
+    return WorkerClass(i, profile, None, profile.host_cpus, None, [i])

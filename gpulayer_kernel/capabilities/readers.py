@@ -9,7 +9,8 @@ Sources, in order:
 
 1. **torch** when it imports: framework facts (version, CUDA/HIP build, ``cuda.is_available``,
    ``mps.is_available``, distributed backends) and, when it sees them, the CUDA/ROCm/MPS devices.
-2. **NVML** (``pynvml`` from nvidia-ml-py, optional) and then **nvidia-smi** when torch is absent,
+2. **NVML** (``pynvml`` from nvidia-ml-py if installed, else the driver's library through ctypes:
+   ``nvml.py``) and then **nvidia-smi** when torch is absent,
    broken or sees no device: GPUs are usable when their driver is, so a box with a driver and no
    torch still offers its GPUs to command workloads. They also supply the driver version.
 
@@ -23,17 +24,16 @@ import csv
 import importlib
 import io
 import os
-import platform
 import shutil
-import socket
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..contracts import Device, Frameworks, HostFacts, WorkerCapabilities
+from .host import read_host
 from .kinds import normalize_kind
-from .support import worker_support
+from .support import with_runtime
 
 MIB = 1 << 20
 SMI_QUERY = (
@@ -78,33 +78,6 @@ def _err(step: str, exc: BaseException) -> str:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-# --------------------------------------------------------------------------------------------------
-# host
-
-
-def read_host(platform_name: str | None = None) -> HostFacts:
-    """Facts about the host; each missing one is left at its default rather than failing."""
-    cpus = os.cpu_count() or 1
-    if hasattr(os, "sched_getaffinity"):
-        try:
-            cpus = len(os.sched_getaffinity(0)) or cpus
-        except OSError:
-            pass
-    memory = 0
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        memory = 0
-    return HostFacts(
-        hostname=socket.gethostname(),
-        os=(platform_name or platform.system()).lower(),
-        arch=platform.machine().lower(),
-        cpus=max(1, cpus),
-        memory_bytes=max(0, memory),
-        python=platform.python_version(),
-    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -429,8 +402,13 @@ def probe(
 def _driver_devices(nvml: Any, smi: SmiRunner, errors: list[str]) -> tuple[Found, str]:
     if nvml is IMPORT:
         nvml, why = import_optional("pynvml")
-        if why:
-            errors.append(f"nvml: pynvml {why}")
+        if why:  # no pynvml: the driver's own library through ctypes (nvml.py)
+            from . import nvml as nvml_ctypes
+
+            try:
+                nvml = nvml_ctypes.load()
+            except OSError as exc:
+                errors.append(f"nvml: pynvml {why}, and {_one_line(exc)}")
     if nvml is not None:
         found = read_nvml(nvml)
         if not found.errors or found.devices:
@@ -449,19 +427,3 @@ def _apple_chip(host: HostFacts) -> str | None:
     if result.error is not None or result.returncode != 0:
         return None
     return result.stdout.strip() or None
-
-
-def with_runtime(caps: WorkerCapabilities) -> WorkerCapabilities:
-    """Fill ``runtime`` and ``dist_backend`` from the support matrix."""
-    support = worker_support(caps)
-    backend = support.dist_backend
-    if backend == "nccl" and "nccl" not in caps.frameworks.distributed_backends:
-        # Without a torch that has NCCL the GPUs still run commands; gangs fall back to gloo.
-        backend = "gloo" if caps.frameworks.torch_version else None
-    return caps.model_copy(
-        update={
-            "runtime": support.runtime,
-            "dist_backend": backend,
-            "simulated": caps.simulated or support.simulated,
-        }
-    )

@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from ..contracts import HostFacts, WorkerCapabilities
-from .readers import read_host
+from .host import read_host
 
 PROBE_MODULE = "gpulayer_kernel.capabilities.probe"
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
@@ -30,9 +30,7 @@ async def run_probe(
     timeout: float = 30.0, python: str = sys.executable, args: Sequence[str] = ()
 ) -> WorkerCapabilities:
     """Probe this machine in a subprocess; never raises (failures become ``probe_errors``)."""
-    env = dict(os.environ)
-    # The child must import this very package, installed or not.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+    env = probe_env()
     try:
         proc = await asyncio.create_subprocess_exec(
             python,
@@ -71,6 +69,13 @@ async def run_probe(
     except ValidationError:
         shown = _clip(last) if last else "nothing"
         return _cpu_only(f"probe: printed {shown!s}, not WorkerCapabilities JSON")
+
+
+def probe_env() -> dict[str, str]:
+    """The probe process's environment: this one, able to import this very package."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def _cpu_only(reason: str) -> WorkerCapabilities:

@@ -174,3 +174,19 @@ def job_refusal(support: WorkerSupport, gpus: int, nodes: int) -> tuple[Reason, 
             "Apple MPS runs independent single-device jobs only; distributed MPS is not supported",
         )
     return None
+
+
+def with_runtime(caps: WorkerCapabilities) -> WorkerCapabilities:
+    """Fill ``runtime`` and ``dist_backend`` from the support matrix."""
+    support = worker_support(caps)
+    backend = support.dist_backend
+    if backend == "nccl" and "nccl" not in caps.frameworks.distributed_backends:
+        # Without a torch that has NCCL the GPUs still run commands; gangs fall back to gloo.
+        backend = "gloo" if caps.frameworks.torch_version else None
+    return caps.model_copy(
+        update={
+            "runtime": support.runtime,
+            "dist_backend": backend,
+            "simulated": caps.simulated or support.simulated,
+        }
+    )

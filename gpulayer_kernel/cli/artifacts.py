@@ -18,7 +18,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .. import render
 from ..contracts import Artifact
 from ..errors import BundleError, Conflict
 from ..session import Session, open_session
@@ -100,10 +99,14 @@ async def _download(s: Session, artifact: Artifact, output: str | None, force: b
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    from .. import render
+
     print(f"gpulayer: saved {artifact.name} ({render.size(artifact.size)}) to {dest}")
 
 
 async def cmd_artifacts(args: argparse.Namespace) -> int:
+    from .. import render
+
     async with open_session() as s:
         job = await s.get(args.job)
         if args.get is not None:

@@ -11,7 +11,6 @@ import json
 import sys
 from typing import Any
 
-from .. import render
 from ..contracts import Job, JobState
 from ..errors import Unavailable
 from ..session import Session, open_session
@@ -65,6 +64,8 @@ def print_record(stream: str, text: str, rank: int | None) -> None:
     A progress bar's redraws (``\\r``) print as its last state (``render.visible``).
     """
     prefix = f"[rank {rank}] " if rank is not None else ""
+    from .. import render
+
     text = render.visible(text)
     if stream == "stdout":
         sys.stdout.write(f"{prefix}{text}\n")
@@ -108,6 +109,8 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([j.model_dump(mode="json") for j in jobs], indent=2))
         return 0
+    from .. import render
+
     print(render.jobs_table(jobs))
     return 0
 
@@ -176,6 +179,8 @@ async def cmd_workers(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([w.model_dump(mode="json") for w in workers], indent=2))
         return 0
+    from .. import render
+
     print(render.workers_table(workers))
     return 0
 

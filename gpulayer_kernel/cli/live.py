@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TextIO
 
-from .. import render
 from ..contracts import Job
 from ..session import Session, job_changes
 
@@ -34,12 +33,14 @@ class LiveLine:
         stream: TextIO | None = None,
         *,
         tty: bool | None = None,
-        every: float = render.PROGRESS_EVERY,
+        every: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        from .. import render  # here, not at the top: `gpulayer run` needs it once the job runs
+
         self.stream = stream or sys.stderr
         self.tty = bool(self.stream.isatty()) if tty is None else tty
-        self._every = every
+        self._every = render.PROGRESS_EVERY if every is None else every
         self._clock = clock
         self._text = ""  # the progress as last worded
         self._drawn = False  # the live line is on screen now (TTY only)
@@ -50,6 +51,8 @@ class LiveLine:
         """Take the job's latest progress: redraw the line, or print one when it is time."""
         if not job.progress:
             return
+        from .. import render
+
         if self.tty:
             text = render.progress(job.progress)
             if text != self._text or not self._drawn:
@@ -75,6 +78,8 @@ class LiveLine:
 
     def close(self, job: Job | None = None) -> None:
         """End the live line with the job's last progress (kept on screen), then a newline."""
+        from .. import render
+
         if job is not None and job.progress:
             if self.tty:
                 self._text = render.progress(job.progress)
@@ -97,6 +102,8 @@ class LiveLine:
         self._drawn = True
 
     def _print(self, fields: Mapping[str, Any], now: float) -> None:
+        from .. import render
+
         text = render.progress(fields, self._shown)
         if text and text != self._text:
             self.stream.write(f"gpulayer: progress: {text}\n")

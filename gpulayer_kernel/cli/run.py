@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import bundles
 from ..contracts import JobSpec, JobState, parse, parse_pairs
 from ..errors import GPUlayerError, InvalidInput
 from ..jobenv import env_option
@@ -102,6 +101,8 @@ def _bundle(args: argparse.Namespace) -> tuple[str, bytes] | None:
             hint="drop --workdir (paths in the command are relative to the shipped files)",
             details={"field": "--workdir"},
         )
+    from .. import bundles
+
     return bundles.build_from_paths([Path(f) for f in args.files], Path.cwd())
 
 

@@ -12,7 +12,6 @@ import argparse
 import json
 from typing import Any
 
-from .. import render
 from ..session import open_session
 from .common import Handler
 
@@ -34,6 +33,8 @@ def add_parsers(sub: Any) -> None:
 
 
 async def sessions(args: argparse.Namespace) -> int:
+    from .. import render
+
     if args.action is None:
         return await _list(args)
     if not args.session:
@@ -71,6 +72,8 @@ async def sessions(args: argparse.Namespace) -> int:
 
 
 async def _list(args: argparse.Namespace) -> int:
+    from .. import render
+
     async with open_session() as s:
         infos = await s.list_sessions(include_ended=args.all)
     if args.json:

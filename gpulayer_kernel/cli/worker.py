@@ -75,8 +75,9 @@ def _labels(text: str) -> dict[str, str]:
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
+    from ..capabilities.local import local_capabilities
     from ..contracts import WorkerRegistration, parse
-    from ..embedded import local_capabilities
+    from ..embedded import follow_probe
     from ..home import home_dir
     from ..security import check_url
     from ..worker.agent import WorkerAgent
@@ -99,9 +100,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     if args.check:
         return await _check(args.server, token, args.ca_cert)
     name = args.name or socket.gethostname().split(".")[0] or "worker"
-    caps = await local_capabilities(
-        args.simulate_gpus, args.simulate_kind, cache=home_dir() / "probe.json"
-    )
+    probed = await local_capabilities(args.simulate_gpus, args.simulate_kind)
+    caps = probed.capabilities
     reg = parse(
         WorkerRegistration,
         {
@@ -141,12 +141,15 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         f"{JOINED} {args.server} as {info.name} (id {info.id}, {len(caps.devices)} GPU(s){sim})",
         flush=True,
     )
+    # The full probe, when it runs in the background, re-registers this worker when it answers.
+    confirming = asyncio.ensure_future(follow_probe(agent, probed))
     try:
         waiter = asyncio.ensure_future(until_signalled())
         loops = asyncio.ensure_future(agent.wait())
         await asyncio.wait({waiter, loops}, return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
     finally:
+        confirming.cancel()
         await agent.stop()
     print("gpulayer worker: left the control plane", flush=True)
     return 0

@@ -22,7 +22,7 @@ MAX_JSON_BYTES = 1 << 20
 class Contract(BaseModel):
     """A versioned wire contract. Contracts only grow: add fields, never change old meanings."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     api_version: Literal["gpulayer/v1"] = API_VERSION
 

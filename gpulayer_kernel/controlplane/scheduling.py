@@ -60,6 +60,7 @@ from ..scheduler import (
     schedule,
     with_sessions,
 )
+from ..scheduler.views import Views
 from ..security.users import UserService
 from ..store import MetadataStore
 from .dispatch import Dispatcher
@@ -102,6 +103,7 @@ class SchedulingLoop:
         self.clock = clock
         self.reserve_after = reserve_after
         self.cache = SchedulerCache()
+        self.views = Views()
         # Pausing the cyclic collector for a pass pays on big queues (see scheduler.gc_paused),
         # but it is process-wide: only a process that is the control plane's own (``serve``,
         # the Jupyter server extension) may turn this on, never a kernel running user code.
@@ -142,6 +144,8 @@ class SchedulingLoop:
         now = self.clock.now()
         running: dict[str, list[RunningJob]] = {}
         pending: list[JobRequest] = []
+        views = self.views  # the same objects as last pass where nothing changed (views.py)
+        views.begin()
         for job in self.jobs.active():
             if job.state == JobState.QUEUED and job.retry_at is not None and job.retry_at > now:
                 continue  # waiting out its retry backoff (a timer runs a pass when it is due)
@@ -158,20 +162,11 @@ class SchedulingLoop:
                     )
                 )
             elif job.placement is not None:
-                start = job.started_at or job.placed_at or now
-                ends_by = start + job.spec.timeout if job.spec.timeout else None
-                for node in job.placement.nodes:
-                    running.setdefault(node.worker_id, []).append(
-                        RunningJob(
-                            id=job.id,
-                            devices=tuple(node.devices),
-                            cpus=job.spec.resources.cpus or 0.0,
-                            ends_by=ends_by,
-                            owner=job.owner,
-                        )
-                    )
+                for worker_id, held in views.running(job, now):
+                    running.setdefault(worker_id, []).append(held)
         suspected = self.workers.suspected
-        workers = tuple(_view(w, running, suspected(w.id)) for w in self.workers.live())
+        workers = tuple(_view(views, w, running, suspected(w.id)) for w in self.workers.live())
+        views.end()
         users = {j.owner for j in pending}
         shared = len(users) > 1 or bool(self.users.quotas())
         quotas = {q.subject: q.max_gpus for q in self.users.quotas() if q.max_gpus is not None}
@@ -358,18 +353,27 @@ class SchedulingLoop:
             self._timer = self.clock.call_later(min(due) - now + 0.01, self.kick)
 
 
-def _view(w: WorkerInfo, running: dict[str, list[RunningJob]], suspected: bool) -> WorkerView:
+def _view(
+    views: Views, w: WorkerInfo, running: dict[str, list[RunningJob]], suspected: bool
+) -> WorkerView:
     """The worker as the scheduler sees it; one held back takes no work but is counted."""
     if w.unschedulable is not None:
         return WorkerView(w.id, w.name, w.state, {}, SET_ASIDE, (), Reason.UNSCHEDULABLE)
-    return WorkerView(
-        id=w.id,
-        name=w.name,
-        state=w.state,
-        labels=w.labels,
-        capabilities=w.capabilities,
-        running=tuple(running.get(w.id, ())),
-        hold=Reason.WORKER_SUSPECT if suspected else None,
+    held = tuple(running.get(w.id, ()))
+    hold = Reason.WORKER_SUSPECT if suspected else None
+    return views.worker(
+        w,
+        held,
+        hold,
+        lambda: WorkerView(
+            id=w.id,
+            name=w.name,
+            state=w.state,
+            labels=w.labels,
+            capabilities=w.capabilities,
+            running=held,
+            hold=hold,
+        ),
     )
 
 

@@ -20,17 +20,14 @@ cell end fires: a short cell answers its ``run`` in the same request (ADR 0016: 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..clock import SYSTEM_CLOCK, Clock, Timer
+from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import (
     CellAssignment,
-    CellError,
     CellPage,
     CellReport,
     CellRequest,
@@ -41,19 +38,25 @@ from ..contracts import (
     JobState,
     LogLine,
     LogRecord,
-    RankOutcome,
     SessionHolder,
     SessionInfo,
-    SessionRecord,
     SessionReport,
     SessionSpec,
-    SessionStatus,
     SessionWorkload,
 )
-from ..errors import Conflict, Forbidden, InvalidInput, NotFound
+from ..errors import Conflict, InvalidInput, NotFound
 from ..redact import Redactor
 from ..security.roles import Identity, check_act, check_read
 from ..store import MetadataStore
+from .cellruns import (
+    LiveSession,
+    aborted,
+    ended_from,
+    human_seconds,
+    idle_of,
+    new_cell,
+    orphan,
+)
 from .dispatch import Dispatcher
 from .events import EventLog
 from .jobs import Change, JobTable
@@ -78,38 +81,6 @@ class Submit(Protocol):
 Cancel = Callable[[str, str], Awaitable[Job]]
 
 
-@dataclass
-class _Session:
-    """One session as this part knows it: what its record holds (mutable here; written as a
-    ``SessionRecord`` when the holder or the broken mark changes), its cells and its timer."""
-
-    id: str
-    name: str
-    holder: SessionHolder
-    idle_timeout: float
-    cells: int = 0  # cells numbered so far (the store's cells table has each one)
-    broken: str | None = None
-    running: CellRun | None = None
-    requests: dict[int, CellRequest] = field(default_factory=dict)  # of running and queued
-    queue: deque[CellRun] = field(default_factory=deque)
-    reports: dict[str, CellReport] = field(default_factory=dict)  # worker -> its report
-    recent: OrderedDict[int, CellRun] = field(default_factory=OrderedDict)
-    idle_since: float | None = None
-    timer: Timer | None = None
-    announcing: Timer | None = None  # a coalesced announcement of cell progress, pending
-    restarting: set[str] = field(default_factory=set)  # workers not yet up again
-    ended: bool = False
-
-    @classmethod
-    def of(cls, record: SessionRecord, idle_timeout: float) -> _Session:
-        return cls(record.id, record.name, record.holder, idle_timeout, record.cells, record.broken)
-
-    def record(self) -> SessionRecord:
-        return SessionRecord.model_construct(
-            id=self.id, name=self.name, holder=self.holder, cells=self.cells, broken=self.broken
-        )
-
-
 class SessionTable:
     """Owns every session's record, cells and idle timer; the control plane's sessions part."""
 
@@ -131,8 +102,8 @@ class SessionTable:
         self.events = events
         self.redactor = redactor
         self.clock = clock
-        self._live: dict[str, _Session] = {}
-        self._ended: OrderedDict[str, _Session] = OrderedDict()
+        self._live: dict[str, LiveSession] = {}
+        self._ended: OrderedDict[str, LiveSession] = OrderedDict()
         self._starting: set[str] = set()  # names being started (between the check and the job)
         self._tasks: set[asyncio.Task[object]] = set()
         self.submit: Submit | None = None  # wired by the control plane
@@ -146,8 +117,9 @@ class SessionTable:
         records = {r.id: r for r in await self.store.load_sessions([j.id for j in active])}
         now = self.clock.now()
         for job in active:
-            record = records.get(job.id) or _lost_record(job)
-            s = self._live[job.id] = _Session.of(record, _idle_timeout(job))
+            record = records.get(job.id)
+            s = LiveSession.of(record, idle_of(job)) if record else LiveSession.lost(job)
+            self._live[job.id] = s
             newest = await self.store.list_cells(job.id, limit=1)
             s.cells = max(s.cells, newest[0].number if newest else 0)
             if job.state == JobState.RUNNING:
@@ -164,43 +136,16 @@ class SessionTable:
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def info(self, s: _Session, job: Job | None = None) -> SessionInfo:
+    def info(self, s: LiveSession, job: Job | None = None) -> SessionInfo:
         job = job or self.jobs.cached(s.id)
         assert job is not None
-        status = self._status(s, job)
-        idle_since = s.idle_since if s.running is None else None
-        ends = (
-            idle_since + s.idle_timeout
-            if status == SessionStatus.IDLE and idle_since is not None
-            else None
-        )
-        # Built from values this part already holds valid (twice per cell: not re-validated);
-        # ``ends_at`` as the contract's own rule computes it.
-        return SessionInfo.model_construct(
-            id=s.id,
-            name=s.name,
-            status=status,
-            job=job,
-            holder=s.holder,
-            ranks=_ranks(job),
-            cells=s.cells,
-            busy_cell=s.running.number if s.running is not None else None,
-            idle_since=idle_since,
-            idle_timeout=s.idle_timeout,
-            reason=s.broken if not job.state.terminal else job.reason,
-            ends_at=ends,
-        )
+        return s.info(job)
 
-    def _status(self, s: _Session, job: Job) -> SessionStatus:
-        if job.state.terminal or s.ended:
-            return SessionStatus.ENDED
-        if job.state != JobState.RUNNING:
-            return SessionStatus.WAITING
-        if s.broken is not None:
-            return SessionStatus.BROKEN
-        if s.running is not None or s.queue or s.restarting:
-            return SessionStatus.BUSY
-        return SessionStatus.IDLE
+    def _lives(self, s: LiveSession) -> bool:
+        """Not ended, even for a moment: a job already final in memory whose write (and so its
+        ``job_changed``) is still under way has ended, and its name is free."""
+        job = self.jobs.cached(s.id)
+        return not s.ended and (job is None or not job.state.terminal)
 
     def live(self) -> list[SessionInfo]:
         return [self.info(s) for s in self._live.values()]
@@ -217,15 +162,16 @@ class SessionTable:
             return None
         return s.holder.label, (s.idle_since if s.running is None else None)
 
-    async def find(self, ref: str, who: Identity | None = None) -> tuple[_Session, Job]:
+    async def find(self, ref: str, who: Identity | None = None) -> tuple[LiveSession, Job]:
         """A session ``who`` may read, by name (live ones first) or by its job's id (or a
         unique prefix); another user's is ``not_yours``."""
         s, job = await self._find(ref)
         check_read(who, job.owner, f"session {s.name}")
         return s, job
 
-    async def _find(self, ref: str) -> tuple[_Session, Job]:
-        named = [s for s in self._live.values() if s.name == ref]
+    async def _find(self, ref: str) -> tuple[LiveSession, Job]:
+        named = [s for s in self._live.values() if s.name == ref and self._lives(s)]
+        named = named or [s for s in self._live.values() if s.name == ref]
         named = named or [s for s in reversed(self._ended.values()) if s.name == ref]
         if named:
             s = named[0]
@@ -246,12 +192,12 @@ class SessionTable:
         if known is not None:
             return known, job
         records = await self.store.load_sessions([job.id])
-        s = _Session.of(records[0] if records else _lost_record(job), _idle_timeout(job))
+        s = LiveSession.of(records[0], idle_of(job)) if records else LiveSession.lost(job)
         s.ended = job.state.terminal
         self._remember_ended(s)
         return s, job
 
-    async def _acting(self, ref: str, who: Identity | None) -> tuple[_Session, Job]:
+    async def _acting(self, ref: str, who: Identity | None) -> tuple[LiveSession, Job]:
         """A session ``who`` may act on (its owner, or an admin)."""
         s, job = await self._find(ref)
         check_act(who, job.owner, f"session {s.name}")
@@ -273,7 +219,9 @@ class SessionTable:
 
     async def start(self, spec: SessionSpec, who: Identity | None = None) -> SessionInfo:
         """Queue a session's job as ``who``'s; its name must be free among live sessions."""
-        taken = next((s for s in self._live.values() if s.name == spec.name), None)
+        taken = next(
+            (s for s in self._live.values() if s.name == spec.name and self._lives(s)), None
+        )
         if taken is not None or spec.name in self._starting:
             holder = taken.holder.label if taken is not None else "another client"
             raise Conflict(
@@ -293,11 +241,11 @@ class SessionTable:
             wait_for_capacity=spec.wait_for_capacity,
         )
         assert self.submit is not None
-        made: list[_Session] = []
+        made: list[LiveSession] = []
 
         def added(job: Job) -> None:
             # Before the job's first change can reach ``job_changed``: no await in between.
-            s = self._live[job.id] = _Session(job.id, spec.name, spec.holder, spec.idle_timeout)
+            s = self._live[job.id] = LiveSession(job.id, spec.name, spec.holder, spec.idle_timeout)
             made.append(s)
 
         self._starting.add(spec.name)
@@ -316,7 +264,7 @@ class SessionTable:
     ) -> SessionInfo:
         """Make ``holder`` the session's holder (a restarted kernel takes its session back)."""
         s, job = await self._acting(ref, who)
-        self._check_live(s, job)
+        s.check_live(job)
         s.holder = holder
         await self.store.save_sessions([s.record()])
         return self._announce(s)
@@ -337,42 +285,12 @@ class SessionTable:
     ) -> CellPage:
         """Queue one cell; answer within ``wait`` seconds with its output (and end, if it came)."""
         s, job = await self._acting(ref, who)
-        self._check_live(s, job)
-        if job.state != JobState.RUNNING:
-            raise Conflict(
-                f"session {s.name} is not up yet ({job.state.value})",
-                hint="wait until `%gpulayer session start` says it is ready; "
-                f"`gpulayer explain {job.id}` says why it waits",
-                details={"session": s.id, "state": job.state.value},
-                code="session_not_ready",
-            )
-        holder = s.holder
-        if req.client is not None and req.client != holder.client:
-            raise Forbidden(
-                f"session {s.name} is held by {holder.label}; only its holder runs cells",
-                hint=f"take it over with %gpulayer session attach {s.name}, or start a "
-                "session of your own",
-                details={"session": s.id, "holder": holder.model_dump()},
-                code="session_held",
-            )
-        if s.broken is not None:
-            raise _broken(s)
+        s.check_runs(job, req.client)
         first_seq = await self.tails.last_seq(s.id)
-        self._check_live(s, self.jobs.cached(s.id) or job)
+        s.check_live(self.jobs.cached(s.id) or job)
         # No await from here on: the number and the queue's order are taken together.
-        number = s.cells + 1
-        s.cells = number
-        cell = CellRun(
-            session_id=s.id,
-            number=number,
-            code_sha256=hashlib.sha256(req.code.encode()).hexdigest(),
-            code=self.redactor.redact(req.code),
-            history=req.history,
-            all_ranks=req.all_ranks,
-            ranks_expected=_ranks(job),
-            submitted_at=self.clock.now(),
-            first_seq=first_seq,
-        )
+        cell = new_cell(s, req, job, self.redactor, self.clock.now(), first_seq)
+        number = cell.number
         s.requests[number] = req
         s.queue.append(cell)
         self._next(s)
@@ -385,7 +303,7 @@ class SessionTable:
         s, _ = await self.find(ref, who)
         return await self.follow_cell(s, number, since, wait)
 
-    async def follow_cell(self, s: _Session, number: int, since: int, wait: float) -> CellPage:
+    async def follow_cell(self, s: LiveSession, number: int, since: int, wait: float) -> CellPage:
         """The cell now, and its records after ``since``; long-polls for either to change."""
         deadline = self.clock.monotonic() + max(0.0, wait)
         while True:
@@ -397,7 +315,7 @@ class SessionTable:
                 return CellPage(cell=cell, records=records, next_since=since)
             await self.jobs.changed(s.id, left)
 
-    async def cell(self, s: _Session, number: int) -> CellRun:
+    async def cell(self, s: LiveSession, number: int) -> CellRun:
         for c in (s.running, *s.queue):
             if c is not None and c.number == number:
                 return c
@@ -430,7 +348,7 @@ class SessionTable:
             if found or len(page) < PAGE:
                 return found, since
 
-    def _next(self, s: _Session) -> None:
+    def _next(self, s: LiveSession) -> None:
         """Start the next queued cell when none runs (and the ranks are up)."""
         if s.running is not None or not s.queue or s.restarting or s.ended:
             return
@@ -478,43 +396,14 @@ class SessionTable:
         # a short cell's path, not two); its waiters wake once both are stored.
         await asyncio.gather(self.tails.append(s.id, lines), self._ended_cell(s, self._end_of(s)))
 
-    def _end_of(self, s: _Session) -> CellRun:
+    def _end_of(self, s: LiveSession) -> CellRun:
         """The running cell as its workers' reports say it ended."""
-        cell = s.running
-        assert cell is not None
-        reports = list(s.reports.values())
-        ranks = sorted((r for rep in reports for r in rep.ranks), key=lambda r: r.rank)
-        error = _root_cause(ranks)
-        reason = next((r.reason for r in reports if r.reason), None)
-        broken = next((r.broken for r in reports if r.broken), None)
-        if error is not None:
-            state = CellState.ERROR
-        elif broken or any(r.status == "aborted" for r in ranks):
-            state = CellState.ABORTED
-            job = self.jobs.active_job(s.id)
-            if job is not None and job.cancel_requested:  # its worker knows no why: we do
-                reason = f"the session ended while this cell ran: {job.reason}"
-            reason = reason or broken
-        else:
-            state = CellState.OK
-        zero = next((rep for rep in reports if any(r.rank == 0 for r in rep.ranks)), None)
-        value = next((r.value for r in ranks if r.rank == 0), None)
-        finished = max((r.finished_at or 0.0 for r in reports), default=0.0) or self.clock.now()
-        done = cell.model_copy(
-            update={
-                "state": state,
-                "finished_at": finished,
-                "ranks": ranks,
-                "error": error,
-                "reason": reason,
-                "value": value,
-                "outputs": zero.outputs if zero else {},
-                "outputs_blob": zero.outputs_blob if zero else None,
-            }
-        )
-        return done
+        assert s.running is not None
+        job = self.jobs.active_job(s.id)
+        cancelled = job.reason if job is not None and job.cancel_requested else None
+        return ended_from(s.running, list(s.reports.values()), cancelled, self.clock.now())
 
-    async def _ended_cell(self, s: _Session, done: CellRun) -> None:
+    async def _ended_cell(self, s: LiveSession, done: CellRun) -> None:
         s.running = None
         s.requests.pop(done.number, None)
         s.recent[done.number] = done
@@ -530,27 +419,12 @@ class SessionTable:
         self._announce_soon(s)
         await self.store.save_cells([done])
 
-    async def _orphan(self, s: _Session, report: CellReport, lines: list[LogLine]) -> None:
+    async def _orphan(self, s: LiveSession, report: CellReport, lines: list[LogLine]) -> None:
         """A cell that ran across a control-plane restart: record what its report says."""
         if lines:
             await self.tails.append(s.id, lines)
         s.cells = report.number
-        ranks = sorted(report.ranks, key=lambda r: r.rank)
-        error = _root_cause(ranks)
-        cell = CellRun(
-            session_id=s.id,
-            number=report.number,
-            state=CellState.ERROR if error else CellState.OK,
-            code_sha256=hashlib.sha256(b"").hexdigest(),
-            code="",
-            submitted_at=report.started_at or self.clock.now(),
-            started_at=report.started_at,
-            finished_at=report.finished_at,
-            ranks=ranks,
-            error=error,
-            reason="it ran while the control plane restarted; its source was not kept",
-            value=next((r.value for r in ranks if r.rank == 0), None),
-        )
+        cell = orphan(s.id, report, self.clock.now())
         await self._ended_cell(s, cell)
 
     # -- interrupts and restarts -----------------------------------------------------------------
@@ -558,7 +432,7 @@ class SessionTable:
     async def interrupt(self, ref: str, who: Identity | None = None) -> SessionInfo:
         """KeyboardInterrupt in the running cell on every rank (the session keeps its state)."""
         s, job = await self._acting(ref, who)
-        self._check_live(s, job)
+        s.check_live(job)
         if s.running is not None and job.placement is not None:
             for worker_id in job.placement.worker_ids:
                 self.dispatch.interrupt(worker_id, s.id)
@@ -567,23 +441,15 @@ class SessionTable:
     async def restart(self, ref: str, who: Identity | None = None) -> SessionInfo:
         """Kill every rank and start them again on the same GPUs (their state is lost)."""
         s, job = await self._acting(ref, who)
-        self._check_live(s, job)
+        s.check_live(job)
         if job.state != JobState.RUNNING or job.placement is None:
             raise Conflict(
                 f"session {s.name} is not up yet ({job.state.value}): nothing to restart",
                 code="session_not_ready",
             )
         for cell in s.queue:
-            await self._ended_cell(
-                s,
-                cell.model_copy(
-                    update={
-                        "state": CellState.ABORTED,
-                        "finished_at": self.clock.now(),
-                        "reason": "the session was restarted before this cell ran",
-                    }
-                ),
-            )
+            why = "the session was restarted before this cell ran"
+            await self._ended_cell(s, aborted(cell, why, self.clock.now()))
         s.queue.clear()
         s.restarting = set(job.placement.worker_ids)
         s.broken = None
@@ -624,7 +490,7 @@ class SessionTable:
             self._end(s, after)
         self._announce(s, after)
 
-    def _end(self, s: _Session, job: Job) -> None:
+    def _end(self, s: LiveSession, job: Job) -> None:
         """The session's job ended: its cells end with it, their waiters are told why."""
         s.ended = True
         if s.timer is not None:
@@ -634,21 +500,19 @@ class SessionTable:
         unfinished = [c for c in (s.running, *s.queue) if c is not None]
         s.running, s.queue = None, deque()
         for cell in unfinished:
-            done = cell.model_copy(
-                update={"state": CellState.ABORTED, "finished_at": self.clock.now(), "reason": why}
-            )
+            done = aborted(cell, why, self.clock.now())
             s.recent[done.number] = done
             self._spawn(self.store.save_cells([done]))
         del self._live[s.id]
         self._remember_ended(s)
         self.jobs.wake(s.id)
 
-    def _remember_ended(self, s: _Session) -> None:
+    def _remember_ended(self, s: LiveSession) -> None:
         self._ended[s.id] = s
         while len(self._ended) > ENDED_KEPT:
             self._ended.popitem(last=False)
 
-    def _arm(self, s: _Session) -> None:
+    def _arm(self, s: LiveSession) -> None:
         """Start the idle timer: idle past the timeout, the session's job is cancelled. A
         timer already armed stays (idleness only starts later, never sooner): when it fires,
         ``_expire`` re-arms it for the deadline of the latest idle start."""
@@ -658,7 +522,7 @@ class SessionTable:
         left = since + s.idle_timeout - self.clock.now()
         s.timer = self.clock.call_later(max(0.0, left), lambda: self._spawn(self._expire(s)))
 
-    async def _expire(self, s: _Session) -> None:
+    async def _expire(self, s: LiveSession) -> None:
         s.timer = None
         if s.ended or s.running is not None or s.queue or s.idle_since is None:
             return
@@ -681,7 +545,7 @@ class SessionTable:
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(_log_error)
 
-    def _announce(self, s: _Session, job: Job | None = None) -> SessionInfo:
+    def _announce(self, s: LiveSession, job: Job | None = None) -> SessionInfo:
         if s.announcing is not None:
             s.announcing.cancel()
             s.announcing = None
@@ -689,64 +553,16 @@ class SessionTable:
         self.events.session(info)
         return info
 
-    def _announce_soon(self, s: _Session) -> None:
+    def _announce_soon(self, s: LiveSession) -> None:
         """Announce cell progress within ``ANNOUNCE_EVERY`` seconds, once for all the cells
         that started or ended meanwhile."""
         if s.announcing is None:
             s.announcing = self.clock.call_later(ANNOUNCE_EVERY, lambda: self._announced(s))
 
-    def _announced(self, s: _Session) -> None:
+    def _announced(self, s: LiveSession) -> None:
         s.announcing = None
         if not s.ended:
             self._announce(s)
-
-    def _check_live(self, s: _Session, job: Job) -> None:
-        if job.state.terminal or s.ended:
-            why = f": {job.reason}" if job.reason else ""
-            raise Conflict(
-                f"session {s.name} has ended ({job.state.value}{why})",
-                hint="start a new one with %gpulayer session start (its state is gone)",
-                details={"session": s.id, "state": job.state.value},
-                code="session_ended",
-            )
-
-
-def _broken(s: _Session) -> Conflict:
-    return Conflict(
-        f"session {s.name} is broken: {s.broken}",
-        hint=f"restart it (its state is lost): %gpulayer session restart {s.name}",
-        details={"session": s.id, "reason": s.broken},
-        code="session_broken",
-    )
-
-
-def _root_cause(ranks: list[RankOutcome]) -> CellError | None:
-    """The first rank's error that is not an interrupt we sent it, else the first error."""
-    errors = [r.error for r in ranks if r.error is not None]
-    real = [e for e in errors if e.ename != "KeyboardInterrupt"]
-    first = real or errors
-    return first[0] if first else None
-
-
-def _ranks(job: Job) -> int:
-    """Processes of a session: one per GPU of each node it holds (one on a CPU)."""
-    if job.placement is not None:
-        return sum(max(1, len(n.devices)) for n in job.placement.nodes)
-    r = job.spec.resources
-    return r.nodes * max(1, r.gpus)
-
-
-def _idle_timeout(job: Job) -> float:
-    workload = job.spec.workload
-    assert isinstance(workload, SessionWorkload)
-    return workload.idle_timeout
-
-
-def _lost_record(job: Job) -> SessionRecord:
-    """A session whose record is missing (written by nothing yet): its job is the truth."""
-    return SessionRecord(
-        id=job.id, name=job.spec.name, holder=SessionHolder(client="unknown", notebook=None)
-    )
 
 
 def _is_name(ref: str) -> bool:
@@ -755,15 +571,6 @@ def _is_name(ref: str) -> bool:
     from ..contracts.sessions import SESSION_NAME_PATTERN
 
     return re.match(SESSION_NAME_PATTERN, ref) is not None
-
-
-def human_seconds(seconds: float) -> str:
-    """``1800`` → ``30 min``; ``90`` → ``90 s``; ``7200`` → ``2 h``."""
-    if seconds >= 3600 and seconds % 3600 == 0:
-        return f"{seconds / 3600:g} h"
-    if seconds >= 120:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:g} s"
 
 
 def _log_error(task: asyncio.Task[object]) -> None:

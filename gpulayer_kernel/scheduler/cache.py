@@ -8,8 +8,10 @@ cold one give the same plan.
 What it keeps, and why it pays: the **profile** of each ``WorkerCapabilities`` object (the support
 matrix costs more than the rest of a small pass; the ControlPlane hands the same object every
 pass), the **shape key** of each ``Resources`` object (a queued job keeps its object between
-passes), the GPU verdict per (GPU request, profile), device picks per (free mask, count) and report
-reason counts.
+passes), the GPU verdict per (GPU request, profile), device picks per (free mask, count), report
+reason counts and report templates, and the **standing cluster** (cluster.py: the workers sorted
+and classed with their free capacity, patched where what runs on a worker changed), which makes
+a pass for one new job cost what that job needs rather than a walk over every worker.
 
 Bounded: every map is **generational**. A pass starts by turning the current entries into old
 ones; each entry the pass uses moves back; the pass ends by dropping the old ones that nothing
@@ -31,55 +33,13 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-from ..contracts import Reason, ReasonCount, Resources, WorkerCapabilities
+from ..contracts import PlacementReport, Reason, ReasonCount, Resources, WorkerCapabilities
+from .cluster import Cluster, standing
 from .feasible import Fit, Profile, Shape, derive_profile, gpu_fit, gpu_value, shape_value
-
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-class Memo(Generic[K, V]):
-    """A map that forgets what the last pass did not use (see the module docstring).
-
-    Values are never ``None``. Hot paths read ``new`` directly and call ``get`` only on a miss.
-    """
-
-    __slots__ = ("new", "old")
-
-    def __init__(self) -> None:
-        self.new: dict[K, V] = {}
-        self.old: dict[K, V] = {}
-
-    def get(self, key: K) -> V | None:
-        hit = self.new.get(key)
-        if hit is None and self.old:
-            hit = self.old.pop(key, None)
-            if hit is not None:
-                self.new[key] = hit
-        return hit
-
-    def put(self, key: K, value: V) -> V:
-        self.new[key] = value
-        return value
-
-    def begin(self) -> None:
-        """A pass starts: every entry is old until the pass uses it."""
-        if self.old:  # the last pass did not end (it raised): keep both generations' entries
-            self.old.update(self.new)
-        else:
-            self.old = self.new
-        self.new = {}
-
-    def end(self) -> int:
-        """A pass ended: drop what it did not use; returns how many entries went."""
-        dropped = len(self.old)
-        self.old = {}
-        return dropped
-
-    def __len__(self) -> int:
-        return len(self.new) + len(self.old)
+from .memo import Memo
+from .model import WorkerView
 
 
 class SchedulerCache:
@@ -97,6 +57,12 @@ class SchedulerCache:
         self._gpu_fits: Memo[tuple[int, int], Fit] = Memo()
         self.picks: Memo[tuple[int, int], int] = Memo()  # (free mask, n) -> devices (rank.py)
         self.counts: Memo[tuple[Reason, int, str], ReasonCount] = Memo()  # explain.make_report
+        # Report templates and their sentence halves by everything they are made of (reports.py):
+        # a queue whose reasons did not change since the last pass builds none of them again.
+        self.templates: Memo[tuple[object, ...], tuple[PlacementReport, tuple[str, str]]] = Memo()
+        # The last pass's workers, classes and free capacity (cluster.py): one, replaced when a
+        # pass cannot patch it, so it is bounded by the cluster's size.
+        self.cluster: Cluster | None = None
         self._memos: tuple[Memo[Any, Any], ...] = (
             self._profiles,
             self._shapes,
@@ -104,12 +70,13 @@ class SchedulerCache:
             self._gpu_fits,
             self.picks,
             self.counts,
+            self.templates,
         )
 
     def size(self) -> int:
         """Entries held, every map together (tests check the bound with it)."""
         uids = len(self._profile_uids) + len(self._shape_uids)
-        return uids + sum(len(m) for m in self._memos)
+        return uids + sum(len(m) for m in self._memos) + (self.cluster is not None)
 
     @contextmanager
     def open_pass(self) -> Iterator[SchedulerCache]:
@@ -137,6 +104,18 @@ class SchedulerCache:
             self._lock.release()
 
     # -- lookups (call inside ``open_pass``) ----------------------------------------------------
+
+    def cluster_for(
+        self, workers: tuple[WorkerView, ...], cpu_asks: Sequence[float], names: frozenset[str]
+    ) -> Cluster:
+        """The standing cluster for this pass's workers and queue (cluster.py): the last one,
+        patched, when that is the same as building it."""
+        last = self.cluster
+        cluster = standing(last, workers, cpu_asks, names, self.profiles, self.picks)
+        if cluster is last:
+            self._profiles.keep()  # the cluster still uses every profile it holds
+        self.cluster = cluster
+        return cluster
 
     def profile(self, caps: WorkerCapabilities) -> Profile:
         """The scheduler's view of ``caps``, derived once per object while it stays in use."""

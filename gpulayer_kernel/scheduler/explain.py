@@ -42,8 +42,8 @@ from ..contracts import (
     ScalingNote,
     SessionHold,
 )
-from .cache import Memo
 from .feasible import Shape
+from .memo import Memo
 
 SHORT_ID = 8
 NO_WORKERS = "no workers have joined yet; start one with `gpulayer worker`"
@@ -349,11 +349,30 @@ def sentence_parts(template: PlacementReport) -> tuple[str, str]:
 def finish(
     template: PlacementReport, parts: tuple[str, str], job_id: str, position: int
 ) -> PlacementReport:
-    """``template`` for one job: its id, queue position and sentence (exactly ``render``'s)."""
+    """``template`` for one job: its id, queue position and sentence (exactly ``render``'s).
+
+    The same as ``template.model_copy(update=...)`` with those three fields, at under half the
+    cost: a 10,000-job pass makes one for each of its ~7,000 waiting jobs, and pydantic's
+    ``model_copy`` goes through ``copy.copy`` three times a call (~1.9 us; this ~0.8 us). As
+    shallow as ``model_copy``'s copy (the frozen reason lists are shared); a test holds the two
+    equal.
+    """
     sentence = f"{parts[0]}{job_id[:SHORT_ID]}{parts[1]}; position {position} in the queue"
-    return template.model_copy(
-        update={"job_id": job_id, "position": position, "sentence": sentence}
+    report = _new(PlacementReport)
+    _set(
+        report,
+        "__dict__",
+        {**template.__dict__, "job_id": job_id, "position": position, "sentence": sentence},
     )
+    _set(report, "__pydantic_fields_set__", template.__pydantic_fields_set__ | _FINISHED)
+    _set(report, "__pydantic_extra__", None)
+    _set(report, "__pydantic_private__", None)
+    return report
+
+
+_FINISHED = frozenset({"job_id", "position", "sentence"})
+_new = PlacementReport.__new__
+_set = object.__setattr__
 
 
 # ------------------------------------------------------------------------------------------------

@@ -128,14 +128,9 @@ class Shape:
     fallback: bool
     selector: tuple[tuple[str, str], ...]
     worker: str | None
-
-    @property
-    def cpu_job(self) -> bool:
-        return self.gpus == 0
-
-    @property
-    def gang(self) -> bool:
-        return self.gpus > 1 or self.nodes > 1
+    # Fields, not properties: the pass reads them once per job (10,000 times in a big pass).
+    cpu_job: bool  # asks for no GPU
+    gang: bool  # more than one rank: all devices at once or none
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -183,6 +178,8 @@ def make_shape(
         fallback=bool(r.fallback),
         selector=tuple(sorted(r.selector.items())),
         worker=r.worker,
+        cpu_job=r.gpus == 0,
+        gang=r.gpus > 1 or r.nodes > 1,
     )
 
 
@@ -196,7 +193,6 @@ class WorkerClass:
 
     id: int
     profile: Profile
-    state: WorkerState
     state_reason: Reason | None  # set when the state takes no work: the whole class fails there
     host_cpus: int  # a member's; all members answer every requested CPU count alike
     name: str | None  # only when some pending job asks for this worker by name
@@ -225,12 +221,24 @@ def class_key(
 ) -> tuple[object, ...]:
     """Workers with equal keys are one class. ``cpu_asks`` are the distinct ``cpus`` values the
     queue asks for, ascending: what matters is how many of them the host can hold. A held-back
-    worker (suspect, set aside) takes no work, like one whose state takes none."""
+    worker (suspect, set aside) takes no work, like one whose state takes none. READY and BUSY
+    are one class: no check tells them apart, and a worker flips between them with every job it
+    starts or ends (keeping them together lets ``cluster.standing`` patch such a worker)."""
     if state not in TAKES_WORK:
         return ("down", state)
     if hold is not None:
         return ("held", hold)
-    return (profile.uid, state, bisect_right(cpu_asks, host_cpus), name if name in names else None)
+    return (profile.uid, bisect_right(cpu_asks, host_cpus), name if name in names else None)
+
+
+def same_class_state(
+    a_state: WorkerState, a_hold: Reason | None, b_state: WorkerState, b_hold: Reason | None
+) -> bool:
+    """Whether two (state, hold) pairs put a worker in the same class, all else equal."""
+    a_down, b_down = a_state not in TAKES_WORK, b_state not in TAKES_WORK
+    if a_down or b_down:
+        return a_state is b_state
+    return a_hold is b_hold
 
 
 def label_index(labels: Sequence[Mapping[str, str]]) -> dict[tuple[str, str], set[int]]:

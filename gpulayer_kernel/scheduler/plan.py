@@ -19,26 +19,13 @@ import gc
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from operator import attrgetter
 
 from ..contracts import NodePlacement, Placement, PlacementReport
 from .cache import SchedulerCache
-from .explain import PlacedNode, finish, noted, placed_sentence, sentence_parts
-from .feasible import (
-    Fit,
-    Profile,
-    Shape,
-    WorkerClass,
-    check,
-    class_key,
-    label_index,
-    make_shape,
-    selected,
-    state_reason,
-)
+from .explain import PlacedNode, finish, noted, placed_sentence
+from .feasible import Fit, Shape, WorkerClass, check, make_shape, selected
 from .model import Assignment, JobRequest, Plan, Reservation, Snapshot, WorkerView
-from .rank import INF, Index, Lane, NodeChoice, bits, lanes
-from .reports import Reports
+from .rank import INF, Lane, NodeChoice, bits, lanes
 from .share import QuotaLedger, fair_notes, fair_order
 
 
@@ -91,7 +78,6 @@ class _Pass:
         self.cache = cache
         self.snap = snapshot
         self.now = snapshot.now
-        self.workers: list[WorkerView] = sorted(snapshot.workers, key=attrgetter("id"))
         # Queue order: priority high to low, then fair share between users, then seq, then id.
         self.queue: list[JobRequest] = fair_order(snapshot)
         self.quota = QuotaLedger(snapshot)
@@ -109,22 +95,13 @@ class _Pass:
         cpu_asks = sorted({s.cpus for s in shapes.values() if s.cpus is not None})
         names = frozenset(s.worker for s in shapes.values() if s.worker is not None)
         self.has_selectors = any(s.selector for s in shapes.values())
-        classes: dict[tuple[object, ...], WorkerClass] = {}
-        class_of: list[WorkerClass] = []
-        profiles: list[Profile] = cache.profiles([w.capabilities for w in self.workers])
-        for i, (w, p) in enumerate(zip(self.workers, profiles, strict=True)):
-            ck = class_key(p, w.state, p.host_cpus, w.name, cpu_asks, names, w.hold)
-            cls = classes.get(ck)
-            if cls is None:
-                name = w.name if w.name in names else None
-                why = state_reason(w.state, w.hold)
-                cls = WorkerClass(len(classes), p, w.state, why, p.host_cpus, name, [])
-                classes[ck] = cls
-            cls.members.append(i)
-            class_of.append(cls)
-        self.classes = list(classes.values())
-        self.index = Index(self.workers, profiles, class_of, len(self.classes), cache.picks)
-        self.labels = label_index([w.labels for w in self.workers]) if self.has_selectors else {}
+        # Workers sorted, classed and their free capacity: kept by the cache between passes and
+        # patched where a worker's running jobs changed (cluster.py); this pass places on a copy.
+        cluster = cache.cluster_for(snapshot.workers, cpu_asks, names)
+        self.workers: list[WorkerView] = cluster.workers
+        self.classes = cluster.classes
+        self.index = cluster.index.fork(cache.picks)
+        self.labels = cluster.labels() if self.has_selectors else {}
         self.infos: dict[int, ShapeInfo] = {}
         self.verdicts: dict[
             tuple[int, float | None, str | None],
@@ -193,7 +170,7 @@ class _Pass:
                     continue
                 failed.add(key)
             if (
-                job.is_gang
+                shape.gang
                 and len(self.active) < snap.max_reservations
                 and self.now - job.submitted_at >= snap.reserve_after
                 and shape.uid not in unreservable
@@ -371,6 +348,10 @@ class _Pass:
     def explain(self, waiting: Sequence[tuple[JobRequest, Shape]]) -> dict[str, PlacementReport]:
         if not waiting:
             return {}
+        # Imported on the first pass that has waiting jobs: a cold start's first passes (a worker
+        # joining, one job placed) never need it (issue 14, item 5: import time).
+        from .reports import Reports
+
         reports = Reports(
             self.index,
             self.classes,
@@ -378,6 +359,7 @@ class _Pass:
             self.reservations,
             self.verdicts_for,
             self.cache.counts,
+            self.cache.templates,
         )
         Key = tuple[int, frozenset[str] | None, str | None]
         templates: dict[Key, tuple[PlacementReport, tuple[str, str]]] = {}
@@ -398,8 +380,7 @@ class _Pass:
             key = (shape.uid, allowed, job.id if job.id in owners else None)
             hit = templates.get(key)
             if hit is None:
-                template = reports.report(shape, allowed or frozenset(), key[2])
-                hit = templates[key] = (template, sentence_parts(template))
+                hit = templates[key] = reports.report(shape, allowed or frozenset(), key[2])
             out[job.id] = finish(hit[0], hit[1], job.id, position)
         fair = fair_notes(self.queue) if len({j.owner for j, _ in waiting}) > 1 else {}
         for job_id in self.held_back.keys() | fair.keys():

@@ -23,15 +23,18 @@ Ranking (lower is better); every key ends in the worker index, so ties break on 
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, insort
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
-from .cache import Memo
 from .feasible import Fit, Profile, Shape, WorkerClass
+from .memo import Memo
 from .model import WorkerView
 
 INF = float("inf")
 Key = tuple[int, int, int]  # (simulated, GPUs left free, worker index)
+Found = tuple[Key, int, int, str | None]  # key, devices to pick from, reserved ones usable, owner
 # One class's share of a search: (class id, device mask for the kind choice, simulated 0/1,
 # bucketed: homogeneous and the mask is every usable device, members).
 Lane = tuple[int, int, int, bool, list[int]]
@@ -74,7 +77,7 @@ class Index:
 
     def __init__(
         self,
-        workers: Sequence[WorkerView],
+        workers: list[WorkerView],
         profiles: Sequence[Profile],
         class_of: Sequence[WorkerClass],
         n_classes: int,
@@ -121,6 +124,69 @@ class Index:
                     row[count].append(i)
                     if count > ceiling[cls.id]:
                         ceiling[cls.id] = count
+
+    # -- between passes (cluster.py) ---------------------------------------------------------
+
+    def fork(self, picks: Memo[tuple[int, int], int]) -> Index:
+        """A copy for one pass to place on; this one keeps describing the cluster before it.
+
+        Copies what a pass changes (free capacity, the bucket heaps) and starts the rest empty
+        (reservations, what the pass placed); the busy devices' end times are derived from the
+        workers alone and shared.
+        """
+        other = Index.__new__(Index)
+        n = len(self.free)
+        other.picks = picks
+        other.workers = self.workers
+        other.profiles = self.profiles
+        other.class_of = self.class_of
+        other.free = self.free.copy()
+        other.count = self.count.copy()
+        other.cpus = self.cpus.copy()
+        other.holds = [None] * n
+        other.held_mask = [0] * n
+        other.held_by_class = {}
+        other.buckets = [[heap.copy() for heap in row] for row in self.buckets]
+        other.ceiling = self.ceiling.copy()
+        other._running_ends = self._running_ends
+        other._placed_ends = {}
+        return other
+
+    def patch(self, i: int, view: WorkerView) -> None:
+        """Worker ``i`` now runs ``view.running`` (its class unchanged): re-derive its capacity.
+
+        Only on an index no pass has placed on (the cluster's own): its buckets hold no stale
+        entries, so each is kept sorted (a valid heap) by removing and inserting in place.
+        """
+        self.workers[i] = view
+        p = self.profiles[i]
+        free = p.usable_mask
+        used = 0.0
+        for r in view.running:
+            for d in r.devices:
+                free &= ~(1 << d)
+            used += r.cpus
+        before = self.count[i]
+        count = free.bit_count()
+        self.free[i] = free
+        self.count[i] = count
+        self.cpus[i] = p.host_cpus - used
+        self._running_ends.pop(i, None)
+        cls = self.class_of[i]
+        if count == before or cls.state_reason is not None or not p.homogeneous:
+            return
+        row = self.buckets[cls.id]
+        if before:
+            heap = row[before]
+            del heap[bisect_left(heap, i)]
+        if count:
+            if len(row) <= count:
+                row.extend([] for _ in range(count + 1 - len(row)))
+            insort(row[count], i)
+        top = len(row) - 1
+        while top > 0 and not row[top]:
+            top -= 1
+        self.ceiling[cls.id] = top
 
     # -- capacity changes --------------------------------------------------------------------
 
@@ -203,8 +269,10 @@ class Index:
         real before simulated; ``ok``: the workers whose labels match, if the job selects."""
         n = shape.gpus
         cpus = shape.cpus
-        found: list[tuple[Key, NodeChoice]] = []
-        best: tuple[Key, NodeChoice] | None = None  # limit == 1: the best so far, for pruning
+        # Candidates as (key, free devices to pick from, reserved ones it may use, their owner);
+        # the devices are picked, and a NodeChoice made, only for the chosen few.
+        found: list[Found] = []
+        best: Found | None = None  # limit == 1: the best so far, for pruning
         ceiling = self.ceiling
         held_by_class = self.held_by_class
         for cid, m, sim, bucketed, members in lanes:
@@ -233,13 +301,11 @@ class Index:
                         if i is not None:
                             key = (sim, k - n, i)
                             if best is None or key < best[0]:
-                                node = NodeChoice(i, self.pick(self.free[i], n), k - n, None)
-                                best = (key, node)
+                                best = (key, self.free[i], 0, None)
                             break
                     else:
                         for i in self._all(heap, k, cpus, ok):
-                            node = NodeChoice(i, self.pick(self.free[i], n), k - n, None)
-                            found.append(((sim, k - n, i), node))
+                            found.append(((sim, k - n, i), self.free[i], 0, None))
                 if not seen and n <= top == ceiling[cid]:
                     ceiling[cid] = n - 1  # nothing in [n, ceiling]: never again this pass
             else:
@@ -255,8 +321,16 @@ class Index:
                 self._consider(i, m, n, cpus, sim, blocked, usable, via, found)
         if best is not None:
             found.append(best)
-        found.sort(key=lambda item: item[0])
-        return [node for _, node in found[:limit]]
+        found.sort(key=itemgetter(0))
+        return [self._choice(n, *f) for f in found[:limit]]
+
+    def _choice(
+        self, n: int, key: Key, avail: int, reserved_ok: int, via: str | None
+    ) -> NodeChoice:
+        # Prefer devices nobody reserved, so a backfill touches a reservation only when it must.
+        plain = avail & ~reserved_ok
+        devices = self.pick(plain, n) if plain.bit_count() >= n else self.pick(avail, n)
+        return NodeChoice(key[2], devices, key[1], via if devices & reserved_ok else None)
 
     def _first(
         self, heap: list[int], k: int, cpus: float | None, ok: frozenset[int] | None
@@ -290,17 +364,12 @@ class Index:
         blocked: int,
         reserved_ok: int,
         via: str | None,
-        found: list[tuple[Key, NodeChoice]],
+        found: list[Found],
     ) -> None:
         avail = self.free[i] & m & ~blocked
         if avail.bit_count() < n or (cpus is not None and self.cpus[i] < cpus):
             return
-        # Prefer devices nobody reserved, so a backfill touches a reservation only when it must.
-        plain = avail & ~reserved_ok
-        devices = self.pick(plain, n) if plain.bit_count() >= n else self.pick(avail, n)
-        left = self.count[i] - n
-        uses = via if devices & reserved_ok else None
-        found.append(((sim, left, i), NodeChoice(i, devices, left, uses)))
+        found.append(((sim, self.count[i] - n, i), avail, reserved_ok, via))
 
     def cpu_order(
         self, classes: Sequence[tuple[WorkerClass, Fit]], ok: frozenset[int] | None

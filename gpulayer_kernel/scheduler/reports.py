@@ -16,13 +16,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..contracts import PlacementReport, Reason, ReasonCount
-from .cache import Memo
-from .explain import make_report
+from .explain import make_report, sentence_parts
 from .feasible import Fit, Shape, WorkerClass, suitable_count
+from .memo import Memo
 from .model import Reservation, WorkerView
 from .rank import Index
 
 CANDIDATES = 3  # workers named in a report as able to take the job once capacity frees
+# A report without its job (``job_id`` empty) and its sentence split around the job id.
+Template = tuple[PlacementReport, tuple[str, str]]
 
 
 @dataclass(slots=True)
@@ -71,8 +73,10 @@ class Reports:
         reservations: Mapping[str, Reservation],
         verdicts: Callable[[Shape], tuple[list[Fit], frozenset[int] | None]],
         counts_memo: Memo[tuple[Reason, int, str], ReasonCount] | None = None,
+        templates: Memo[tuple[object, ...], Template] | None = None,
     ) -> None:
         self.counts_memo = counts_memo
+        self.templates = templates
         self.index = index
         self.classes = classes
         self.workers = workers
@@ -134,7 +138,8 @@ class Reports:
                 )
         return st
 
-    def report(self, shape: Shape, allowed: frozenset[str], owner: str | None) -> PlacementReport:
+    def report(self, shape: Shape, allowed: frozenset[str], owner: str | None) -> Template:
+        """The report template for jobs of ``shape`` and its sentence around the job id."""
         if owner is not None:
             allowed = allowed | {owner}
         static = self.static(shape)
@@ -168,19 +173,43 @@ class Reports:
         if room == 0 and not dynamic:
             # Nothing could take it, busy or not: say what exists (rare; one walk of profiles).
             largest_gpus, largest_cpus = self.largest(shape)
-        return make_report(
-            shape,
-            counts,
-            total=len(self.workers),
-            feasible=room,
-            owners=owners,
-            why=static.why,
-            reservation=sorted(reservation.devices) if reservation else (),
-            candidates=[self.workers[i].name for _, _, i in ranked[:CANDIDATES]],
-            counts_memo=self.counts_memo,
-            largest_gpus=largest_gpus,
-            largest_cpus=largest_cpus,
+        # Everything make_report reads: equal keys give equal templates, so one built by an
+        # earlier pass serves (the cluster rarely changes much between two passes).
+        held = tuple(sorted(reservation.devices)) if reservation else ()
+        candidates = tuple(self.workers[i].name for _, _, i in ranked[:CANDIDATES])
+        total = len(self.workers)
+        key = (
+            shape.key,
+            room,
+            tuple(counts.items()),
+            tuple(owners),
+            static.why,
+            held,
+            candidates,
+            largest_gpus,
+            largest_cpus,
+            total,
         )
+        memo = self.templates
+        hit = memo.get(key) if memo is not None else None
+        if hit is None:
+            template = make_report(
+                shape,
+                counts,
+                total=total,
+                feasible=room,
+                owners=owners,
+                why=static.why,
+                reservation=held,
+                candidates=candidates,
+                counts_memo=self.counts_memo,
+                largest_gpus=largest_gpus,
+                largest_cpus=largest_cpus,
+            )
+            hit = (template, sentence_parts(template))
+            if memo is not None:
+                memo.put(key, hit)
+        return hit
 
     def largest(self, shape: Shape) -> tuple[int | None, int | None]:
         """The most suitable GPUs and the most CPUs on any one worker, whatever its state."""

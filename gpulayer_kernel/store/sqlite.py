@@ -1,9 +1,8 @@
 """SQLite metadata store (ADR 0008): WAL, busy_timeout, numbered migrations, group commit.
 
-Each aiosqlite call hops to the connection's thread (measured: 3.2k single-row transactions/s
-against 298k rows/s batched), so writes are *group-committed* (``sql.SqlStore``): callers queue
-their rows and await one shared transaction that carries every write queued while the previous
-one ran; here that transaction is one hop to the connection's thread.
+One thread owns the connection (``sqlite_thread.SqliteThread``): a group commit
+(``sql.SqlStore``) is one hand-off to it, whatever the number of statements and rows in the
+group, and so is each read.
 
 ``MIGRATIONS`` is the one numbered list of schema changes, written in SQL that PostgreSQL also
 runs once ``postgres.py`` has widened its types; add new ones here, in portable SQL.
@@ -13,15 +12,14 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
-
-import aiosqlite
+from typing import Any
 
 from ..errors import GPUlayerError, SchemaTooNew, StoreError, Unavailable
 from .sql import Run, SqlStore
 from .sql_provisioning import MIGRATION as PROVISIONING_MIGRATION
+from .sqlite_thread import SqliteThread
 
 # Numbered migrations; each runs once, in its own transaction, and is recorded in the file.
 # Never edit a shipped migration: add a new one.
@@ -93,7 +91,6 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     PROVISIONING_MIGRATION,
 ]
 LATEST_SCHEMA = MIGRATIONS[-1][0]
-T = TypeVar("T")
 
 
 class SqliteStore(SqlStore):
@@ -102,24 +99,21 @@ class SqliteStore(SqlStore):
     def __init__(self, path: Path | str) -> None:
         super().__init__()
         self.path = Path(path) if str(path) != ":memory:" else path
-        self._db: aiosqlite.Connection | None = None
+        self._thread: SqliteThread | None = None
 
     @property
-    def db(self) -> aiosqlite.Connection:
-        if self._db is None:
+    def thread(self) -> SqliteThread:
+        if self._thread is None:
             raise StoreError("the store is not open", hint="call await store.open() first")
-        return self._db
+        return self._thread
 
     async def open(self) -> None:
         if isinstance(self.path, Path):
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._thread = SqliteThread(self._connect)
+        self._thread.start()
         try:
-            self._db = await aiosqlite.connect(str(self.path), isolation_level=None)
-            await self._db.execute("PRAGMA busy_timeout = 5000")
-            version = await self._schema_version()  # before WAL: a newer file stays untouched
-            await self._db.execute("PRAGMA journal_mode = WAL")
-            await self._db.execute("PRAGMA synchronous = NORMAL")
-            await self._migrate(version)
+            await self._thread.call(self._prepare)
         except sqlite3.OperationalError as exc:
             await self.close()
             if "locked" in str(exc) or "busy" in str(exc):
@@ -134,9 +128,20 @@ class SqliteStore(SqlStore):
             await self.close()
             raise
 
-    async def _schema_version(self) -> int:
-        async with self.db.execute("PRAGMA user_version") as cur:
-            row = await cur.fetchone()
+    def _connect(self) -> sqlite3.Connection:
+        # On the store's thread, which alone uses it (sqlite3 checks that it stays there).
+        return sqlite3.connect(str(self.path), isolation_level=None)
+
+    def _prepare(self, conn: sqlite3.Connection) -> None:
+        conn.execute("PRAGMA busy_timeout = 5000")
+        version = self._schema_version(conn)  # before WAL: a newer file stays untouched
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA wal_autocheckpoint = 0")  # the thread checkpoints (sqlite_thread)
+        self._migrate(conn, version)
+
+    def _schema_version(self, conn: sqlite3.Connection) -> int:
+        row = conn.execute("PRAGMA user_version").fetchone()
         version = int(row[0]) if row else 0
         if version > LATEST_SCHEMA:
             raise SchemaTooNew(
@@ -148,55 +153,61 @@ class SqliteStore(SqlStore):
             )
         return version
 
-    async def _migrate(self, version: int) -> None:
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection, version: int) -> None:
         for number, description, sql in MIGRATIONS:
             if number <= version:
                 continue
-            await self.db.execute("BEGIN IMMEDIATE")
+            conn.execute("BEGIN IMMEDIATE")
             try:
                 for statement in filter(str.strip, sql.split(";")):
-                    await self.db.execute(statement)
-                await self.db.execute(
+                    conn.execute(statement)
+                conn.execute(
                     "INSERT INTO schema_migrations VALUES (?, ?, ?)",
                     (number, description, time.time()),
                 )
-                await self.db.execute(f"PRAGMA user_version = {number}")
-                await self.db.execute("COMMIT")
+                conn.execute(f"PRAGMA user_version = {number}")
+                conn.execute("COMMIT")
             except BaseException:
-                await self.db.execute("ROLLBACK")
+                _rollback(conn)
                 raise
 
     async def close(self) -> None:
         await self._drain()
-        if self._db is not None:
-            db, self._db = self._db, None
-            await db.close()
-
-    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        # One hop to the connection's thread for a whole transaction. aiosqlite exposes one call
-        # per statement publicly; its ``_execute`` runs any function on that thread (pinned
-        # version range in pyproject), which turns 3 + N hops per commit into one.
-        return await self.db._execute(fn, *args)  # type: ignore[no-untyped-call,no-any-return]
+        if self._thread is not None:
+            thread, self._thread = self._thread, None
+            await thread.stop()
 
     async def _commit(self, queue: Sequence[Run]) -> None:
-        await self._in_thread(self._commit_sync, queue)
+        await self.thread.call(_commit, queue, rows=sum(len(run.rows) for run in queue))
 
     def _write_error(self, exc: Exception) -> GPUlayerError:
         return StoreError(f"writing to {self.path} failed: {exc}")
 
-    def _commit_sync(self, queue: Sequence[Run]) -> None:
-        conn = self.db._conn  # the sqlite3 connection, on its own thread (we are on it)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            # Runs in queue order, rows in order within each: ``_enqueue`` only merged rows into
-            # a run when no other statement on that table came between, so this transaction
-            # ends in the state the writes one by one would have left.
-            for run in queue:
-                conn.executemany(run.sql, run.rows)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-
     async def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        return list(await self.db.execute_fetchall(sql, params))
+        return await self.thread.call(_fetchall, sql, params)
+
+
+def _commit(conn: sqlite3.Connection, queue: Sequence[Run]) -> None:
+    """One transaction on the store's thread: every run in queue order, rows in order within
+    each (``SqlStore._enqueue`` only merged rows into a run when no other statement on that
+    table came between, so this ends where the writes one by one would have)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for run in queue:
+            conn.executemany(run.sql, run.rows)
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    # A transaction that failed to begin (busy) has nothing to roll back; the error that
+    # matters is the one being raised, not "no transaction is active".
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+
+
+def _fetchall(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[Any]:
+    return conn.execute(sql, params).fetchall()

@@ -21,21 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
 import socket
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import display
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import (
     CellAssignment,
-    CellError,
     CellReport,
     FinishReport,
     JobAssignment,
@@ -56,6 +52,8 @@ from .launch import Launch, device_env
 from .logship import LogShipper, Stream, pump_stream
 from .ports import PortReservations
 from .processes import Spawned, group_alive, killpg, spawn_cold
+from .session_output import RankOutput
+from .session_wire import encode_frame, read_frame
 from .transport import Transport
 from .zygote_client import WarmRunner
 
@@ -64,7 +62,6 @@ log = logging.getLogger("gpulayer.worker")
 START_TIMEOUT = 120.0  # seconds for every rank to say ready (imports, the process group)
 STOP_GRACE = 5.0  # seconds the other ranks get to stop after one failed, before it is broken
 EXIT_WAIT = 1.0  # seconds a rank gets to leave on its own when the session ends
-_LEN = struct.Struct(">I")
 _STOP = "stop"  # queue items besides cells: the session ends, or restarts
 _RESTART = "restart"
 
@@ -128,7 +125,7 @@ class SessionExecutor:
         # Resolved by a stop or a restart while a cell runs: its wait ends at once.
         self._abort: asyncio.Future[None] | None = None
         self._interrupted = False
-        self._partial: dict[tuple[int, str], str] = {}  # (rank, stream) -> text without "\n"
+        self.output = RankOutput(self.shipper, self.redactor)
         self._control: ControlReader | None = None
 
     # -- the agent's side ------------------------------------------------------------------------
@@ -315,7 +312,7 @@ class SessionExecutor:
         return rank
 
     async def _ready(self, r: Rank) -> None:
-        frame = await _read_frame(r.reader)
+        frame = await read_frame(r.reader)
         if frame is None:
             code = await r.proc.wait()
             await asyncio.gather(*r.pumps, return_exceptions=True)
@@ -332,11 +329,11 @@ class SessionExecutor:
     async def _frames(self, r: Rank) -> None:
         """Read one rank's frames for its life: output, cell ends, and its exit."""
         while True:
-            frame = await _read_frame(r.reader)
+            frame = await read_frame(r.reader)
             if frame is None:
                 break
             if "out" in frame:
-                for line in self._lines(r.rank, int(frame["out"]), frame.get("items") or []):
+                for line in self.output.lines(r.rank, int(frame["out"]), frame.get("items") or []):
                     self.shipper.add_line(line)
             elif "done" in frame and r.done is not None and not r.done.done():
                 r.done.set_result(frame)
@@ -360,7 +357,7 @@ class SessionExecutor:
         ranks, self.ranks = self.ranks, []
         for r in ranks:
             with contextlib.suppress(Exception):
-                r.writer.write(_frame({"op": "exit"}))
+                r.writer.write(encode_frame({"op": "exit"}))
         await _within(
             self.clock, asyncio.gather(*(r.proc.wait() for r in ranks)), EXIT_WAIT if ranks else 0
         )
@@ -454,7 +451,7 @@ class SessionExecutor:
                 if r.rank == 0 and req.outputs:
                     one["outputs"] = list(req.outputs)
                     one["outputs_path"] = str(self.dir / f"out-{n}.safetensors")
-                r.writer.write(_frame(one))
+                r.writer.write(encode_frame(one))
             frames = await self._await_ranks()
             if self._restarting.is_set():
                 reason = "the session was restarted while this cell ran; its state is gone"
@@ -513,13 +510,13 @@ class SessionExecutor:
         blob: str | None = None
         for rank in sorted(frames):
             f = frames[rank]
-            lines += self._lines(rank, n, f.get("items") or [])
-            lines += self._flush_partial(rank, n)
+            lines += self.output.lines(rank, n, f.get("items") or [])
+            lines += self.output.flush(rank, n)
             if f.get("broken"):
                 self._broke(str(f["broken"]))
             if f.get("exited"):
                 reason = reason or str(f["exited"])
-            outcomes.append(self._outcome(rank, f))
+            outcomes.append(self.output.outcome(rank, f))
             if rank == 0:
                 reason = reason or f.get("outputs_error")
                 outputs = f.get("outputs") or {}
@@ -543,53 +540,6 @@ class SessionExecutor:
             broken=self.broken,
             reason=reason,
         )
-
-    def _outcome(self, rank: int, f: dict[str, Any]) -> RankOutcome:
-        status = f.get("status", "aborted")
-        error = f.get("error")
-        redact = self.redactor.redact
-        value = f.get("value")
-        return RankOutcome(
-            rank=rank,
-            status=status if status in ("ok", "error") else "aborted",
-            error=None
-            if not error
-            else CellError(
-                ename=str(error.get("ename", "Error"))[:500],
-                evalue=redact(str(error.get("evalue", "")))[:20_000],
-                traceback=[redact(str(t)) for t in error.get("traceback") or []][-2_000:],
-                rank=rank,
-            ),
-            value=display.redact(value, redact) if isinstance(value, dict) else None,
-            duration=float(f.get("duration") or 0.0),
-        )
-
-    def _lines(self, rank: int, n: int, items: list[Any]) -> list[LogLine]:
-        """A rank's output items as log lines: text split at newlines, displays whole."""
-        out: list[LogLine] = []
-        for kind, payload in items:
-            if kind == "display" and isinstance(payload, dict):
-                out += self._flush_partial(rank, n)
-                out.append(self.shipper.line("display", display.text_of(payload), rank, n, payload))
-                continue
-            if kind not in ("stdout", "stderr"):
-                continue
-            key = (rank, kind)
-            text = self._partial.pop(key, "") + str(payload)
-            *whole, rest = text.split("\n")
-            out += [self.shipper.line(kind, t, rank, n) for t in whole]
-            if rest:
-                self._partial[key] = rest
-        return out
-
-    def _flush_partial(self, rank: int, n: int) -> list[LogLine]:
-        """The rank's unfinished lines, as lines: at the cell's end, or before a display."""
-        out = []
-        for kind in ("stdout", "stderr"):
-            rest = self._partial.pop((rank, kind), "")
-            if rest:
-                out.append(self.shipper.line(kind, rest, rank, n))
-        return out
 
     def _rank_ids(self) -> list[int]:
         return list(range(self.rank_base, self.rank_base + self.nproc))
@@ -646,22 +596,6 @@ def _root_cause(frames: dict[int, dict[str, Any]]) -> int | None:
     real = [r for r in failed if (frames[r].get("error") or {}).get("ename") != "KeyboardInterrupt"]
     first = real or failed
     return first[0] if first else None
-
-
-def _frame(message: dict[str, Any]) -> bytes:
-    data = json.dumps(message, separators=(",", ":")).encode()
-    return _LEN.pack(len(data)) + data
-
-
-async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
-    try:
-        head = await reader.readexactly(_LEN.size)
-        (n,) = _LEN.unpack(head)
-        body = await reader.readexactly(n)
-    except (asyncio.IncompleteReadError, ConnectionError):
-        return None
-    frame: dict[str, Any] = json.loads(body)
-    return frame
 
 
 async def _within(clock: Clock, aw: Any, timeout: float) -> bool:

@@ -34,7 +34,6 @@ import json
 import os
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
@@ -45,10 +44,9 @@ from typing import Any
 
 from .. import display, transfer
 from ..errors import MissingExtra
+from .session_wire import recv_frame, send_frame
 
 FLUSH_EVERY = 0.05  # seconds between two output frames of a running cell
-MAX_FRAME = 256 << 20
-_LEN = struct.Struct(">I")
 # What a collective raises when a peer went away: the process group is then broken.
 BROKEN_GROUP = (
     "Connection closed by peer",
@@ -59,36 +57,6 @@ BROKEN_GROUP = (
     "DistNetworkError",
     "ProcessGroupGloo",
 )
-
-
-def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
-    data = json.dumps(message, separators=(",", ":"), default=str).encode()
-    sock.sendall(_LEN.pack(len(data)) + data)
-
-
-def recv_frame(sock: socket.socket) -> dict[str, Any] | None:
-    """The next frame, or None at EOF."""
-    head = _recv_exact(sock, _LEN.size)
-    if head is None:
-        return None
-    (n,) = _LEN.unpack(head)
-    if n > MAX_FRAME:
-        raise ValueError(f"frame of {n} bytes is over the limit")
-    body = _recv_exact(sock, n)
-    if body is None:
-        return None
-    message: dict[str, Any] = json.loads(body)
-    return message
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
 
 
 class Channel:

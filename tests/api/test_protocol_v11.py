@@ -164,7 +164,9 @@ async def test_a_long_job_reports_its_start_on_its_own(
     agent.reporter.linger = 0.05  # so that this job is long
     async with AsyncClient(api.url, api.client_token) as client:
         job = await client.submit(
-            JobSpec(workload=CommandWorkload(argv=[sys.executable, "-c", "import time; time.sleep(1)"]))
+            JobSpec(
+                workload=CommandWorkload(argv=[sys.executable, "-c", "import time; time.sleep(1)"])
+            )
         )
         await until(lambda: _state(api, job.id) == JobState.RUNNING, 10, what="it to run")
         done = await client.wait(job.id, timeout=30)
@@ -187,7 +189,9 @@ async def test_batched_reports_refuse_the_invalid_entry_only_and_say_which(
     wid, token = await api.join("raw")
     a = await api.cp.submit(JobSpec(workload=CommandWorkload(argv=["true"])))
     b = await api.cp.submit(JobSpec(workload=CommandWorkload(argv=["true"])))
-    await until(lambda: all(_state(api, j.id) == JobState.PLACED for j in (a, b)), 10, what="placed")
+    await until(
+        lambda: all(_state(api, j.id) == JobState.PLACED for j in (a, b)), 10, what="placed"
+    )
     work = await api.call("GET", "/worker/work", token, params={"wait": "0"})
     assert {x["job"]["id"] for x in work.json()["assignments"]} == {a.id, b.id}
     finished = {"state": "succeeded", "exit_code": 0}

@@ -48,9 +48,12 @@ def test_the_cache_holds_only_what_the_last_pass_used() -> None:
         schedule(snap, cache)
         fresh = SchedulerCache()
         schedule(snap, fresh)
-        assert cache.size() == fresh.size() > 0
+        # At most what a fresh pass derives: a warm pass may need less (a report template it
+        # finds whole needs none of the reason counts it is made of).
+        assert 0 < cache.size() <= fresh.size()
     schedule(snapshot(workers, []), cache)
-    assert cache.size() <= 2 * len(workers)  # a profile and its number per worker, no job
+    # A profile and its number per worker, the standing cluster, no job.
+    assert cache.size() <= 2 * len(workers) + 1
 
 
 def test_equal_objects_share_a_number_and_distinct_ones_do_not() -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from gpulayer_kernel.contracts import PlacementReport, Reason, ReasonCount, Resources
 from gpulayer_kernel.scheduler.explain import (
     STAGE_ORDER,
@@ -59,6 +62,15 @@ def test_finish_matches_render_for_every_job() -> None:
         report = finish(template, parts, job_id, position)
         assert report.job_id == job_id and report.position == position
         assert report.sentence == render(report)
+        # finish copies the template without model_copy (for speed): the same model, all through.
+        same = template.model_copy(
+            update={"job_id": job_id, "position": position, "sentence": report.sentence}
+        )
+        assert report == same and report.model_fields_set == same.model_fields_set
+        assert report.model_dump_json() == same.model_dump_json()
+        assert PlacementReport.model_validate_json(report.model_dump_json()) == report
+        with pytest.raises(ValidationError):  # as frozen as the template
+            report.position = 0  # type: ignore[misc]
     assert report.sentence == (
         "1/6 workers can run job \u00e9t\u00e9, which needs 2 at once: 3 have too few free GPUs "
         "(need 2; waiting helps), 2 have no GPU of kind h100 or a100 (waiting won't help), "

@@ -18,3 +18,4 @@ def test_capabilities_exports() -> None:
     assert capabilities.__all__ == sorted(capabilities.__all__)
     assert all(hasattr(capabilities, name) for name in capabilities.__all__)
     assert {"run_probe", "simulated_capabilities", "worker_support"} <= set(capabilities.__all__)
+    assert {"local_capabilities", "LocalProbe"} <= set(capabilities.__all__)

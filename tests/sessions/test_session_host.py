@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from gpulayer_kernel import transfer
-from gpulayer_kernel.worker.session_host import recv_frame, send_frame
+from gpulayer_kernel.worker.session_wire import recv_frame, send_frame
 
 ROOT = str(Path(__file__).resolve().parents[2])
 

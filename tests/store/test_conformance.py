@@ -1,4 +1,5 @@
-"""The MetadataStore conformance suite (conformance.py), run against every store URL scheme.
+"""The MetadataStore conformance suite (conformance.py, conformance_writes.py), run against every
+store URL scheme.
 
 SQLite (a file, and in memory) and PostgreSQL (a scratch database per test on the session's real
 server, ``gl_postgres``; its schema hooks read and write the migrations table with ``psql``).
@@ -15,6 +16,7 @@ from gpulayer_kernel.store import LATEST_SCHEMA
 from gpulayer_kernel.testing.postgres import PostgresServer
 
 from .conformance import Backend, StoreConformance
+from .conformance_writes import WriteConformance
 
 
 def _sqlite_path(url: str) -> str:
@@ -82,5 +84,5 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     return next(b for b in BACKENDS if b.name == request.param)
 
 
-class TestMetadataStore(StoreConformance):
+class TestMetadataStore(StoreConformance, WriteConformance):
     pass

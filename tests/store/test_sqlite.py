@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from gpulayer_kernel.contracts import (
     LogRecord,
     WorkerInfo,
 )
-from gpulayer_kernel.errors import SchemaTooNew
+from gpulayer_kernel.errors import SchemaTooNew, StoreError
 from gpulayer_kernel.store import LATEST_SCHEMA, JobQuery, SqliteStore
 from gpulayer_kernel.store.sqlite import MIGRATIONS
 
@@ -151,3 +153,66 @@ async def test_a_stored_worker_record_that_is_no_longer_valid_is_skipped_not_fat
     await store.save_workers([good])
     assert [w.id for w in await store.load_workers()] == ["good"]
     await store.close()
+
+
+# -- the connection's own thread (sqlite_thread.py) ----------------------------------------------
+
+
+async def _until(check: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_the_thread_checkpoints_after_many_rows_and_when_quiet_not_inside_commits(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(tmp_path / "db")
+    await store.open()
+    try:
+        # SQLite's own checkpoint would run inside a COMMIT: it is off on the store's connection.
+        assert await store._fetchall("PRAGMA wal_autocheckpoint") == [(0,)]
+        thread = store.thread
+        thread.checkpoint_rows, thread.checkpoint_idle = 100, 60.0
+        await asyncio.gather(*(store.save_jobs([_job(i)]) for i in range(1, 151)))
+        await _until(lambda: thread.checkpoints == 1)  # 150 rows >= 100: one, after the commit
+        thread.checkpoint_idle = 0.05
+        await store.save_jobs([_job(151)])  # 1 row: below the count, so when quiet
+        await _until(lambda: thread.checkpoints == 2)
+        # The pages are in the database file: a reader that ignores the WAL sees every job.
+        plain = sqlite3.connect(f"file:{tmp_path / 'db'}?immutable=1", uri=True)
+        assert plain.execute("SELECT COUNT(*) FROM jobs").fetchone() == (151,)
+        plain.close()
+    finally:
+        await store.close()
+
+
+async def test_closing_ends_the_thread_and_later_calls_are_refused_not_left_waiting(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(tmp_path / "db")
+    await store.open()
+    thread = store.thread
+    assert thread._thread.daemon  # a store never closed cannot keep the interpreter alive
+    await store.close()
+    assert not thread._thread.is_alive()
+    with pytest.raises(StoreError, match="closed") as info:
+        await thread.call(lambda conn: conn.execute("SELECT 1").fetchall())
+    assert info.value.hint
+    await thread.stop()  # stopping twice is harmless
+    with pytest.raises(StoreError, match="not open"):
+        await store.get_job("job00000001")
+
+
+async def test_a_database_that_cannot_be_opened_is_refused_and_leaves_no_thread(
+    tmp_path: Path,
+) -> None:
+    before = {t for t in threading.enumerate() if t.name == "gpulayer-sqlite"}
+    store = SqliteStore(tmp_path)  # a folder, not a file
+    with pytest.raises(StoreError) as info:
+        await store.open()
+    assert str(tmp_path) in info.value.message and info.value.code == "store_error"
+    await _until(
+        lambda: {t for t in threading.enumerate() if t.name == "gpulayer-sqlite"} <= before
+    )

@@ -16,5 +16,10 @@ def test_benchmark_quick_runs_and_prints_figures() -> None:
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
-    assert any(re.match(r"sqlite: [\d,]+ transitions/s grouped; baseline", x) for x in lines)
+    sqlite = next(x for x in lines if x.startswith("sqlite: "))
+    assert re.match(
+        r"sqlite: [\d,]+ transitions/s grouped, one job per writer \(asyncio alone, no store: "
+        r"[\d,]+/s\); 50 jobs per writer [\d,]+/s; baseline one by one [\d,]+/s; [\d.]+x$",
+        sqlite,
+    ), sqlite
     assert re.match(r"transitions/s: sqlite [\d,]+", lines[-1]), lines[-1]
