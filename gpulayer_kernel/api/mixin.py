@@ -62,6 +62,7 @@ class GLMixin(LongPollMixin):
         # Decided while the body arrives (too large, no upload slot), answered once it is
         # read and dropped: a client still sending cannot read an answer sent before.
         self._gl_refused: GPUlayerError | None = None
+        self._gl_counted = False
 
     def set_default_headers(self) -> None:
         super().set_default_headers()
@@ -93,6 +94,8 @@ class GLMixin(LongPollMixin):
         return op_of(getattr(self, method, None))
 
     async def prepare(self) -> None:
+        self._gl_counted = True  # in flight until on_finish: the server's stop waits for it
+        self.ctx.requests += 1
         said = self.request.headers.get(versions.HEADER)
         if said is not None and self._gl_serves > versions.OLDEST:
             self.gl_protocol = min(versions.peer(said, peer_is="the client"), self._gl_serves)
@@ -167,6 +170,11 @@ class GLMixin(LongPollMixin):
 
     def on_finish(self) -> None:
         self._gl_close_upload()
+        if self._gl_counted:
+            self._gl_counted = False
+            self.ctx.requests -= 1
+            if self.ctx.requests == 0:
+                self.ctx.requests_done.set()
         super().on_finish()
 
     def on_connection_close(self) -> None:

@@ -434,8 +434,12 @@ class WarmRunner:
 
     def spares(self) -> int:
         """Idle spares ready for Python jobs now (for tests and diagnostics)."""
+        return len(self.spare_pids())
+
+    def spare_pids(self) -> list[int]:
+        """The supervisor pids of the idle spares, oldest first (for tests and diagnostics)."""
         client = self._clients.get(self._preload())
-        return len(client.spares) if client is not None and not client.dead else 0
+        return [s.pid for s in client.spares] if client is not None and not client.dead else []
 
     async def spawn(
         self,
