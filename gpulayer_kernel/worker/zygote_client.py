@@ -41,6 +41,7 @@ START_TIMEOUT = 30.0  # seconds for the zygote to import what it preloads and sa
 SPAWN_TIMEOUT = 10.0  # seconds for the zygote to answer a launch with a pid
 CLOSE_WAIT = 2.0  # seconds a hung-up zygote gets to exit on its own before SIGKILL
 REAP_WAIT = 0.5  # seconds a zygote that closed its socket gets to finish exiting
+REPLENISH_AFTER = 0.1  # seconds after a use before a spare is replaced, while another is ready
 
 
 class ZygoteUnavailable(Exception):
@@ -185,7 +186,13 @@ class ZygoteClient:
             if not fut.done():  # a spare's supervisor may have said it first, on its channel
                 fut.set_result(code)
         if state is not None:
-            self._ask(1)  # replenished after each use (or loss), off the next job's path
+            # Replenished after each use (or loss), off the next job's path: a moment later
+            # while another spare is ready (forking a torch-loaded spare is CPU the control
+            # plane wants just now, to deliver this job's end), at once when none is.
+            if self.spares:
+                self.loop.call_later(REPLENISH_AFTER, self._ask, 1)
+            else:
+                self._ask(1)
 
     def _exit_future(self, pid: int) -> asyncio.Future[int]:
         """The exit status of ``pid``, for the one who launched it (registered until known)."""
