@@ -16,7 +16,8 @@
     skips them). Targets: served Python job <= 4 ms, embedded <= 2 ms.
 (b) Throughput: jobs/s through submit -> assign -> started -> finished, with 8 fake workers in
     this process speaking HTTP through ``HttpTransport`` whose "executor" reports started and
-    finished at once (this measures the control plane and the protocol, not process spawns),
+    finished at once, as the agent does (one ``Reporter``: protocol 1.1's merged, batched
+    reports); this measures the control plane and the protocol, not process spawns,
     against ``gpulayer serve`` in a subprocess; submissions keep ``--inflight`` jobs in flight.
 
 The last line is (b), e.g. ``throughput: 612 jobs/s (8 workers, no-op executor)``.
@@ -55,6 +56,7 @@ from gpulayer_kernel.contracts import (  # noqa: E402
 from gpulayer_kernel.embedded import Embedded  # noqa: E402
 from gpulayer_kernel.testing import ServeProcess, WorkerProcess  # noqa: E402
 from gpulayer_kernel.worker.http import HttpTransport  # noqa: E402
+from gpulayer_kernel.worker.reports import Reporter  # noqa: E402
 
 TRIVIAL = [sys.executable, "-c", "print(1)"]
 CELL_DIGEST, CELL_BUNDLE = bundles.build({"cell.py": b"print(1)\n1 + 1\n"})
@@ -229,11 +231,13 @@ async def fake_worker(
     url: str, join: str, i: int, done: asyncio.Queue[str], stop: asyncio.Event
 ) -> None:
     t = HttpTransport(url, join)
+    # As the agent reports (protocol 1.1): a short job's start and end in one entry, the
+    # entries of every job ending meanwhile in one request.
+    reporter = Reporter(t.report)
 
-    async def run(job_id: str) -> None:
-        # What the agent does around a job, with no process: started, then finished.
-        await t.report_started(job_id)
-        await t.report_finished(job_id, FinishReport(state="succeeded", exit_code=0))
+    async def run(job_id: str, attempt: int | None) -> None:
+        reporter.started(job_id, attempt)
+        await reporter.finished(job_id, attempt, FinishReport(state="succeeded", exit_code=0))
         done.put_nowait(job_id)
 
     running: set[asyncio.Task[None]] = set()
@@ -242,13 +246,14 @@ async def fake_worker(
         while not stop.is_set():
             work = await t.next_work(0.5)
             for a in work.assignments:  # like the agent: each job its own task
-                task = asyncio.create_task(run(a.job.id))
+                task = asyncio.create_task(run(a.job.id, a.attempt))
                 running.add(task)
                 task.add_done_callback(running.discard)
     finally:
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
+        await reporter.close()
         await t.close()
 
 
