@@ -10,17 +10,23 @@ notebook opened without the GPUlayer server. Then, in one run:
    * cell: execute ``%%gpulayer --out x`` / ``1 + 1`` in the kernel, from the execute request to
      its reply (the result is in ``x`` by then);
    * bare: ``python -c "1 + 1"`` in a fresh process, from spawn to exit;
+   * px: ipyparallel's ``%%px --block`` / ``1 + 1`` on one engine started by the same kernel
+     (the anchor of issue 14; skipped with ``--no-anchors`` or without ipyparallel);
+   * torch cell: ``%%gpulayer --out y`` of a cell that uses torch (where torch is installed:
+     the worker's warm processes have it imported, ``GPULAYER_ZYGOTE_PRELOAD``'s default);
 2. a job printing ``time.time()`` on lines 50 ms apart; each line's latency is the time the
    notebook client (this process) received it over iopub minus the time the worker printed it
    (same machine clock). That is the kernel receiving it plus one iopub hop.
 
-The last line is the median of the per-round cell/bare ratios, e.g. ``cell/bare: 2.10x``.
-Targets: cell <= 1.5x bare; log line p50 <= 50 ms.
+The last line is the median of the per-round cell/px ratios, e.g. ``cell/ipyparallel: 0.90x``
+(``cell/bare: 2.10x`` without the anchor). Targets: cell <= 1.0x ``%%px --block``; cell <= 1.5x
+bare; a torch cell <= 15 ms; log line p50 <= 50 ms.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -28,12 +34,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from _machine import describe  # benchmarks/_machine.py (scripts run from benchmarks/)
 
 TRIVIAL = "%%gpulayer --out x\n1 + 1\n"
+TORCH = "%%gpulayer --out y\nimport torch\nfloat(torch.ones(4).sum())\n"
+PX = "%%px --block\n1 + 1\n"
+PX_START = (
+    "import ipyparallel as ipp\n"
+    "rc = ipp.Cluster(n=1, log_level=40).start_and_connect_sync()\n"
+    "rc.wait_for_engines(1)\nrc[:].activate()\n"
+)
 LOG_CELL = """%%gpulayer --out n
 import time
 for i in range({lines}):
@@ -115,6 +129,12 @@ class Kernel:
         self.km.cleanup_resources()
 
 
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
 def bare() -> float:
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", "1 + 1"], check=True)
@@ -126,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--lines", type=int, default=60, help="log lines for the latency test")
     p.add_argument("--quick", action="store_true", help="a smoke test: few rounds and lines")
+    p.add_argument("--no-anchors", action="store_true", help="skip ipyparallel")
     args = p.parse_args(argv)
+    anchors = not args.no_anchors and _installed("ipyparallel")
+    torch = _installed("torch")
     if args.quick:
         args.rounds, args.lines = 3, 10
     root = Path(tempfile.mkdtemp(prefix="gpulayer-bench-cell-"))
@@ -141,21 +164,31 @@ def main(argv: list[str] | None = None) -> int:
             f"(extension load + control plane + worker probe + job); "
             f"{1000 * (time.perf_counter() - started):.0f} ms in all"
         )
-        for _ in range(3):  # warm-up: page cache, imports, sqlite
-            kernel.timed(TRIVIAL)
-            bare()
-        cells, bares, ratios = [], [], []
+        if anchors:
+            kernel.run(PX_START)
+        runs: dict[str, Callable[[], float]] = {
+            "cell": lambda: kernel.timed(TRIVIAL),
+            "bare": bare,
+        }
+        if anchors:
+            runs["px"] = lambda: kernel.timed(PX)
+        if torch:
+            runs["torch"] = lambda: kernel.timed(TORCH)
+        for _ in range(3):  # warm-up: page cache, imports, sqlite, the engine
+            for run in runs.values():
+                run()
+        got: dict[str, list[float]] = {name: [] for name in runs}
+        ratios, px_ratios = [], []
         for i in range(args.rounds):
-            # Alternate which goes first, so neither always gets the warmer moment.
-            if i % 2:
-                b = bare()
-                c = kernel.timed(TRIVIAL)
-            else:
-                c = kernel.timed(TRIVIAL)
-                b = bare()
-            cells.append(c)
-            bares.append(b)
-            ratios.append(c / b)
+            # Alternate the order, so no one always gets the warmer moment.
+            order = list(runs) if i % 2 == 0 else list(reversed(runs))
+            this = {name: runs[name]() for name in order}
+            for name, value in this.items():
+                got[name].append(value)
+            ratios.append(this["cell"] / this["bare"])
+            if anchors:
+                px_ratios.append(this["cell"] / this["px"])
+        cells, bares = got["cell"], got["bare"]
         _, check = kernel.run("print(x)")
         # print's text and its newline may arrive as two stream messages: join them.
         assert "".join(text for _, text in check).strip() == "2", check
@@ -180,6 +213,18 @@ def main(argv: list[str] | None = None) -> int:
             f"log line, worker print -> notebook client: p50 {statistics.median(ms):.1f} ms, "
             f"p95 {pct(ms, 0.95):.1f} ms, max {max(ms):.1f} ms ({len(ms)} lines)"
         )
+        if torch:
+            t = 1000 * statistics.median(got["torch"])
+            print(
+                f"torch cell (%%gpulayer, import torch): p50 {t:.1f} ms, "
+                f"p95 {1000 * pct(got['torch'], 0.95):.1f} ms "
+                f"(target <= 15 ms: {'met' if t <= 15 else 'MISSED'})"
+            )
+        if anchors:
+            print(
+                f"ipyparallel %%px --block, 1 engine: p50 {1000 * statistics.median(got['px']):.1f}"
+                f" ms, p95 {1000 * pct(got['px'], 0.95):.1f} ms"
+            )
         ratio = statistics.median(ratios)
         print(
             f"per-round cell/bare ratios: p5 {pct(ratios, 0.05):.2f}x, p95 {pct(ratios, 0.95):.2f}x"
@@ -188,8 +233,20 @@ def main(argv: list[str] | None = None) -> int:
             f"targets: cell <= 1.5x bare {'met' if ratio <= 1.5 else 'MISSED'}; "
             f"log p50 <= 50 ms {'met' if statistics.median(ms) <= 50 else 'MISSED'}"
         )
-        print(f"cell/bare: {ratio:.2f}x")
+        if anchors:
+            px_ratio = statistics.median(px_ratios)
+            print(
+                f"per-round cell/px ratios: p5 {pct(px_ratios, 0.05):.2f}x, "
+                f"p95 {pct(px_ratios, 0.95):.2f}x "
+                f"(target <= 1.0x: {'met' if px_ratio <= 1.0 else 'MISSED'})"
+            )
+            print(f"cell/ipyparallel: {px_ratio:.2f}x")
+        else:
+            print(f"cell/bare: {ratio:.2f}x")
     finally:
+        if anchors:  # the engine and controller are processes of their own: stop them first
+            with contextlib.suppress(Exception):
+                kernel.run("rc.cluster.stop_cluster_sync()", timeout=60)
         kernel.close()
         shutil.rmtree(root, ignore_errors=True)
     return 0

@@ -286,6 +286,9 @@ def kernel_cells(rounds: int, anchors: bool, root: Path) -> float:
             if anchors:
                 print(f"ipyparallel %%px --block, 1 engine: p50 {median_ms(px):.2f} ms")
         finally:
+            if anchors:  # the engine and controller are processes of their own
+                with contextlib.suppress(Exception):
+                    embedded.run("rc.cluster.stop_cluster_sync()", timeout=60)
             for k in (embedded, served):
                 with contextlib.suppress(Exception):
                     k.run("%gpulayer session stop", timeout=60)

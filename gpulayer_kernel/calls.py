@@ -2,10 +2,16 @@
 
 ``AsyncClient`` and ``Client`` (``client.py``) only differ in how they send them. Long waits
 (``wait``, ``logs``, ``events``) are split here into server-sized long-polls.
+
+Protocol 1.1 calls (``run``: submit and follow in one request, its bundle inline; ``follow``: the
+job and its lines in one long-poll; ``submit_many``) fall back to the 1.0 requests against a
+server that predates them: ``protocol`` is the server's, as its answers say it
+(``GPUlayer-Protocol``; none: 1.0), unknown until the first answer.
 """
 
 from __future__ import annotations
 
+import base64
 import builtins
 import hashlib
 import json
@@ -18,6 +24,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel
 
+from . import versions
 from .contracts import (
     CellList,
     CellPage,
@@ -26,6 +33,7 @@ from .contracts import (
     EventCursor,
     EventPage,
     Job,
+    JobFollow,
     JobList,
     JobSpec,
     JobState,
@@ -34,8 +42,11 @@ from .contracts import (
     SessionInfo,
     SessionList,
     SessionSpec,
+    SubmitAnswer,
     WorkerInfo,
 )
+from .contracts.reports import MAX_INLINE_BUNDLE
+from .errors import GPUlayerError, from_json
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -43,6 +54,8 @@ M = TypeVar("M", bound=BaseModel)
 POLL_CHUNK = 25.0
 # How much longer than a long-poll the client waits for its answer before giving up on it.
 POLL_SLACK = 15.0
+ERRORS = tuple(range(400, 600))  # a request whose error is the call's to hand back, not raise
+NEWER = (404, 405)  # how a server before 1.1 answers a 1.1 route
 
 
 @dataclass
@@ -91,11 +104,135 @@ def _user(user: str | None) -> list[tuple[str, str]]:
     return [] if user is None else [("user", user)]
 
 
+def _error(resp: httpx.Response) -> GPUlayerError:
+    try:
+        body = resp.json()
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict) or "code" not in body:
+        body = {"code": f"http_{resp.status_code}", "message": f"HTTP {resp.status_code}"}
+    return from_json(resp.status_code, body)
+
+
+def _older(resp: httpx.Response) -> bool:
+    """No such route (404), or not with this method (405: ``POST /jobs/run`` is ``/jobs/{id}``
+    there), from a server without the protocol header: the route is newer than the server."""
+    return resp.status_code in NEWER and versions.HEADER not in resp.headers
+
+
 class Calls:
     """Every call as a generator of requests: written once for both clients."""
 
+    def __init__(self) -> None:
+        self.protocol: versions.Version | None = None  # the server's, once it answered
+
+    def heard(self, resp: httpx.Response) -> None:
+        """Note the protocol a server's answer says it speaks (another major is refused)."""
+        said = resp.headers.get(versions.HEADER)
+        if said is None and resp.status_code >= 500:
+            return  # a proxy's answer, perhaps: it says nothing about the server
+        self.protocol = versions.peer(said, peer_is="the control plane")
+
+    @property
+    def v11(self) -> bool:
+        """Whether the server may speak 1.1 (unknown yet counts: a 404 then tells)."""
+        return self.protocol is None or versions.at_least(self.protocol, 1)
+
     def submit(self, spec: JobSpec) -> Call[Job]:
         return _model(Job, (yield Req("POST", "/jobs", json=_body(spec))))
+
+    def run(
+        self,
+        spec: JobSpec,
+        bundle: bytes | None = None,
+        wait: float = 0.0,
+        linger: float = 0.05,
+        limit: int = 1000,
+    ) -> Call[JobFollow]:
+        """Submit (its bundle inline when given and small) and follow, in one request."""
+        digest = getattr(spec.workload, "bundle", None)
+        chunk = min(max(0.0, wait), POLL_CHUNK)
+        if self.v11 and (bundle is None or len(bundle) <= MAX_INLINE_BUNDLE):
+            body: dict[str, Any] = {"spec": spec.model_dump(mode="json")}
+            if bundle is not None:
+                body["bundle"] = base64.b64encode(bundle).decode()
+            params = [("wait", f"{chunk:.3f}"), ("linger", f"{linger:.3f}"), ("limit", str(limit))]
+            resp = yield Req(
+                "POST",
+                "/jobs/run",
+                params=params,
+                json=json.dumps(body),
+                timeout=max(chunk, linger) + POLL_SLACK,
+                ok=NEWER,
+            )
+            if not _older(resp):
+                if resp.status_code >= 400:
+                    raise _error(resp)
+                return _model(JobFollow, resp)
+        # 1.0, or a bundle too large to ride inline: upload, submit, wait, read the logs.
+        if bundle is not None and digest is not None and not (yield from self.has_bundle(digest)):
+            yield from self.put_bundle(bundle, digest)
+        job = yield from self.submit(spec)
+        if chunk > 0:
+            job = yield from self.wait(job.id, chunk)
+        page = yield from self.logs(job.id, limit=limit)
+        return JobFollow(
+            job=job, records=page.records, next_since=page.next_since, cursor="", more=False
+        )
+
+    def follow(
+        self,
+        job_id: str,
+        since: int = 0,
+        cursor: str | None = None,
+        wait: float = 0.0,
+        linger: float = 0.05,
+        limit: int = 1000,
+    ) -> Call[JobFollow]:
+        """The job and its records after ``since``, in one long-poll (1.0: logs, then the job)."""
+        chunk = min(max(0.0, wait), POLL_CHUNK)
+        if self.v11:
+            params = [("since", str(since)), ("wait", f"{chunk:.3f}")]
+            params += [("linger", f"{linger:.3f}"), ("limit", str(limit))]
+            if cursor:
+                params.append(("cursor", cursor))
+            resp = yield Req(
+                "GET",
+                f"/jobs/{_pid(job_id)}/follow",
+                params=params,
+                timeout=max(chunk, linger) + POLL_SLACK,
+                ok=NEWER,
+            )
+            if not _older(resp):
+                if resp.status_code >= 400:
+                    raise _error(resp)
+                return _model(JobFollow, resp)
+        page = yield from self.logs(job_id, since, chunk, limit)
+        job = yield from self.get(job_id)
+        return JobFollow(
+            job=job, records=page.records, next_since=page.next_since, cursor="", more=False
+        )
+
+    def submit_many(self, specs: Iterable[JobSpec]) -> Call[builtins.list[Job | GPUlayerError]]:
+        """Several jobs in one request; each entry's job or refusal, in order."""
+        specs = builtins.list(specs)
+        if self.v11:
+            body = {"specs": [s.model_dump(mode="json") for s in specs]}
+            resp = yield Req("POST", "/jobs/batch", json=json.dumps(body), ok=NEWER)
+            if not _older(resp):
+                if resp.status_code >= 400:
+                    raise _error(resp)
+                answer = _model(SubmitAnswer, resp)
+                out: builtins.list[Job | GPUlayerError | None] = [None] * len(specs)
+                for r in answer.refused:
+                    out[r.index] = from_json(r.status, {"code": r.code, "message": r.message})
+                jobs = iter(answer.jobs)
+                return [o if o is not None else next(jobs) for o in out]
+        done: builtins.list[Job | GPUlayerError] = []
+        for spec in specs:  # 1.0: one by one
+            resp = yield Req("POST", "/jobs", json=_body(spec), ok=ERRORS)
+            done.append(_error(resp) if resp.status_code >= 400 else _model(Job, resp))
+        return done
 
     def get(self, job_id: str) -> Call[Job]:
         return _model(Job, (yield Req("GET", f"/jobs/{_pid(job_id)}")))

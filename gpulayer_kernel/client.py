@@ -30,13 +30,16 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
+from . import versions
 from .calls import Call, Calls, Req
 from .contracts import (
+    PROTOCOL,
     CellPage,
     CellRequest,
     CellRun,
     EventPage,
     Job,
+    JobFollow,
     JobSpec,
     JobState,
     LogPage,
@@ -141,7 +144,9 @@ class _Base:
         for u in self.servers.urls:
             check_url(u)
         self._calls = Calls()
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._headers = {versions.HEADER: PROTOCOL}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
         self._ca_cert = ca_cert
         self._timeout = timeout
 
@@ -155,6 +160,7 @@ class _Base:
     _until = 0.0
 
     def _check(self, req: Req, resp: httpx.Response) -> httpx.Response:
+        self._calls.heard(resp)  # the server's protocol (another major version is refused)
         if resp.status_code >= 400 and resp.status_code not in req.ok:
             raise error_from(resp)
         return resp
@@ -232,6 +238,34 @@ class AsyncClient(_Base, AsyncProvisioning):
 
     async def get(self, job_id: str) -> Job:
         return await self._run(self._calls.get(job_id))
+
+    async def run(
+        self,
+        spec: JobSpec,
+        bundle: bytes | None = None,
+        wait: float = 0.0,
+        linger: float = 0.05,
+        limit: int = 1000,
+    ) -> JobFollow:
+        """Submit and follow in one request (protocol 1.1): a short job comes back ended, with
+        its result and log tail; ``bundle``, the spec's bundle, rides along when it is small."""
+        return await self._run(self._calls.run(spec, bundle, wait, linger, limit))
+
+    async def follow(
+        self,
+        job_id: str,
+        since: int = 0,
+        cursor: str | None = None,
+        wait: float = 0.0,
+        linger: float = 0.05,
+        limit: int = 1000,
+    ) -> JobFollow:
+        """The job and its log records after ``since``, once it changes after ``cursor``."""
+        return await self._run(self._calls.follow(job_id, since, cursor, wait, linger, limit))
+
+    async def submit_many(self, specs: Iterable[JobSpec]) -> builtins.list[Job | GPUlayerError]:
+        """Several jobs in one request; each entry's job, or why it was refused."""
+        return await self._run(self._calls.submit_many(specs))
 
     async def list(
         self,
@@ -474,6 +508,30 @@ class Client(_Base, Provisioning):
 
     def get(self, job_id: str) -> Job:
         return self._run(self._calls.get(job_id))
+
+    def run(
+        self,
+        spec: JobSpec,
+        bundle: bytes | None = None,
+        wait: float = 0.0,
+        linger: float = 0.05,
+        limit: int = 1000,
+    ) -> JobFollow:
+        return self._run(self._calls.run(spec, bundle, wait, linger, limit))
+
+    def follow(
+        self,
+        job_id: str,
+        since: int = 0,
+        cursor: str | None = None,
+        wait: float = 0.0,
+        linger: float = 0.05,
+        limit: int = 1000,
+    ) -> JobFollow:
+        return self._run(self._calls.follow(job_id, since, cursor, wait, linger, limit))
+
+    def submit_many(self, specs: Iterable[JobSpec]) -> builtins.list[Job | GPUlayerError]:
+        return self._run(self._calls.submit_many(specs))
 
     def list(
         self,

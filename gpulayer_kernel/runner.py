@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import ast
 import json
+import linecache
 import os
 import sys
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +31,15 @@ SESSION_ENTRYPOINT = "session:"
 _FAST_JSON_BYTES = 1 << 20
 
 
-def run_cell(path: Path, namespace: dict[str, Any]) -> tuple[bool, Any]:
-    """Execute a cell file; return (has_value, value of the last expression)."""
-    source = path.read_text()
+def run_cell(path: Path, namespace: dict[str, Any], source: str | None = None) -> tuple[bool, Any]:
+    """Execute a cell file; return (has_value, value of the last expression).
+
+    ``source``: the cell's text held in memory (the warm runner's cells skip the file); its
+    lines are registered for tracebacks as the file's would be read."""
+    if source is None:
+        source = path.read_text()
+    else:
+        linecache.cache[str(path)] = (len(source), None, source.splitlines(True), str(path))
     tree = ast.parse(source, filename=str(path))
     last: ast.expr | None = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
@@ -44,7 +52,9 @@ def run_cell(path: Path, namespace: dict[str, Any]) -> tuple[bool, Any]:
     return True, eval(compile(expr, str(path), "eval"), namespace)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], sources: Mapping[str, str] | None = None) -> int:
+    """``python -m gpulayer_kernel.runner ENTRYPOINT``; ``sources``: files (by their path in the
+    bundle) given in memory rather than read from the working directory (a cell's text)."""
     if len(argv) != 1:
         print("usage: python -m gpulayer_kernel.runner ENTRYPOINT", file=sys.stderr)
         return 2
@@ -62,7 +72,9 @@ def main(argv: list[str]) -> int:
         if entry.startswith("cell:"):
             namespace: dict[str, Any] = {"__name__": "__main__", **args}
             namespace.update(_moved_inputs())
-            has_value, value = run_cell(Path(entry.removeprefix("cell:")), namespace)
+            name = entry.removeprefix("cell:")
+            source = sources.get(name) if sources else None
+            has_value, value = run_cell(Path(name), namespace, source)
         elif entry.endswith(".py"):
             import runpy
 

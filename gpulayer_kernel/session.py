@@ -11,7 +11,7 @@ import asyncio
 import builtins
 import contextlib
 import os
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Protocol
 
 from .contracts import (
@@ -25,6 +25,7 @@ from .contracts import (
     EventPage,
     InstanceList,
     Job,
+    JobFollow,
     JobSpec,
     JobState,
     LogPage,
@@ -36,7 +37,7 @@ from .contracts import (
 )
 from .contracts.costs import GroupBy
 from .embedded import Embedded, ServeOptions
-from .errors import Unavailable
+from .errors import GPUlayerError, Unavailable
 from .home import Layout, home_dir, live_owner
 
 URL_ENV = "GPULAYER_URL"
@@ -48,6 +49,25 @@ class Session(Protocol):
 
     async def submit(self, spec: JobSpec) -> Job: ...
     async def get(self, job_id: str) -> Job: ...
+    # protocol 1.1: submit and follow in one call, follow in one long-poll, batched submits
+    async def run(
+        self,
+        spec: JobSpec,
+        bundle: bytes | None = None,
+        wait: float = 0.0,
+        linger: float = ...,
+        limit: int = 1000,
+    ) -> JobFollow: ...
+    async def follow(
+        self,
+        job_id: str,
+        since: int = 0,
+        cursor: str | None = None,
+        wait: float = 0.0,
+        linger: float = ...,
+        limit: int = 1000,
+    ) -> JobFollow: ...
+    async def submit_many(self, specs: Sequence[JobSpec]) -> builtins.list[Job | GPUlayerError]: ...
     async def list(
         self,
         states: Iterable[JobState] = (),

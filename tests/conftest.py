@@ -18,6 +18,10 @@ from gpulayer_kernel.worker.agent import WorkerAgent
 from gpulayer_kernel.worker.executor import ExecutorConfig
 from gpulayer_kernel.worker.transport import InProcessTransport
 
+# Python jobs' zygote imports torch by default where it is installed (~2 s of a core per worker
+# started): the suite starts hundreds of workers, so it preloads nothing unless a test asks.
+os.environ.setdefault("GPULAYER_ZYGOTE_PRELOAD", "")
+
 
 @pytest.fixture
 def gl_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:

@@ -16,6 +16,8 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
+from .. import versions
+from ..contracts import PROTOCOL
 from ..controlplane import ControlPlane
 from ..security import TokenService, check_serve
 from .auth import ClientTokenAuth
@@ -29,7 +31,11 @@ access_log = logging.getLogger("gpulayer.access")
 
 
 class JSONNotFound(tornado.web.RequestHandler):
-    """Any path outside the routes: a JSON 404 like every other error."""
+    """Any path outside the routes: a JSON 404 like every other error (and, as every answer,
+    with the protocol this server speaks: a 1.1 client tells it from an older server's)."""
+
+    def set_default_headers(self) -> None:
+        self.set_header(versions.HEADER, PROTOCOL)
 
     def prepare(self) -> None:
         raise tornado.web.HTTPError(404)
@@ -107,8 +113,10 @@ class ApiServer:
         limits: ApiLimits | None = None,
         ssl_context: ssl.SSLContext | None = None,
         heartbeat_interval: float | None = None,
+        protocol: str = PROTOCOL,
     ) -> None:
-        self.context = make_context(cp, tokens, limits=limits)
+        """``protocol`` "1.0": serve as a server from before 1.1 did (for compatibility tests)."""
+        self.context = make_context(cp, tokens, limits=limits, protocol=protocol)
         self.context.heartbeat_interval = heartbeat_interval
         self.app = make_app(cp, tokens, context=self.context)
         self.ssl_context = ssl_context

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
+from ..contracts import PROTOCOL
 from ..controlplane import ControlPlane
 from ..security import TokenService
 from .ops import Operation
@@ -37,12 +38,25 @@ class ApiContext:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     polls: int = 0
     polls_done: asyncio.Event = field(default_factory=asyncio.Event)
+    requests: int = 0  # requests between their prepare and their finish (``drain`` waits)
+    requests_done: asyncio.Event = field(default_factory=asyncio.Event)
     uploads: int = 0  # raw bodies streaming to disk now (``ApiLimits.max_uploads`` at most)
+    # The protocol this mount speaks: "1.0" serves exactly the routes and answers of a server
+    # from before 1.1 (to test that new clients and workers still speak to one).
+    protocol: str = PROTOCOL
 
     async def drain(self, timeout: float = 1.0) -> None:
-        """Stop: every long-poll answers now (503 shutting_down); wait briefly for them."""
+        """Stop: every long-poll answers now (503 shutting_down); wait briefly for them and for
+        every other request in flight, so that a request whose work was done gets its answer
+        (a worker told nothing would send its report again: its log lines twice)."""
         self.stopping.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         if self.polls:
             self.polls_done.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.polls_done.wait(), timeout)
+        if self.requests:
+            self.requests_done.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.requests_done.wait(), max(0.0, deadline - loop.time()))

@@ -3,7 +3,13 @@
 It refuses tokens in URLs, holds bodies to their limit as they stream in (a raw upload goes
 to disk as it arrives: ``uploads.Upload``), parses the query and body the ``Op`` declares,
 sends the answer contract, and turns any error into one JSON shape. Long-polls come from
-``LongPollMixin``.
+``LongPollMixin``. Every answer says the protocol this server speaks (``GPUlayer-Protocol``);
+the caller's is ``gl_protocol`` (1.0 when it sent none; another major is refused naming both,
+``versions.py``), and an operation declared ``minimal`` answers 204 to ``Prefer:
+return=minimal``.
+
+The answer is serialised straight to bytes (``model_dump_json``: pydantic's own serialiser,
+never through a dict), and a contract a handler built itself is never validated again.
 
 It is written to compose with any tornado ``RequestHandler`` base, including jupyter_server's
 ``APIHandler``: it calls ``super().prepare()``, answers through ``self.finish``, and leaves XSRF
@@ -19,7 +25,8 @@ from typing import Any
 import tornado.web
 from pydantic import BaseModel
 
-from ..contracts import parse
+from .. import versions
+from ..contracts import PROTOCOL, parse
 from ..controlplane import ControlPlane
 from ..errors import GPUlayerError, InvalidInput, TooLarge, Unauthorized, Unavailable
 from ..security import Identity, Principal, check_role
@@ -39,9 +46,14 @@ class GLMixin(LongPollMixin):
     route: str = ""  # e.g. "/jobs/{job_id}"; the factories turn it into a tornado pattern
     principal: Principal | None = None
     gl_who: Identity | None = None  # a user route's caller, set by the host's base class
+    gl_protocol: versions.Version = versions.OLDEST  # what the caller and this mount both speak
+    since: versions.Version = versions.OLDEST  # the protocol that added this route
+    gl_exclude: set[str] | None = None  # fields of the answer this caller must not be sent
 
     def initialize(self, ctx: ApiContext) -> None:
         super().initialize(ctx)
+        self._gl_serves = versions.parse(ctx.protocol)
+        self.set_default_headers()  # again, now that the mount's protocol is known
         self._gl_chunks: list[bytes] = []
         self._gl_size = 0
         self._gl_limit = ctx.limits.max_json
@@ -50,6 +62,15 @@ class GLMixin(LongPollMixin):
         # Decided while the body arrives (too large, no upload slot), answered once it is
         # read and dropped: a client still sending cannot read an answer sent before.
         self._gl_refused: GPUlayerError | None = None
+        self._gl_counted = False
+
+    def set_default_headers(self) -> None:
+        super().set_default_headers()
+        ctx = getattr(self, "ctx", None)
+        if ctx is not None and ctx.protocol == "1.0":
+            self.clear_header(versions.HEADER)  # a mount from before 1.1 said nothing
+        else:
+            self.set_header(versions.HEADER, PROTOCOL if ctx is None else ctx.protocol)
 
     @property
     def cp(self) -> ControlPlane:
@@ -73,6 +94,11 @@ class GLMixin(LongPollMixin):
         return op_of(getattr(self, method, None))
 
     async def prepare(self) -> None:
+        self._gl_counted = True  # in flight until on_finish: the server's stop waits for it
+        self.ctx.requests += 1
+        said = self.request.headers.get(versions.HEADER)
+        if said is not None and self._gl_serves > versions.OLDEST:
+            self.gl_protocol = min(versions.peer(said, peer_is="the client"), self._gl_serves)
         for values in self.request.query_arguments.values():
             if any(v.startswith(b"glt_") for v in values):
                 raise InvalidInput(
@@ -144,6 +170,11 @@ class GLMixin(LongPollMixin):
 
     def on_finish(self) -> None:
         self._gl_close_upload()
+        if self._gl_counted:
+            self._gl_counted = False
+            self.ctx.requests -= 1
+            if self.ctx.requests == 0:
+                self.ctx.requests_done.set()
         super().on_finish()
 
     def on_connection_close(self) -> None:
@@ -169,6 +200,9 @@ class GLMixin(LongPollMixin):
                 self.finish()  # the connection is closed: this only ends the request
             return
         if not self._finished:
+            prefer = self.request.headers.get("Prefer", "")
+            if spec.minimal and "return=minimal" in prefer and self._gl_serves > versions.OLDEST:
+                result = None  # done, and nobody reads the answer
             self.gl_send(result, spec.status)
 
     # -- answers ---------------------------------------------------------------------------------
@@ -187,7 +221,7 @@ class GLMixin(LongPollMixin):
             assert isinstance(result, BaseModel)
             self.set_status(status)
             self.set_header("Content-Type", "application/json")
-            self.finish(result.model_dump_json())
+            self.finish(result.model_dump_json(exclude=self.gl_exclude))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         """Every error as ``{"code", "message", "hint", "details"}``; never a traceback."""

@@ -66,6 +66,11 @@ class JoinAnswer(Contract):
     session_token: str
     heartbeat_interval: float = Field(description="seconds between heartbeats this server wants")
     max_wait: float = Field(description="the longest long-poll this server accepts, seconds")
+    protocol: str = Field(
+        "1.0",
+        description="the protocol this server speaks (absent from servers before 1.1): a 1.1 "
+        "worker reports through POST /worker/reports",
+    )
 
 
 class LogAck(Contract):

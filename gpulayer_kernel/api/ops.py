@@ -40,6 +40,9 @@ class Op:
     errors: tuple[int, ...] = ()
     # For a raw body (``body="bytes"``): which ``ApiLimits`` field bounds it.
     upload_limit: Literal["max_blob", "max_bundle"] = "max_blob"
+    # Protocol 1.1: answered 204 with no body when the caller sends ``Prefer: return=minimal``
+    # (RFC 7240; a worker that never reads the answer need not receive it).
+    minimal: bool = False
 
 
 class Operation(NamedTuple):
@@ -72,6 +75,7 @@ def op(
     upload_limit: Literal["max_blob", "max_bundle"] = "max_blob",
     public: bool = False,
     role: Role | None = None,
+    minimal: bool = False,
 ) -> Callable[[Handler], Handler]:
     """Declare a handler method; the wrapper parses query and body and sends the answer.
 
@@ -94,6 +98,7 @@ def op(
         upload_limit=upload_limit,
         public=public,
         role=role,
+        minimal=minimal,
     )
 
     def deco(fn: Handler) -> Handler:

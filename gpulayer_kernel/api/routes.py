@@ -16,6 +16,8 @@ from typing import Any
 
 import tornado.web
 
+from .. import versions
+from ..contracts import PROTOCOL
 from ..controlplane import ControlPlane
 from ..security import TokenService
 from .context import ApiContext, package_version
@@ -42,6 +44,7 @@ from .handlers import (
     WorkerStateHandler,
 )
 from .health import HealthHandler
+from .job_runs import JobBatchHandler, JobFollowHandler, JobRunHandler
 from .mixin import GLMixin
 from .openapi import OpenApiHandler
 from .ops import Operation, operations_of
@@ -64,6 +67,7 @@ from .worker_routes import (
     LogsHandler,
     ProgressHandler,
     RendezvousHandler,
+    ReportsHandler,
     StartedHandler,
     WorkerBlobHandler,
     WorkerRoute,
@@ -73,7 +77,10 @@ from .worker_routes import (
 USER_ROUTES: tuple[type[GLMixin], ...] = (
     StatusHandler,
     JobsHandler,
+    JobRunHandler,  # before JobHandler: "run" and "batch" are no job ids, and match first
+    JobBatchHandler,
     JobHandler,
+    JobFollowHandler,
     JobCancelHandler,
     JobLogsHandler,
     JobWaitHandler,
@@ -113,6 +120,7 @@ WORKER_ROUTES: tuple[type[WorkerRoute], ...] = (
     LogsHandler,
     ProgressHandler,
     FinishedHandler,
+    ReportsHandler,
     RendezvousHandler,
     WorkerBlobHandler,
     LeaveHandler,
@@ -153,19 +161,28 @@ def make_context(
     *,
     limits: ApiLimits | None = None,
     version: str | None = None,
+    protocol: str = PROTOCOL,
 ) -> ApiContext:
-    """The context of one mount, with the whole route table (which openapi.json describes)."""
+    """The context of one mount, with the whole route table (which openapi.json describes);
+    ``protocol`` "1.0" mounts only what a server before 1.1 had."""
     if version is None:
         version = package_version()
     if tokens is not None and tokens.users is None and cp is not None:
         tokens.users = cp.users  # client tokens act as their users (and a disabled one, not)
+    speaks = versions.parse(protocol)
     return ApiContext(
         cp=cp,
         tokens=tokens,
         limits=limits or ApiLimits(),
         version=version,
-        operations=tuple(operations()),
+        operations=tuple(o for o in operations() if _serves(speaks, o.handler)),
+        protocol=protocol,
     )
+
+
+def _serves(speaks: versions.Version, handler: type[tornado.web.RequestHandler]) -> bool:
+    """Whether a mount speaking ``speaks`` has this route (1.1's are new)."""
+    return getattr(handler, "since", versions.OLDEST) <= speaks
 
 
 def user_handlers(
@@ -182,8 +199,11 @@ def user_handlers(
     long-poll of the mount when its host stops.
     """
     ctx = context or make_context(cp, tokens)
+    speaks = versions.parse(ctx.protocol)
     return [
-        (route_pattern(prefix, h.route), compose(h, base_class), {"ctx": ctx}) for h in USER_ROUTES
+        (route_pattern(prefix, h.route), compose(h, base_class), {"ctx": ctx})
+        for h in USER_ROUTES
+        if _serves(speaks, h)
     ]
 
 
@@ -193,6 +213,9 @@ def worker_handlers(
     """Worker routes (GPUlayer worker tokens only) and the public ``/health``: complete handlers
     that do their own authentication, mounted as they are whichever host mounts them."""
     ctx = context or make_context(cp, tokens)
+    speaks = versions.parse(ctx.protocol)
     return [
-        (route_pattern(prefix, h.route), h, {"ctx": ctx}) for h in (*WORKER_ROUTES, *PUBLIC_ROUTES)
+        (route_pattern(prefix, h.route), h, {"ctx": ctx})
+        for h in (*WORKER_ROUTES, *PUBLIC_ROUTES)
+        if _serves(speaks, h)
     ]

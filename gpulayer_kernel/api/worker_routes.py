@@ -2,23 +2,34 @@
 ``WorkerTokenAuth``, the same in every host (their table is ``routes.WORKER_ROUTES``). Each
 operation names the token kinds it accepts; a route with a ``{job_id}`` reaches only jobs
 assigned to the caller's worker.
+
+Protocol 1.1 adds ``POST /worker/reports`` (what a worker knows about many attempts, in one
+request, each entry answered on its own), small bundles inline in ``Work`` (only to a worker
+that says 1.1), and 204 answers to ``Prefer: return=minimal`` on routes whose answer a worker
+does not read.
 """
 
 from __future__ import annotations
 
 from pathlib import PurePosixPath
 
+from .. import versions
 from ..contracts import (
     FinishReport,
     Job,
+    JobReport,
     LogBatch,
     ProgressReport,
+    Refusal,
     Rendezvous,
+    ReportAnswer,
+    ReportBatch,
     Work,
     WorkerInfo,
     WorkerRegistration,
+    parse,
 )
-from ..errors import Forbidden, InvalidInput, NotFound
+from ..errors import Forbidden, GPUlayerError, InvalidInput, NotFound, ValidationFailed
 from ..security import TokenKind
 from ..store.artifacts import check_digest
 from .auth import WorkerTokenAuth
@@ -78,11 +89,7 @@ class WorkerRoute(GLMixin, WorkerTokenAuth):
         if job.id != job_id:
             raise NotFound(f"no job {job_id!r}", code="job_not_found")
         if not self.cp.was_given(self.worker_id, job_id):
-            raise Forbidden(
-                f"job {job_id} is not assigned to this worker",
-                hint="a worker session token reaches only its own worker's jobs",
-                code="not_your_job",
-            )
+            raise _not_yours(job_id)
         return job
 
 
@@ -115,11 +122,14 @@ class JoinHandler(WorkerRoute):
             )
             session = await self.ctx.tokens.issue_worker_session(info.id, name=info.name)
         interval = self.ctx.heartbeat_interval or max(0.2, self.cp.heartbeat_timeout / 3)
+        if self.ctx.protocol == "1.0":
+            self.gl_exclude = {"protocol"}  # as a server from before 1.1 answered
         return JoinAnswer(
             worker=info,
             session_token=session,
             heartbeat_interval=interval,
             max_wait=self.ctx.limits.max_wait,
+            protocol=self.ctx.protocol,
         )
 
     @op(
@@ -143,7 +153,7 @@ class JoinHandler(WorkerRoute):
 class HeartbeatHandler(WorkerRoute):
     route = "/worker/heartbeat"
 
-    @op("I am alive", answer=WorkerInfo, kinds=WORKER)
+    @op("I am alive", answer=WorkerInfo, kinds=WORKER, minimal=True)
     async def post(self) -> WorkerInfo:
         return await self.cp.heartbeat(self.worker_id)
 
@@ -151,10 +161,20 @@ class HeartbeatHandler(WorkerRoute):
 class WorkHandler(WorkerRoute):
     route = "/worker/work"
 
-    @op("long-poll for new assignments and cancellations", answer=Work, query=(WAIT,), kinds=WORKER)
+    @op(
+        "long-poll for new assignments and cancellations (protocol 1.1: with their small "
+        "bundles inline)",
+        answer=Work,
+        query=(WAIT,),
+        kinds=WORKER,
+    )
     async def get(self, wait: float) -> Work:
+        inline = versions.at_least(self.gl_protocol, 1)
+        if not inline:
+            self.gl_exclude = {"bundles"}  # a 1.0 worker refuses a field it does not know
         try:
-            work = await self.long_poll(wait, self.cp.next_work(self.worker_id, wait))
+            call = self.cp.next_work(self.worker_id, wait, inline_bundles=inline)
+            work = await self.long_poll(wait, call)
         except ClientGone:
             # Closed unanswered: a killed worker's sockets close at once, long before its
             # heartbeat is overdue (issue 12, item 9). Suspect it unless it calls again soon.
@@ -172,7 +192,7 @@ class WorkHandler(WorkerRoute):
 class StartedHandler(WorkerRoute):
     route = "/worker/jobs/{job_id}/started"
 
-    @op("the job's process started", answer=Job, query=(ATTEMPT,), kinds=WORKER)
+    @op("the job's process started", answer=Job, query=(ATTEMPT,), kinds=WORKER, minimal=True)
     async def post(self, job_id: str, attempt: int | None) -> Job:
         return await self.cp.report_started(self.worker_id, job_id, attempt)
 
@@ -180,7 +200,13 @@ class StartedHandler(WorkerRoute):
 class LogsHandler(WorkerRoute):
     route = "/worker/jobs/{job_id}/logs"
 
-    @op("append log lines (redacted again here)", body=LogBatch, answer=LogAck, kinds=WORKER)
+    @op(
+        "append log lines (redacted again here)",
+        body=LogBatch,
+        answer=LogAck,
+        kinds=WORKER,
+        minimal=True,
+    )
     async def post(self, job_id: str, body: LogBatch) -> LogAck:
         seq = await self.cp.append_logs(self.worker_id, job_id, body.lines, body.attempt)
         return LogAck(seq=seq)
@@ -208,11 +234,86 @@ class FinishedHandler(WorkerRoute):
         body=FinishReport,
         answer=Job,
         kinds=WORKER,
+        minimal=True,
     )
     async def post(self, job_id: str, body: FinishReport) -> Job:
         for i, a in enumerate(body.artifacts):
             check_artifact_name(a.name, f"artifacts[{i}].name")
         return await self.cp.report_finished(self.worker_id, job_id, body)
+
+
+class ReportsHandler(WorkerRoute):
+    since = (1, 1)
+    route = "/worker/reports"
+
+    @op(
+        "protocol 1.1: what this worker knows about several of its attempts (each entry a "
+        "JobReport: started, lines, progress, end, applied in that order; a short job's start "
+        "and end in one entry are written together); 204 when every entry was taken, else the "
+        "refused ones by index (the others were taken)",
+        body=ReportBatch,
+        answer=ReportAnswer,
+        kinds=WORKER,
+        errors=(422,),
+    )
+    async def post(self, body: ReportBatch) -> ReportAnswer | None:
+        refused: list[Refusal] = []
+        taken: list[tuple[int, JobReport]] = []
+        for i, raw in enumerate(body.reports):
+            try:
+                entry = parse(JobReport, batch_object(raw, f"reports[{i}]"))
+                for j, a in enumerate(entry.finished.artifacts if entry.finished else ()):
+                    check_artifact_name(a.name, f"reports[{i}].finished.artifacts[{j}].name")
+                if not self.cp.was_given(self.worker_id, entry.job_id):
+                    raise _not_yours(entry.job_id)
+            except GPUlayerError as exc:
+                refused.append(refusal(i, raw, exc))
+                continue
+            taken.append((i, entry))
+        outcomes = await self.cp.report(self.worker_id, [e for _, e in taken])
+        for (i, entry), err in zip(taken, outcomes, strict=True):
+            if err is not None:
+                ids = {"job_id": entry.job_id, "attempt": entry.attempt}
+                refused.append(refusal(i, ids, err))
+        if not refused:
+            return None
+        return ReportAnswer(refused=sorted(refused, key=lambda r: r.index))
+
+
+def batch_object(raw: object, where: str) -> dict[str, object]:
+    """A batch entry, which must be a JSON object (validated on its own after this)."""
+    if not isinstance(raw, dict):
+        raise ValidationFailed(
+            f"{where} is a {type(raw).__name__}, not an object",
+            hint="each entry of a batch is a JSON object of its own contract",
+            details={"field": where},
+        )
+    return raw
+
+
+def _not_yours(job_id: str) -> Forbidden:
+    return Forbidden(
+        f"job {job_id} is not assigned to this worker",
+        hint="a worker session token reaches only its own worker's jobs",
+        code="not_your_job",
+    )
+
+
+def refusal(index: int, raw: object, exc: GPUlayerError, field: str = "reports") -> Refusal:
+    """Why entry ``index`` of a batch was not taken, naming its job where it could be read."""
+    ids = raw if isinstance(raw, dict) else {}
+    job_id, attempt = ids.get("job_id"), ids.get("attempt")
+    return Refusal(
+        index=index,
+        job_id=job_id if isinstance(job_id, str) else None,
+        attempt=attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None,
+        code=exc.code,
+        status=exc.status,
+        message=exc.message
+        if exc.message.startswith(f"{field}[")
+        else f"{field}[{index}]: " + exc.message,
+        hint=exc.hint or None,
+    )
 
 
 class RendezvousHandler(WorkerRoute):

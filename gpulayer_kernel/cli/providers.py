@@ -22,7 +22,6 @@ from ..contracts import (
     parse,
 )
 from ..errors import InvalidInput
-from ..render import age, duration
 from ..security import parse_ttl
 from ..session import open_session
 from .common import Handler
@@ -159,6 +158,8 @@ def offer_text(o: Any) -> str:
 
 
 def instances_text(instances: list[Instance], now: float | None = None) -> str:
+    from ..render import age  # here: every command imports this module, `gpulayer run` too
+
     if not instances:
         return "no instances (the autoscaler launches them for jobs no worker here can take)"
     rows = [f"{'ID':<14}{'OFFER':<24}{'STATE':<12}{'WORKER':<20}{'REQUESTED':<11}WHY"]
@@ -208,6 +209,8 @@ def budgets_text(budgets: list[BudgetStatus]) -> str:
 
 
 def attempts_text(job: Any) -> str:
+    from ..render import duration
+
     """A job's attempts, one per line, for ``gpulayer show --attempts``."""
     if not job.history:
         return f"job {job.id} has not been placed yet ({job.state.value})"

@@ -90,6 +90,11 @@ class Work(Contract):
         default_factory=list,
         description="sessions whose processes to kill and start again (their state is lost)",
     )
+    bundles: dict[str, str] = Field(
+        default_factory=dict,
+        description="protocol 1.1: small bundles of these assignments, base64 by sha256, so "
+        "the worker need not fetch them (never sent to a worker that did not say 1.1)",
+    )
 
     @property
     def empty(self) -> bool:

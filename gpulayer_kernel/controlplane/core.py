@@ -19,6 +19,7 @@ users and quotas, ``secrets`` (SecretTable) each user's sealed secrets, ``usage`
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -39,6 +40,8 @@ from ..contracts import (
     FinishReport,
     InstanceList,
     Job,
+    JobFollow,
+    JobReport,
     JobSpec,
     JobState,
     LogLine,
@@ -58,7 +61,7 @@ from ..contracts import (
     ensure_json,
 )
 from ..contracts.costs import GroupBy
-from ..errors import Conflict, NotFound, Unavailable
+from ..errors import Conflict, GPUlayerError, NotFound, Unavailable
 from ..redact import Redactor
 from ..scheduler import Snapshot
 from ..security.roles import (
@@ -77,11 +80,14 @@ from ..store import ArtifactStore, MetadataStore
 from .blobs import Blobs
 from .dispatch import Dispatcher
 from .events import EventLog
+from .follow import LINGER, Follower, check_inline_bundle
+from .inline import InlineBundles
 from .jobs import Change, JobTable, artifact_named, new_id
 from .logs import LogTails
 from .outcomes import Outcomes
 from .provisioning import Provisioning
 from .reaper import Reaper
+from .reports import Reports
 from .scheduling import SchedulingLoop
 from .secrets import SecretTable
 from .sessions import SessionTable
@@ -136,6 +142,11 @@ class ControlPlane:
         self.dispatch = Dispatcher(clock, self.jobs.active_job)
         parts = (self.jobs, self.registry, self.tails, self.dispatch)
         self.outcomes = Outcomes(*parts, clock=clock, rendezvous_timeout=rendezvous_timeout)
+        self.reports = Reports(
+            self.jobs, self.tails, self.dispatch, self.outcomes, made_by=self.blobs.made_by
+        )
+        self.follower = Follower(self.jobs, self.tails, self.event_log, clock=clock)
+        self.inline = InlineBundles(artifacts)
         self.scheduling = SchedulingLoop(
             store,
             *parts,
@@ -359,6 +370,63 @@ class ControlPlane:
         job_id = (await self.get(job_id, who=who)).id
         return await self.tails.page(job_id, lambda: self.jobs.get(job_id), since, wait, limit)
 
+    async def follow(
+        self,
+        job_id: str,
+        since: int = 0,
+        cursor: str | None = None,
+        wait: float = 0.0,
+        linger: float = LINGER,
+        limit: int = 1000,
+        *,
+        who: Identity | None = None,
+    ) -> JobFollow:
+        """Protocol 1.1: the job and its log records after ``since`` in one long-poll, answered
+        when it changes after ``cursor``, ends, or at ``wait`` (a job younger than ``linger`` s
+        is held until it ends or grows up: a short job is one answer)."""
+        job = await self.get(job_id, who=who)
+        return await self.follower.page(
+            job,
+            lambda: self.jobs.get(job.id),
+            since=since,
+            cursor=cursor,
+            wait=wait,
+            linger=linger,
+            limit=limit,
+        )
+
+    async def run(
+        self,
+        spec: JobSpec,
+        bundle: bytes | None = None,
+        wait: float = 0.0,
+        linger: float = LINGER,
+        limit: int = 1000,
+        *,
+        who: Identity | None = None,
+    ) -> JobFollow:
+        """Protocol 1.1: submit (with its bundle, when given) and follow, in one call: a short
+        job comes back ended, with its result and log tail."""
+        if bundle is not None:
+            await self.put_bundle(bundle, check_inline_bundle(spec, bundle), who=who)
+        job = await self.submit(spec, who=who)
+        return await self.follower.page(
+            job, lambda: self.jobs.get(job.id), wait=wait, linger=linger, limit=limit
+        )
+
+    async def submit_many(
+        self, specs: Sequence[JobSpec], *, who: Identity | None = None
+    ) -> builtins.list[Job | GPUlayerError]:
+        """Protocol 1.1: several jobs at once (a sweep); each entry's job or refusal. Their
+        writes meet in the store's group commits, their placement in one scheduling pass."""
+        return list(await asyncio.gather(*(self._submit_one(s, who) for s in specs)))
+
+    async def _submit_one(self, spec: JobSpec, who: Identity | None) -> Job | GPUlayerError:
+        try:
+            return await self.enqueue(spec, who=who)
+        except GPUlayerError as exc:
+            return exc
+
     async def explain(self, job_id: str, *, who: Identity | None = None) -> str:
         return self.scheduling.explain(await self.get(job_id, who=who))
 
@@ -390,7 +458,9 @@ class ControlPlane:
     async def put_blob(
         self, data: bytes, digest: str | None = None, *, who: Identity | None = None
     ) -> str:
-        return await self.blobs.put(data, digest, who=who)
+        stored = await self.blobs.put(data, digest, who=who)
+        self.inline.keep(stored, data)  # a bundle about to be run: handed out with its work
+        return stored
 
     async def claim_blob(self, digest: str, *, who: Identity | None = None) -> None:
         """Record that ``who`` uploaded the blob ``digest`` (they may read it and run it)."""
@@ -516,15 +586,21 @@ class ControlPlane:
         self.scheduling.kick()
         return info
 
-    async def next_work(self, worker_id: str, wait: float = 0.0) -> Work:
-        """Long-poll for new assignments and cancellations; answers the moment one exists."""
+    async def next_work(
+        self, worker_id: str, wait: float = 0.0, *, inline_bundles: bool = False
+    ) -> Work:
+        """Long-poll for new assignments and cancellations; answers the moment one exists.
+        ``inline_bundles`` (a protocol 1.1 worker): with the small bundles of its assignments."""
         self.registry.polling(worker_id, +1)
         try:
-            return await self.dispatch.next_work(
+            work = await self.dispatch.next_work(
                 worker_id, wait, lambda: self.registry.heartbeat(worker_id)
             )
         finally:
             self.registry.polling(worker_id, -1)
+        if inline_bundles and work.assignments:
+            work = await self.inline.attach(work)
+        return work
 
     def worker_disconnected(self, worker_id: str) -> None:
         """The worker's long-poll connection closed unanswered: suspect it unless it calls again
@@ -570,20 +646,23 @@ class ControlPlane:
 
     async def report_finished(self, worker_id: str, job_id: str, report: FinishReport) -> Job:
         """Record a job's outcome. Idempotent: a second report of a finished job changes nothing."""
-        if self.jobs.active_job(job_id) is None:
-            stored = self.jobs.cached(job_id) or await self.store.get_job(job_id)
-            if (
-                stored is not None
-                and stored.state.terminal
-                and report.attempt in (None, stored.attempts)
-            ):
-                if job_id in self.jobs.dirty:
-                    await self.jobs.resync()  # acknowledged only once it is stored
-                return stored  # a retried report after a reconnect: recorded once already
-        job = self._owned(worker_id, job_id, report.attempt)
-        done = await self.outcomes.finished(worker_id, job, report)
-        await self.blobs.made_by(done)
-        return done
+        entry = JobReport.model_construct(
+            job_id=job_id,
+            attempt=report.attempt,
+            started=False,
+            lines=[],
+            progress=None,
+            finished=report,
+        )
+        return await self.reports.finish(worker_id, entry)
+
+    async def report(
+        self, worker_id: str, reports: Sequence[JobReport]
+    ) -> builtins.list[GPUlayerError | None]:
+        """Protocol 1.1: several attempts' reports at once (started, lines, progress, end: a
+        short job's start is written with its end); each entry's refusal, or None."""
+        self.registry.require(worker_id)
+        return await self.reports.apply(worker_id, reports)
 
     async def report_cell(self, worker_id: str, job_id: str, report: CellReport) -> None:
         """A session cell's end on one worker's ranks (idempotent: a repeat changes nothing)."""

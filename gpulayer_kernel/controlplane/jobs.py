@@ -11,8 +11,10 @@ result, a pending report, progress, a retry), is checked against ``states`` and 
   job's waiters, then tell ``on_change`` (the control plane's wiring) what changed.
 
 ``commit`` is the two together. A scheduling pass stages many placements, then flushes them at
-once. Pending reports and progress are flushed without a store write (they are recomputed or
-resent), and a pending report whose reasons did not change is not announced.
+once. ``fold`` keeps a staged change back for the job's next flush: a short job's start, reported
+with its end (protocol 1.1), is written with the end, one write of the job for both. Pending
+reports and progress are flushed without a store write (they are recomputed or resent), and a
+pending report whose reasons did not change is not announced.
 
 A write the store refuses because it is unreachable (503) leaves the change in memory and marks
 the job *dirty*: it is written with the next flush, or by a retry with backoff once the store
@@ -89,6 +91,9 @@ class JobTable:
         self._nodes_done: dict[str, set[str]] = {}  # gang job id -> workers whose node succeeded
         self.dirty: set[str] = set()  # staged changes the store could not take yet
         self._resync: asyncio.Task[None] | None = None
+        self._folded: dict[str, list[Change]] = {}  # staged, written with the job's next flush
+        # The event seq of each cached job's last announced change: what a follower has seen.
+        self._versions: dict[str, int] = {}
         self.ledger: Ledger | None = None  # the control plane sets one (it prices attempts)
         self._costs: list[CostEntry] = []  # ledger rows staged, written by the next flush
 
@@ -262,7 +267,8 @@ class JobTable:
             del self._active[job_id]
             self._finished[job_id] = after
             while len(self._finished) > FINISHED_CACHE:
-                self._finished.popitem(last=False)
+                gone, _ = self._finished.popitem(last=False)
+                self._versions.pop(gone, None)
         else:
             self._active[job_id] = after
         return Change(before, after)
@@ -272,20 +278,26 @@ class JobTable:
     ) -> None:
         """Write staged changes (one group commit), announce them, wake waiters, tell wiring.
 
-        Each job is written as it is now, so a change staged by someone else while the write
-        was pending is not overwritten by an older copy; events show each change as staged.
+        Each job is written once, as it is now, so a change staged by someone else while the
+        write was pending is not overwritten by an older copy; events show each change as
+        staged. Changes ``fold`` kept back for these jobs go first (when written).
         """
+        if self._folded and persist:
+            ids = dict.fromkeys(c.after.id for c in changes)
+            changes = [*(f for i in ids for f in self._folded.pop(i, [])), *changes]
         if persist and changes:
-            now = [self.cached(c.after.id) or c.after for c in changes]
-            await self._save(now)
+            ids = dict.fromkeys(c.after.id for c in changes)
+            await self._save([self.cached(i) or _last(changes, i) for i in ids])
         for change in changes:
             after = change.after
             if after.state.terminal:
                 self.events.job(after)
+                self._versions[after.id] = self.events.seq
                 # Late waiters find the final state in the finished cache or the store.
                 self._signals.drop(after.id)
             elif announce:
                 self.events.job(after)
+                self._versions[after.id] = self.events.seq
                 self._signals.fire(after.id)
             if self.on_change is not None:
                 self.on_change(change)
@@ -343,6 +355,20 @@ class JobTable:
         await self.flush([change])
         return change.after
 
+    def version(self, job_id: str) -> int:
+        """The event seq of the job's last announced change (0: none since this start; a job
+        out of the cache is final and changes no more)."""
+        return self._versions.get(job_id, 0)
+
+    def fold(self, change: Change) -> None:
+        """Keep a staged change back: it is written and announced with the job's next flush
+        (``unfold`` hands it back when none came)."""
+        self._folded.setdefault(change.after.id, []).append(change)
+
+    def unfold(self, job_id: str) -> list[Change]:
+        """The changes ``fold`` still keeps for a job (the caller flushes them)."""
+        return self._folded.pop(job_id, [])
+
     async def note(self, job_id: str, *, announce: bool = True, **fields: Any) -> Job:
         """A change kept in memory only (pending reports, progress): checked, and announced
         (an event, a wake-up) unless ``announce`` is false."""
@@ -355,6 +381,10 @@ class JobTable:
         done = self._nodes_done.setdefault(job_id, set())
         done.add(worker_id)
         return len(done)
+
+
+def _last(changes: Sequence[Change], job_id: str) -> Job:
+    return next(c.after for c in reversed(changes) if c.after.id == job_id)
 
 
 def artifact_named(job: Job, name: str) -> Artifact:

@@ -45,6 +45,11 @@ class LogTails:
         self._seq[job_id] = 0
         self._tails[job_id] = []
 
+    def numbered(self, job_id: str) -> bool:
+        """Whether this process numbers the job's lines already (``append`` then writes without
+        reading the store first)."""
+        return job_id in self._seq
+
     def forget(self, job_id: str) -> None:
         """A finished job: late lines (a cancel's note) count on from the store."""
         self._seq.pop(job_id, None)

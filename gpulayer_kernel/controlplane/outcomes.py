@@ -201,12 +201,30 @@ class Outcomes:
         await self.rendezvous_overdue()
         await self.cancels_overdue()
 
-    async def finished(self, worker_id: str, job: Job, report: FinishReport) -> Job:
-        """A worker's report that its part of ``job`` ended."""
+    async def finished(
+        self, worker_id: str, job: Job, report: FinishReport, *, started: bool = False
+    ) -> Job:
+        """A worker's report that its part of ``job`` ended.
+
+        A job still placed here ran without its start being recorded: its worker folded the
+        start into this report (``started``: a short job, protocol 1.1), or the start never
+        arrived but the job succeeded. The start is staged now and written with the end, in
+        the same write of the job.
+        """
         assert job.placement is not None
-        if len(job.placement.nodes) > 1:
-            return await self._node_finished(worker_id, job, report)
-        return await self._finish(job, report)
+        if job.state == JobState.PLACED and (started or report.state == "succeeded"):
+            self.dispatch.started(job.id, worker_id)
+            self.jobs.fold(self.jobs.stage(job.id, JobState.RUNNING, started_at=self.clock.now()))
+            job = self.jobs.active_job(job.id) or job
+        assert job.placement is not None
+        try:
+            if len(job.placement.nodes) > 1:
+                return await self._node_finished(worker_id, job, report)
+            return await self._finish(job, report)
+        finally:
+            kept = self.jobs.unfold(job.id)  # a path that wrote nothing: the start on its own
+            if kept:
+                await self.jobs.flush(kept)
 
     async def _finish(self, job: Job, report: FinishReport) -> Job:
         state = JobState(report.state)

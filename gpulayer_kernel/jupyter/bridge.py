@@ -12,8 +12,14 @@ thread with its own asyncio loop; on it lives the Session the kernel talks to:
 
 Each call hops onto that loop with ``run_coroutine_threadsafe`` and blocks the caller until the
 answer. The wait is interruptible: Ctrl-C or "interrupt kernel" raises ``KeyboardInterrupt`` in the
-caller and cancels the call on the loop. ``watch`` follows a job (logs long-poll + events
-long-poll, no timers) and hands updates to a callback on the loop thread.
+caller and cancels the call on the loop. ``watch`` follows a job and hands updates to a callback
+on the loop thread.
+
+A one-shot cell costs as few requests as protocol 1.1 allows (ADR 0003): its bundle rides with
+its submit (``upload_bundle`` stages it; ``submit`` sends it with the job in one ``run`` request,
+once per digest), the run's answer is the cell's first follow page (a short cell's whole life:
+its state, result and output), and following it is one long-poll per change (``follow``: state,
+progress, result and lines together, no timers). A server that predates 1.1 is spoken to in 1.0.
 """
 
 from __future__ import annotations
@@ -28,15 +34,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
-from ..contracts import Job, JobSpec, JobState, LogPage, LogRecord, WorkerInfo
-from ..errors import GPUlayerError, Unavailable
+from ..contracts import Job, JobFollow, JobSpec, JobState, LogPage, LogRecord, WorkerInfo
+from ..contracts.reports import MAX_INLINE_BUNDLE
+from ..errors import GPUlayerError, NotFound, Unavailable
 from ..home import home_dir
-from ..session import LONG_POLL, URL_ENV, Session, job_changes, open_session
+from ..session import LONG_POLL, URL_ENV, Session, open_session
 
 T = TypeVar("T")
 
 CONNECT_TIMEOUT = 120.0  # the probe of a local worker takes ~1.5 s; a cold import can take more
 CLOSE_TIMEOUT = 30.0  # a running job gets its kill grace (5 s) to stop when the kernel exits
+# A young job's first answer waits this long for its end: a short cell is one request.
+LINGER = 0.05
+RETRY_FOR = 120.0  # seconds a follow rides out a control plane that is away (a restart)
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,9 @@ class Bridge:
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         self._watches: set[asyncio.Task[None]] = set()
+        self._staged: dict[str, bytes] = {}  # bundles for the next submit (upload_bundle)
+        self._sent: set[str] = set()  # digests the control plane has from this bridge
+        self._first: dict[str, JobFollow] = {}  # a submit's answer: its job's first page
         self._thread = threading.Thread(target=self._run, name="gpulayer-bridge", daemon=True)
         self._thread.start()
 
@@ -210,7 +223,26 @@ class Bridge:
             raise
 
     def submit(self, spec: JobSpec) -> Job:
-        return self.call(lambda s: s.submit(spec))
+        """Submit and start following in one request (its bundle with it, when staged): the
+        answer, the job's first page, is kept for ``watch``."""
+        digest = getattr(spec.workload, "bundle", None)
+        data = self._staged.pop(digest, None) if digest is not None else None
+
+        async def run(s: Session) -> JobFollow:
+            send = data if data is not None and digest not in self._sent else None
+            try:
+                return await s.run(spec, send, wait=LONG_POLL, linger=LINGER)
+            except NotFound as exc:
+                if exc.code != "bundle_not_found" or data is None or send is not None:
+                    raise
+                # The control plane lost what it had (a new state directory): send it again.
+                return await s.run(spec, data, wait=LONG_POLL, linger=LINGER)
+
+        page = self.call(run)
+        if digest is not None:
+            self._sent.add(digest)
+        self._first[page.job.id] = page
+        return page.job
 
     def get(self, job_id: str) -> Job:
         return self.call(lambda s: s.get(job_id))
@@ -252,25 +284,30 @@ class Bridge:
         ``--no-wait`` returns after this, so the handle it shows already says where the job went
         or why it waits. Returns the job as it is at ``timeout`` otherwise.
         """
+        first = self._first.pop(job_id, None)
 
         async def run(s: Session) -> Job:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
-            cursor = await s.event_cursor()
-            job = await s.get(job_id)
-            while job.state == JobState.QUEUED and job.pending is None:
+            page = first or await s.follow(job_id)
+            while page.job.state == JobState.QUEUED and page.job.pending is None:
                 left = deadline - loop.time()
                 if left <= 0:
                     break
-                page = await s.events(cursor=cursor, wait=left)
-                cursor = page.cursor
-                job = await s.get(job_id)
-            return job
+                page = await s.follow(job_id, page.next_since, page.cursor, wait=left, linger=0.0)
+            return page.job
 
         return self.call(run)
 
     def upload_bundle(self, digest: str, data: bytes) -> bool:
-        """Upload a bundle unless the control plane has that digest already; True if uploaded."""
+        """Make a bundle available to the next ``submit`` of a job that names it: a small one
+        rides with that submit (one request for both, once per digest), a larger one is
+        uploaded now unless the control plane has it. True if it was sent (or will be)."""
+        self._staged[digest] = data
+        if digest in self._sent:
+            return False
+        if len(data) <= MAX_INLINE_BUNDLE:
+            return True
 
         async def run(s: Session) -> bool:
             if await s.has_bundle(digest):
@@ -278,7 +315,9 @@ class Bridge:
             await s.put_bundle(data, digest)
             return True
 
-        return self.call(run)
+        uploaded = self.call(run)
+        self._sent.add(digest)
+        return uploaded
 
     # -- following a job -------------------------------------------------------------------------
 
@@ -289,13 +328,14 @@ class Bridge:
         widget trait update).
         """
         session = self.ready()
+        first = self._first.pop(job_id, None)
 
         async def run() -> None:
             task = asyncio.current_task()
             assert task is not None
             self._watches.add(task)
             try:
-                await _follow(session, job_id, sink)
+                await _follow(session, job_id, sink, first)
             finally:
                 self._watches.discard(task)
 
@@ -314,37 +354,43 @@ class Bridge:
         return f"served control plane at {where}"
 
 
-async def _follow(s: Session, job_id: str, sink: Callable[[Update], None]) -> None:
+async def _follow(
+    s: Session, job_id: str, sink: Callable[[Update], None], first: JobFollow | None
+) -> None:
+    """Pass on the job's state, pending explanation, progress and lines as they come, one
+    long-poll per change (a submit's answer is the first page), then its end."""
     try:
-        cursor = await s.event_cursor()  # from now: the job is read right after
-        sink(Update("job", job=await s.get(job_id)))
-        changes = asyncio.create_task(_job_changes(s, job_id, cursor, sink))
-        try:
-            since = 0
-            while True:
-                page = await s.logs(job_id, since=since, wait=LONG_POLL, limit=1000)
-                if page.records:
-                    sink(Update("logs", records=page.records))
-                    since = page.next_since
-                elif page.state.terminal:
-                    break
-        finally:
-            changes.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await changes
-        sink(Update("done", job=await s.get(job_id)))
+        page = first or await s.follow(job_id)
+        while True:
+            if page.records:
+                sink(Update("logs", records=page.records))
+            if page.job.state.terminal and not page.more:
+                break
+            sink(Update("job", job=page.job))
+            page = await _next_page(s, job_id, page)
+        sink(Update("done", job=page.job))
     except asyncio.CancelledError:
         raise
     except Exception as exc:
         sink(Update("error", error=exc))
 
 
-async def _job_changes(
-    s: Session, job_id: str, cursor: str, sink: Callable[[Update], None]
-) -> None:
-    """Pass on the job's state, pending explanation and progress as they change (long-poll)."""
-    async for job in job_changes(s, job_id, cursor):
-        sink(Update("job", job=job))
+async def _next_page(s: Session, job_id: str, page: JobFollow) -> JobFollow:
+    """The page after ``page``, riding out a control plane that is away for a while (its
+    cursor then says it restarted: the page after it comes at once)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RETRY_FOR
+    failures = 0
+    while True:
+        try:
+            return await s.follow(
+                job_id, page.next_since, page.cursor, wait=LONG_POLL, linger=LINGER
+            )
+        except Unavailable:
+            if loop.time() > deadline:
+                raise
+            failures += 1
+            await asyncio.sleep(min(5.0, 0.2 * 2**failures))  # retry backoff
 
 
 # -- the kernel's bridge ---------------------------------------------------------------------------

@@ -4,8 +4,10 @@ One agent, any transport (ADR 0003): the embedded default hands it an ``InProces
 ``gpulayer worker`` hands it an ``HttpTransport``. Waiting for work is a long-poll that the control
 plane answers the moment a job is assigned (ADR 0016); the only sleeps are retry backoffs.
 
-The agent owns what its jobs share on this machine: its warm runner (the zygote its Python jobs
-fork from) and its rendezvous port reservations, handed to each :class:`JobExecutor`. Every wait
+The agent owns what its jobs share on this machine: its warm runner (the zygotes its jobs fork
+from, with Python jobs' processes forked ahead of time), its bundle cache, its rendezvous port
+reservations, and its :class:`~gpulayer_kernel.worker.reports.Reporter`, through which every
+job's start, lines, progress and end travel, merged per attempt and batched across jobs. Every wait
 (heartbeats, backoffs, the job timeouts of its executors) runs on one
 :class:`~gpulayer_kernel.clock.Clock`, so tests drive them with ``FakeClock``.
 
@@ -34,6 +36,7 @@ from .config import ExecutorConfig
 from .executor import JobExecutor
 from .ports import PortReservations
 from .processes import reap_leftovers
+from .reports import Reporter
 from .session import SessionExecutor
 from .transport import AttemptTransport, Transport
 from .zygote_client import WarmRunner, session_preload
@@ -81,6 +84,7 @@ class WorkerAgent:
         self.session_runner = WarmRunner(config, clock, preload=session_preload)
         self.ports = PortReservations()
         self.bundles = BundleCache(config.work_root / "bundles", config.bundle_cache_bytes)
+        self.reporter = Reporter(transport.report, clock=clock, linger=config.report_linger)
         self.info: WorkerInfo | None = None
         self.running: dict[Attempt, JobExecutor | SessionExecutor] = {}
         self._done: OrderedDict[Attempt, None] = OrderedDict()
@@ -128,6 +132,8 @@ class WorkerAgent:
         finally:
             self.warm_runner.close()  # the warm runners go with their worker
             self.session_runner.close()
+        with contextlib.suppress(Exception):
+            await self.clock.wait_for(asyncio.ensure_future(self.reporter.close()), 10.0)
         with contextlib.suppress(Exception):
             await self.transport.deregister()
         await self.transport.close()
@@ -224,12 +230,13 @@ class WorkerAgent:
             if attempt > a.attempt:
                 return  # an older attempt than the one running here: stale on arrival
             old.cancel(f"superseded by attempt {a.attempt}")
-        transport = AttemptTransport(self.transport, a.attempt, lambda: self._stale(key))
+        moved_on = lambda: self._stale(key)  # noqa: E731
         ex: JobExecutor | SessionExecutor
         if a.job.spec.is_session:
+            # A session's lines and cell reports keep their own order: not through the reporter.
             ex = SessionExecutor(
                 a,
-                transport,
+                AttemptTransport(self.transport, a.attempt, moved_on),
                 self.config,
                 ports=self.ports,
                 warm=self.session_runner,
@@ -238,7 +245,7 @@ class WorkerAgent:
         else:
             ex = JobExecutor(
                 a,
-                transport,
+                AttemptTransport(self.transport, a.attempt, moved_on, self.reporter),
                 self.config,
                 ports=self.ports,
                 warm=self.warm_runner,
@@ -253,7 +260,7 @@ class WorkerAgent:
     async def _run_job(self, key: Attempt, ex: JobExecutor | SessionExecutor) -> None:
         try:
             report = await self._with_shutdown(await ex.run())
-            await self._deliver(key[0], report.model_copy(update={"attempt": key[1]}))
+            await self._deliver(ex, key, report.model_copy(update={"attempt": key[1]}))
         finally:
             self.running.pop(key, None)
             self._done[key] = None
@@ -277,13 +284,19 @@ class WorkerAgent:
         why = f"the worker is shutting down; the job was {report.reason or 'signalled'}"
         return report.model_copy(update={"state": "cancelled", "reason": why})
 
-    async def _deliver(self, job_id: str, report: FinishReport) -> None:
+    async def _deliver(
+        self, ex: JobExecutor | SessionExecutor, key: Attempt, report: FinishReport
+    ) -> None:
         """Report a result until the control plane has it: a finished job's result is never lost
-        (a stale attempt's is refused: dropped here)."""
+        (a stale attempt's is refused: dropped here). A job's goes with its other reports."""
+        job_id = key[0]
         tries = 0
         while True:
             try:
-                await self.transport.report_finished(job_id, report)
+                if isinstance(ex, JobExecutor):
+                    await self.reporter.finished(job_id, key[1], report)
+                else:
+                    await self.transport.report_finished(job_id, report)
                 return
             except (Conflict, NotFound) as exc:
                 log.info("result of job %s not needed any more: %s", job_id, exc)

@@ -26,3 +26,25 @@ class ExecutorConfig:
     warm_runner: bool = field(
         default_factory=lambda: os.environ.get("GPULAYER_WARM_RUNNER", "1") != "0"
     )
+    # Python jobs' processes forked ahead of time (worker/spares.py): a job takes a ready one,
+    # no fork on its critical path. GPULAYER_WARM_POOL=0 forks each job when it comes.
+    warm_pool: int = field(default_factory=lambda: _env_int("GPULAYER_WARM_POOL", 2, 0, 16))
+    # How long a job's "started" and first log lines wait to travel with what follows
+    # (worker/reports.py): a job that ends sooner is reported in one request, start to result.
+    report_linger: float = 0.05
+
+
+def _env_int(name: str, default: int, low: int, high: int) -> int:
+    """An integer worker setting from the environment, or a clear error naming it."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        from ..errors import InvalidInput
+
+        raise InvalidInput(
+            f"{name}={raw!r} is not a whole number from {low} to {high}",
+            hint=f"unset {name} for the default ({default}), or give a number in that range",
+            details={"field": name, "value": raw},
+        )
+    return int(raw)

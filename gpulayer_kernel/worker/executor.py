@@ -1,11 +1,14 @@
 """Runs one job as a subprocess in its own process group; the same code for every transport.
 
-Life of a job here: make its directory → fetch and unpack its bundle (cached by digest, verified)
-→ build its environment (allow-list + declared + secrets) → spawn it with ``start_new_session``
-(warm from the worker's zygote when it can) → stream stdout/stderr line by line to the control
-plane → on exit, timeout or cancel, stop the whole process group (SIGTERM, then SIGKILL after a
-grace period) → upload ``$GPULAYER_OUTPUT`` files as artifacts → report the exit code, reason and
-JSON result. Every wait with a deadline (the job's timeout, the kill grace) runs on the worker's
+Life of a job here: make its directory (a few folders, nothing copied) → get its bundle (cached
+by digest, verified: a cell's text from memory; files, when the job needs them, copied from the
+read-only unpacked cache) → build its environment (allow-list + declared + secrets) → start it in
+a session of its own (warm: a Python job takes a process the worker's zygote forked ahead of
+time, a command forks from the zygote) → stream stdout/stderr line by line to the control plane
+→ on exit, timeout or cancel, stop the whole process group (SIGTERM, then SIGKILL after a grace
+period) → upload ``$GPULAYER_OUTPUT`` files as artifacts → report the exit code, reason and JSON
+result. Its directory is removed after the result is delivered, off the critical path. Every
+wait with a deadline (the job's timeout, the kill grace) runs on the worker's
 :class:`~gpulayer_kernel.clock.Clock`.
 """
 
@@ -28,7 +31,7 @@ from ..errors import BundleError, GPUlayerError
 from ..job import ARGS_ENV, CONTROL_ENV, JOB_ID_ENV, OUTPUT_ENV, RESULT_ENV
 from ..redact import Redactor
 from . import reaper
-from .bundlecache import BundleCache, copy_tree
+from .bundlecache import BundleCache, Files, copy_tree
 from .config import ExecutorConfig
 from .control import ControlReader
 from .env import base_env, job_env
@@ -55,6 +58,8 @@ log = logging.getLogger("gpulayer.worker")
 
 MAX_RESULT_BYTES = 1 << 20
 MAX_ARTIFACT_BYTES = 512 << 20
+# A cell's text travels to its process in memory (one socket message) up to this size.
+MAX_MEMORY_SOURCE = 64 << 10
 PIPE_DRAIN = 5.0  # seconds the pumps get to ship what is left in the pipes after the job ends
 GROUP_POLL = 0.02  # seconds between checks that a stopped job's process group is empty
 STOP_WAIT = 2.0  # seconds the supervisor gets to kill a stopped job's processes and exit
@@ -84,13 +89,21 @@ class JobExecutor:
         self.bundles = bundles or BundleCache(
             config.work_root / "bundles", config.bundle_cache_bytes
         )
-        self._held: str | None = None  # the bundle this job holds in the cache
+        # A cell's files, run from memory: the runner takes them instead of reading cwd.
+        self._sources: dict[str, str] | None = None
         self._forced = False  # a stop had to SIGKILL the job
         self.clock = clock
         self.redactor = Redactor(assignment.secrets)
-        self.shipper = LogShipper(self._send_logs, self.redactor, clock=clock)
+        queue = getattr(transport, "queue_logs", None) if _reports(transport) else None
+        self.shipper = LogShipper(
+            self._send_logs,
+            self.redactor,
+            clock=clock,
+            queue=None if queue is None else lambda lines: queue(self.job.id, lines),
+        )
         # torchrun around a gang (ADR 0007): its argv, rank tags, failure reason, reserved port.
         self.launch = Launch(assignment, transport, config, self.system, ports=ports, clock=clock)
+        self._started: asyncio.Task[None] | None = None  # the start's report, on its way
         self._cancel = asyncio.Event()
         self._cancel_reason = "cancelled"
         self.proc: Spawned | None = None  # the cold spawn's Process, or a ZygoteChild
@@ -125,9 +138,6 @@ class JobExecutor:
             report = FinishReport(state="failed", reason=f"worker error: {exc!r}")
         finally:
             self.launch.close()  # the process is gone: release the rendezvous port
-            if self._held is not None:
-                self.bundles.release(self._held)
-                self._held = None
             await self.shipper.close()
         return self._redacted(report)
 
@@ -151,10 +161,13 @@ class JobExecutor:
 
     async def _prepare(self) -> tuple[list[str], dict[str, str], Path]:
         spec = self.job.spec
-        if self.dir.exists():
+        try:
+            self.dir.mkdir(parents=True)
+        except FileExistsError:  # left by a run before a restart of this worker
             shutil.rmtree(self.dir)
+            self.dir.mkdir()
         out = self.dir / "output"
-        out.mkdir(parents=True)
+        out.mkdir()  # $GPULAYER_OUTPUT exists when the job starts, as jobs expect
         gl_env = {
             JOB_ID_ENV: self.job.id,
             "GPULAYER_JOB_NAME": spec.name,
@@ -166,28 +179,19 @@ class JobExecutor:
         workload = spec.workload
         cwd = self.dir
         if isinstance(workload, PythonWorkload):
-            src = self.dir / "src"
-            digest = workload.bundle
-            cached = await self.bundles.acquire(digest, lambda: self.transport.fetch_blob(digest))
-            self._held = digest
-            await asyncio.to_thread(copy_tree, cached, src)
+            cwd = self.dir / "src"
+            await self._place_bundle(workload.bundle, cwd, workload.entrypoint)
             args_file = self.dir / "args.json"
             args_file.write_text(json.dumps(workload.args))
             gl_env[ARGS_ENV] = str(args_file)
             argv = [self.config.python, "-m", "gpulayer_kernel.runner", workload.entrypoint]
-            cwd = src
         else:
             assert isinstance(workload, CommandWorkload)  # sessions run in SessionExecutor
             argv = list(workload.argv)
             if workload.bundle is not None:
                 # `gpulayer run --files`: the command runs among its shipped files.
-                shipped = workload.bundle
                 cwd = self.dir / "src"
-                cached = await self.bundles.acquire(
-                    shipped, lambda: self.transport.fetch_blob(shipped)
-                )
-                self._held = shipped
-                await asyncio.to_thread(copy_tree, cached, cwd)
+                await self._place_bundle(workload.bundle, cwd, None)
             elif spec.workdir:
                 cwd = Path(spec.workdir)
                 if not cwd.is_dir():
@@ -212,6 +216,30 @@ class JobExecutor:
         argv = await self.launch.wrap(argv, env)
         return argv, env, cwd
 
+    async def _place_bundle(self, digest: str, cwd: Path, entrypoint: str | None) -> None:
+        """The job's files in ``cwd``: a cell alone in its bundle runs from memory (nothing
+        written), anything else gets its own writable copy of the read-only unpacked bundle."""
+        fetch = lambda: self.transport.fetch_blob(digest)  # noqa: E731
+        files = await self.bundles.files(digest, fetch)
+        cwd.mkdir()
+        if files is not None and entrypoint is not None and self.a.nnodes == 1:
+            sources = _memory_sources(files, entrypoint)
+            if sources is not None and not self.job.spec.is_gang:
+                self._sources = sources
+                return
+        cached = await self.bundles.acquire(digest, fetch)
+        try:
+            await asyncio.to_thread(copy_tree, cached, cwd)
+        finally:
+            # The job has its copy: the cache may evict the bundle from now on, even mid-job.
+            self.bundles.release(digest)
+
+    def _write_sources(self, cwd: Path) -> None:
+        """The files a warm launch would have taken from memory, written for a cold start."""
+        for name, text in (self._sources or {}).items():
+            (cwd / name).write_text(text)
+        self._sources = None
+
     async def _run(self) -> FinishReport:
         argv, env, cwd = await self._prepare()
         control = ControlReader(Path(env[CONTROL_ENV]), self._report_progress)
@@ -224,10 +252,11 @@ class JobExecutor:
             assert self.proc is not None
             # Recorded so that a worker restarted after a hard crash can stop what this job left.
             (self.dir / "pgid").write_text(str(self.proc.pid))
-            started = asyncio.create_task(self._report_started())
+            # Not awaited before the end: a short job's start travels with its end (the worker's
+            # reporter merges them, in order); a refused start cancels the job meanwhile.
+            self._started = asyncio.create_task(self._report_started())
             pumps = self._pump_output(self.proc)
             outcome, reason = await self._supervise(self.job.spec.timeout)
-            await started
             # The main process is gone; stop anything it left behind in its group.
             await self._stop_group(grace=0.0 if outcome == "exited" else self.config.kill_grace)
             await self._drain(pumps)
@@ -249,10 +278,14 @@ class JobExecutor:
             # pipes, session, env and exit status as the cold spawn; None (zygote unavailable,
             # or start-up variables a fork cannot honour) falls through to the next way.
             if isinstance(workload, PythonWorkload) and self.a.nnodes == 1 and not spec.is_gang:
-                self.proc = await self.warm.spawn(workload.entrypoint, cwd, env)
+                self.proc = await self.warm.spawn(
+                    workload.entrypoint, cwd, env, sources=self._sources
+                )
             if self.proc is None:
+                self._write_sources(cwd)
                 self.proc = await self.warm.exec(argv, cwd, env)
         if self.proc is None:
+            self._write_sources(cwd)
             try:
                 self.proc = await spawn_cold(argv, cwd, env)
             except FileNotFoundError:
@@ -410,6 +443,22 @@ class JobExecutor:
             digest = await self.transport.put_blob(data)
             found.append(Artifact(digest=digest, size=size, name=name, rank=rank))
         return found
+
+
+def _reports(transport: Transport) -> bool:
+    """Whether the transport sends through the worker's reporter (the agent's attempts do)."""
+    return getattr(transport, "reporter", None) is not None
+
+
+def _memory_sources(files: Files, entrypoint: str) -> dict[str, str] | None:
+    """A cell whose bundle holds nothing but its own file: its text, to run from memory."""
+    name = entrypoint.removeprefix("cell:")
+    if name == entrypoint or set(files) != {name} or len(files[name]) > MAX_MEMORY_SOURCE:
+        return None
+    try:
+        return {name: files[name].decode()}
+    except UnicodeDecodeError:
+        return None
 
 
 async def _within(clock: Clock, aw: Awaitable[object], timeout: float | None) -> bool:

@@ -20,33 +20,45 @@ the shared database), and a 401 there re-joins as above.
 
 Long-polls ask the server for at most its ``max_wait`` and give the HTTP request that much plus a
 margin, so the server always answers first and no assignment is lost in a client timeout.
+
+Protocol 1.1 (when the server says so at join: ``JoinAnswer.protocol``; every request says
+``GPUlayer-Protocol: 1.1``, and a server of another major version is refused naming both): the
+worker's reports go in batches (``POST /worker/reports``), small bundles come inline with their
+work (so ``fetch_blob`` needs no request), and calls whose answer it never reads ask for
+``Prefer: return=minimal`` (204, no body). Against a 1.0 server it speaks 1.0.
 Retry deadlines, backoffs and long-poll deadlines run on the transport's
 :class:`~gpulayer_kernel.clock.Clock`; only httpx's own socket timeouts are real seconds.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import httpx
 
+from .. import versions
 from ..client import error_from, http_client, unreachable
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import (
+    PROTOCOL,
     CellReport,
     FinishReport,
+    JobReport,
     LogLine,
     Rendezvous,
+    ReportAnswer,
     SessionReport,
     Work,
     WorkerInfo,
     WorkerRegistration,
 )
-from ..errors import Conflict, Unauthorized, Unavailable
+from ..errors import Conflict, GPUlayerError, Unauthorized, Unavailable, from_json
 from ..failover import Servers
 from .backoff import backoff
 from .transport import Transport
@@ -57,6 +69,7 @@ T = TypeVar("T")
 RETRYABLE_STATUS = (502, 503, 504)
 # Keep each log request well under the server's 8 MiB JSON limit.
 MAX_LOG_REQUEST_BYTES = 2 << 20
+INLINE_KEPT = 64  # bundles that came with work, kept until their job asks
 
 
 class HttpTransport(Transport):
@@ -83,6 +96,9 @@ class HttpTransport(Transport):
         self._ca_cert = ca_cert
         self._timeout = timeout
         self._https: dict[str, httpx.AsyncClient] = {}
+        self.protocol: versions.Version = versions.OLDEST  # the server's, told at join
+        # Bundles that came with work (base64 by digest), until the bundle cache asks for them.
+        self._inline: OrderedDict[str, str] = OrderedDict()
         self._http  # noqa: B018  # the first URL's pool now: a bad URL fails at once
 
     @property
@@ -108,9 +124,14 @@ class HttpTransport(Transport):
         content: bytes | None = None,
         params: dict[str, str] | None = None,
         timeout: float | None = None,
+        minimal: bool = False,
     ) -> httpx.Response:
         token = token or self.session_token
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {versions.HEADER: PROTOCOL}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if minimal:
+            headers["Prefer"] = "return=minimal"  # a 1.1 server answers 204, an older ignores it
         if body is not None:
             headers["Content-Type"] = "application/json"
             content = body.encode()
@@ -145,6 +166,9 @@ class HttpTransport(Transport):
             await self.clock.sleep(self.servers.pause(tries))  # failover backoff
         if isinstance(outcome, httpx.TransportError):
             raise unreachable(self.servers.url, outcome) from None
+        said = outcome.headers.get(versions.HEADER)
+        if said is not None:
+            versions.peer(said, peer_is=f"the control plane at {self.servers.url}")
         if outcome.status_code >= 400:
             raise error_from(outcome)
         return outcome
@@ -193,24 +217,33 @@ class HttpTransport(Transport):
         self.session_token = str(data["session_token"])
         self.heartbeat_interval = float(data.get("heartbeat_interval") or 5.0)
         self.max_wait = float(data.get("max_wait") or 60.0)
+        self.protocol = versions.peer(
+            data.get("protocol"), peer_is=f"the control plane at {self.servers.url}"
+        )
         self.worker_id = info.id
         return info
 
     async def heartbeat(self) -> None:
-        await self._request("POST", "/worker/heartbeat")
+        await self._request("POST", "/worker/heartbeat", minimal=True)
 
     async def next_work(self, wait: float) -> Work:
         wait = max(0.0, min(wait, self.max_wait))
         resp = await self._request(
             "GET", "/worker/work", params={"wait": f"{wait:.3f}"}, timeout=wait + 30.0
         )
-        return Work.model_validate_json(resp.content)
+        work = Work.model_validate_json(resp.content)
+        self._inline.update(work.bundles)
+        while len(self._inline) > INLINE_KEPT:  # bundles the cache already held are never asked
+            self._inline.popitem(last=False)
+        return work
 
     async def report_started(self, job_id: str, attempt: int | None = None) -> None:
         params = None if attempt is None else {"attempt": str(attempt)}
         await self._retrying(
             f"reporting job {job_id} started",
-            lambda: self._request("POST", f"/worker/jobs/{job_id}/started", params=params),
+            lambda: self._request(
+                "POST", f"/worker/jobs/{job_id}/started", params=params, minimal=True
+            ),
         )
 
     async def append_logs(
@@ -222,7 +255,7 @@ class HttpTransport(Transport):
             await self._retrying(
                 f"sending logs of job {job_id}",
                 lambda body=body: self._request(  # type: ignore[misc]
-                    "POST", f"/worker/jobs/{job_id}/logs", body=body
+                    "POST", f"/worker/jobs/{job_id}/logs", body=body, minimal=True
                 ),
             )
 
@@ -238,8 +271,25 @@ class HttpTransport(Transport):
     async def report_finished(self, job_id: str, report: FinishReport) -> None:
         # Not retried here: the agent retries delivery until the control plane has the result.
         await self._request(
-            "POST", f"/worker/jobs/{job_id}/finished", body=report.model_dump_json()
+            "POST", f"/worker/jobs/{job_id}/finished", body=report.model_dump_json(), minimal=True
         )
+
+    async def report(self, reports: Sequence[JobReport]) -> list[GPUlayerError | None]:
+        """Protocol 1.1: one request for them all (a 1.0 server: one call per kind each)."""
+        bodies = [r.model_dump_json(exclude_none=True) for r in reports]
+        if not versions.at_least(self.protocol, 1) or sum(map(len, bodies)) > MAX_LOG_REQUEST_BYTES:
+            return await super().report(reports)
+        resp = await self._request(
+            "POST", "/worker/reports", body='{"reports":[' + ",".join(bodies) + "]}"
+        )
+        outcomes: list[GPUlayerError | None] = [None] * len(reports)
+        if resp.status_code == 204:
+            return outcomes
+        for r in ReportAnswer.model_validate_json(resp.content).refused:
+            if 0 <= r.index < len(outcomes):
+                body = {"code": r.code, "message": r.message, "hint": r.hint or ""}
+                outcomes[r.index] = from_json(r.status, body)
+        return outcomes
 
     async def report_cell(self, job_id: str, report: CellReport) -> None:
         # Not retried here: the session executor retries delivery until it is taken.
@@ -259,6 +309,9 @@ class HttpTransport(Transport):
         )
 
     async def fetch_blob(self, digest: str) -> bytes:
+        inline = self._inline.pop(digest, None)
+        if inline is not None:  # it came with its work: verified by the bundle cache
+            return base64.b64decode(inline)
         resp = await self._retrying(
             f"fetching bundle {digest[:12]}",
             lambda: self._request("GET", f"/worker/blobs/{digest}", timeout=600.0),

@@ -5,6 +5,10 @@ batched into the next send (a Nagle without the delay). So a quiet job's line ar
 trip, and a chatty job's lines go out in few, large batches. A failed send is retried after a
 backoff that starts at ``flush_interval`` and doubles (capped at :data:`MAX_BACKOFF`); every wait,
 and every line's timestamp, comes from the shipper's :class:`~gpulayer_kernel.clock.Clock`.
+
+With ``queue`` (a one-shot job's lines, handed to the worker's reporter: ``worker/reports.py``)
+each line is queued there at once instead: the reporter batches, orders and retries them with the
+rest of the attempt's reports, and ``close`` has nothing left to wait for.
 """
 
 from __future__ import annotations
@@ -44,8 +48,10 @@ class LogShipper:
         flush_interval: float = 0.1,
         *,
         clock: Clock = SYSTEM_CLOCK,
+        queue: Callable[[list[LogLine]], None] | None = None,
     ) -> None:
         self._send = send
+        self._queue = queue
         self._clock = clock
         self.redactor = redactor
         self._redact = redactor.redact
@@ -82,6 +88,10 @@ class LogShipper:
 
     def add_line(self, line: LogLine) -> None:
         """Queue a line made by :meth:`line`; it goes out at once unless a send is in flight."""
+        if self._queue is not None:
+            self._queue([line])
+            self.sent += 1
+            return
         self._buf.append(line)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._pump())

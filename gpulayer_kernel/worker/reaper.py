@@ -75,12 +75,14 @@ def spawn_supervised(parent: int, argv: list[str], env: dict[str, str]) -> NoRet
     _supervise(pid)
 
 
-def fork_supervised(parent: int) -> int:
+def fork_supervised(parent: int, report_to: int | None = None) -> int:
     """Fork the job under a supervisor; returns in the job's process only (with 0).
 
     The calling process becomes S: it never returns from here. ``parent`` is the process whose
     death stops S (passed in: by now ``getppid()`` may already be init if that parent died).
     Call it in a process that leads its own session and process group: J stays in that group.
+    ``report_to``: a socket on which S sends ``{"exit": code}`` once J and everything it started
+    are gone, just before S exits (a spare's channel: the worker learns it first-hand).
     """
     _become_supervisor(parent)
     supervisor = os.getpid()
@@ -93,10 +95,10 @@ def fork_supervised(parent: int) -> int:
         if os.getppid() != supervisor:  # S died before prctl
             os._exit(1)
         return 0
-    _supervise(pid)
+    _supervise(pid, report_to)
 
 
-def _supervise(job: int) -> NoReturn:
+def _supervise(job: int, report_to: int | None = None) -> NoReturn:
     """S's life: hold no stdio (the job's pipes end with the job), wait for J, clean up, exit."""
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
@@ -111,6 +113,9 @@ def _supervise(job: int) -> NoReturn:
             break
     kill_descendants()
     code = os.waitstatus_to_exitcode(status)
+    if report_to is not None:
+        with contextlib.suppress(OSError):
+            os.write(report_to, b'{"exit": %d}' % code)
     if code < 0:  # mirror a death by signal, so the executor reads J's own
         with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP have no handler
             signal.signal(-code, signal.SIG_DFL)

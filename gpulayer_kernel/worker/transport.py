@@ -9,17 +9,24 @@ as older workers sent). The agent hands each executor an :class:`AttemptTranspor
 transport seen from one attempt, which names that attempt in every report and tells the agent
 when the control plane refuses one because the attempt is stale (or no longer this worker's),
 so its process is stopped and dropped rather than treated as a crash.
+
+Protocol 1.1 (ADR 0003): ``report`` takes everything known about several attempts at once
+(``JobReport``: started, lines, progress, end) and answers each entry on its own. The worker's
+:class:`~gpulayer_kernel.worker.reports.Reporter` sends through it; a transport to a control
+plane that predates it falls back to the one-call-per-kind methods, entry by entry.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..contracts import (
     CellReport,
     FinishReport,
+    JobReport,
     LogLine,
     Rendezvous,
     SessionReport,
@@ -29,6 +36,9 @@ from ..contracts import (
 )
 from ..controlplane import ControlPlane
 from ..errors import GPUlayerError
+
+if TYPE_CHECKING:
+    from .reports import Reporter
 
 T = TypeVar("T")
 # Refusals that mean "the control plane has moved on from this attempt": stop it, drop it.
@@ -64,6 +74,32 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     async def report_finished(self, job_id: str, report: FinishReport) -> None: ...
+
+    async def report(self, reports: Sequence[JobReport]) -> list[GPUlayerError | None]:
+        """Several attempts' reports at once; each entry's refusal (None: taken), in order.
+
+        This default speaks protocol 1.0: per entry, its start, lines, progress and end each
+        in their own call (a refused part refuses the rest of its entry)."""
+        outcomes: list[GPUlayerError | None] = []
+        for r in reports:
+            try:
+                if r.started:
+                    await self.report_started(r.job_id, r.attempt)
+                if r.lines:
+                    await self.append_logs(r.job_id, list(r.lines), r.attempt)
+                if r.progress is not None:
+                    await self.report_progress(r.job_id, dict(r.progress), r.attempt)
+                if r.finished is not None:
+                    await self.report_finished(
+                        r.job_id, r.finished.model_copy(update={"attempt": r.attempt})
+                    )
+            except GPUlayerError as exc:
+                if exc.status >= 500 or exc.status == 401:
+                    raise  # the control plane is away, or this worker must re-join: retried
+                outcomes.append(exc)
+                continue
+            outcomes.append(None)
+        return outcomes
 
     @abc.abstractmethod
     async def report_cell(self, job_id: str, report: CellReport) -> None:
@@ -132,6 +168,9 @@ class InProcessTransport(Transport):
     async def report_finished(self, job_id: str, report: FinishReport) -> None:
         await self.cp.report_finished(self._id(), job_id, report)
 
+    async def report(self, reports: Sequence[JobReport]) -> list[GPUlayerError | None]:
+        return await self.cp.report(self._id(), reports)
+
     async def report_cell(self, job_id: str, report: CellReport) -> None:
         await self.cp.report_cell(self._id(), job_id, report)
 
@@ -160,13 +199,21 @@ class AttemptTransport(Transport):
 
     ``moved_on()`` is called when the control plane refuses a report because it has moved on
     from this attempt (``MOVED_ON``: stale, or no longer this worker's); the refusal is raised
-    on as before, so each caller drops what it was sending.
+    on as before, so each caller drops what it was sending. With a ``reporter`` (the worker's)
+    its start, lines and progress go through it, merged with the rest of the worker's reports.
     """
 
-    def __init__(self, inner: Transport, attempt: int, moved_on: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        inner: Transport,
+        attempt: int,
+        moved_on: Callable[[], None],
+        reporter: Reporter | None = None,
+    ) -> None:
         self.inner = inner
         self.attempt = attempt
         self.moved_on = moved_on
+        self.reporter = reporter
         self.worker_id = inner.worker_id
 
     async def _call(self, call: Awaitable[T]) -> T:
@@ -187,21 +234,47 @@ class AttemptTransport(Transport):
         return await self.inner.next_work(wait)
 
     async def report_started(self, job_id: str, attempt: int | None = None) -> None:
-        await self._call(self.inner.report_started(job_id, self.attempt))
+        if self.reporter is not None:
+            await self._call(self.reporter.started(job_id, self.attempt))
+        else:
+            await self._call(self.inner.report_started(job_id, self.attempt))
 
     async def append_logs(
         self, job_id: str, lines: list[LogLine], attempt: int | None = None
     ) -> None:
-        await self._call(self.inner.append_logs(job_id, lines, self.attempt))
+        if self.reporter is not None:
+            await self._call(self.reporter.logs(job_id, self.attempt, lines))
+        else:
+            await self._call(self.inner.append_logs(job_id, lines, self.attempt))
+
+    def queue_logs(self, job_id: str, lines: list[LogLine]) -> None:
+        """Queue lines with the worker's reporter without waiting for them to be taken: they go
+        in order, before (or with) the attempt's end. Needs a ``reporter``."""
+        assert self.reporter is not None
+        self.reporter.logs(job_id, self.attempt, lines).add_done_callback(self._refused)
+
+    def _refused(self, fut: asyncio.Future[None]) -> None:
+        exc = None if fut.cancelled() else fut.exception()
+        if isinstance(exc, GPUlayerError) and exc.code in MOVED_ON:
+            self.moved_on()
 
     async def report_progress(
         self, job_id: str, fields: dict[str, Any], attempt: int | None = None
     ) -> None:
-        await self._call(self.inner.report_progress(job_id, fields, self.attempt))
+        if self.reporter is not None:
+            await self._call(self.reporter.progress(job_id, self.attempt, fields))
+        else:
+            await self._call(self.inner.report_progress(job_id, fields, self.attempt))
 
     async def report_finished(self, job_id: str, report: FinishReport) -> None:
         named = report.model_copy(update={"attempt": self.attempt})
-        await self._call(self.inner.report_finished(job_id, named))
+        if self.reporter is not None:
+            await self._call(self.reporter.finished(job_id, self.attempt, named))
+        else:
+            await self._call(self.inner.report_finished(job_id, named))
+
+    async def report(self, reports: Sequence[JobReport]) -> list[GPUlayerError | None]:
+        return await self.inner.report(reports)
 
     async def report_cell(self, job_id: str, report: CellReport) -> None:
         named = report.model_copy(update={"attempt": self.attempt})

@@ -1,15 +1,19 @@
 """The worker's side of the warm runner: a client of the fork server in ``zygote.py``.
 
-:class:`WarmRunner` is one worker's zygote, owned by its agent and handed to each executor: it
-starts the fork server on the first Python job, replaces it when it dies, gives up (warning once)
-when it cannot start, and stops it with the worker. :class:`ZygoteClient` speaks the protocol that
-``zygote.py`` describes; :class:`ZygoteChild` is a forked job, shaped like an asyncio ``Process``.
+:class:`WarmRunner` is one worker's warm runner, owned by its agent and handed to each executor:
+it starts the fork servers it needs (lazily), replaces one that dies, gives up (warning once) on
+one that cannot start, and stops them with the worker. With a preload (torch where installed)
+Python jobs get a zygote of their own that imports it, while commands keep forking from a light
+one: forking (and later unmapping) a torch-loaded process costs ~15 ms that a command does not
+need. :class:`ZygoteClient` speaks the protocol ``zygote.py`` describes, and keeps that zygote's
+spares: job processes forked ahead of time that a Python job is handed to (``spares.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -17,6 +21,7 @@ import signal
 import socket
 import subprocess
 import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -25,7 +30,10 @@ from ..clock import SYSTEM_CLOCK, Clock
 from . import reaper
 from .config import ExecutorConfig
 from .env import base_env
+from .spares import Pipes, Spare, ZygoteChild
 from .zygote import MAX_MSG, PACKAGE_ROOT, PRELOAD_ENV, SLOT_LEN, STARTUP_VARS
+
+__all__ = ["WarmRunner", "ZygoteChild", "ZygoteClient", "ZygoteUnavailable", "session_preload"]
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -33,45 +41,18 @@ START_TIMEOUT = 30.0  # seconds for the zygote to import what it preloads and sa
 SPAWN_TIMEOUT = 10.0  # seconds for the zygote to answer a launch with a pid
 CLOSE_WAIT = 2.0  # seconds a hung-up zygote gets to exit on its own before SIGKILL
 REAP_WAIT = 0.5  # seconds a zygote that closed its socket gets to finish exiting
+REPLENISH_AFTER = 0.1  # seconds after a use before a spare is replaced, while another is ready
 
 
 class ZygoteUnavailable(Exception):
     """The zygote could not start or launch: the caller uses the cold spawn."""
 
 
-class ZygoteChild:
-    """A job process forked by the zygote, shaped like :class:`asyncio.subprocess.Process`."""
-
-    def __init__(
-        self,
-        pid: int,
-        exited: asyncio.Future[int],
-        stdout: asyncio.StreamReader,
-        stderr: asyncio.StreamReader,
-        transports: list[asyncio.BaseTransport],
-    ) -> None:
-        self.pid = pid
-        self.stdout: asyncio.StreamReader | None = stdout
-        self.stderr: asyncio.StreamReader | None = stderr
-        self._exited = exited
-        self._transports = transports
-
-    @property
-    def returncode(self) -> int | None:
-        return self._exited.result() if self._exited.done() else None
-
-    async def wait(self) -> int:
-        """The exit status the zygote reported (it reaped the process; we are not its parent)."""
-        return await asyncio.shield(self._exited)
-
-    def close(self) -> None:
-        """Close the pipes' read ends (a grandchild outside the group may still hold them)."""
-        for t in self._transports:
-            t.close()
-
-
 class ZygoteClient:
-    """The worker's handle on one zygote process, bound to the event loop that started it."""
+    """The worker's handle on one zygote process, bound to the event loop that started it.
+
+    ``pool``: how many spares it keeps (0: every job is forked when it is launched).
+    """
 
     def __init__(
         self,
@@ -79,9 +60,11 @@ class ZygoteClient:
         preload: tuple[str, ...],
         env: dict[str, str],
         clock: Clock = SYSTEM_CLOCK,
+        pool: int = 0,
     ) -> None:
         self.python = python
         self.preload = preload
+        self.pool = pool
         self._env = env
         self.clock = clock
         self.loop = asyncio.get_running_loop()
@@ -92,8 +75,16 @@ class ZygoteClient:
         self._launches: dict[int, asyncio.Future[int]] = {}
         self._exits: dict[int, asyncio.Future[int]] = {}
         self._next_id = 0
+        self.spares: deque[Spare] = deque()
+        # Spares by supervisor pid: "idle" (in ``spares``), "handing" (being given a job), "job"
+        # (running one), "dropped" (died idle, or hung): their exits ask for a replacement.
+        self._spare_state: dict[int, str] = {}
         self.dead = False
         self._closed = False
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.done() and not self._ready.exception() and not self.dead
 
     async def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -129,22 +120,34 @@ class ZygoteClient:
         except ZygoteUnavailable as exc:
             self.close()
             raise ZygoteUnavailable(f"the warm runner did not start: {exc}") from exc
+        self._ask(self.pool)
+
+    def _ask(self, n: int) -> None:
+        """Ask the zygote to fork ``n`` spares (they arrive as ``spare`` messages)."""
+        if n <= 0 or self.dead or self.sock is None:
+            return
+        with contextlib.suppress(OSError):  # gone: its EOF says so
+            self.sock.send(json.dumps({"spares": n}).encode())
 
     def _readable(self) -> None:
         assert self.sock is not None
         while True:
             try:
-                data = self.sock.recv(MAX_MSG)
+                data, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_MSG, 1)
             except BlockingIOError:
                 return
             except OSError:
-                data = b""
+                data, fds = b"", []
             if not data:
+                for fd in fds:
+                    os.close(fd)
                 self._died()
                 return
             msg = json.loads(data)
-            if "exit" in msg:
-                self._exit_future(int(msg["exit"])).set_result(int(msg["code"]))
+            if "spare" in msg:
+                self._spare_arrived(int(msg["spare"]), fds)
+            elif "exit" in msg:
+                self._exited(int(msg["exit"]), int(msg["code"]))
             elif "ready" in msg:
                 self._ready.set_result(int(msg["ready"]))
             elif "fatal" in msg and not self._ready.done():
@@ -157,10 +160,47 @@ class ZygoteClient:
                     else:
                         fut.set_exception(ZygoteUnavailable(str(msg.get("error"))))
 
+    def _spare_arrived(self, pid: int, fds: list[int]) -> None:
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            return
+        spare = Spare(pid, socket.socket(fileno=fds[0]))
+        if self._closed or self.dead:
+            spare.close()
+            return
+        self._spare_state[pid] = "idle"
+        self.spares.append(spare)
+
+    def _exited(self, pid: int, code: int) -> None:
+        state = self._spare_state.pop(pid, None)
+        if state == "idle":  # died while idle (killed, OOM): never handed a job
+            for spare in [s for s in self.spares if s.pid == pid]:
+                self.spares.remove(spare)
+                spare.close()
+            log.info("a spare job process (pid %s) died while idle; replacing it", pid)
+        elif state != "dropped":
+            fut = self._exits.pop(pid, None)
+            if fut is None:  # nobody waits yet: kept, done, for the launch that comes back
+                fut = self._exits[pid] = self.loop.create_future()
+            if not fut.done():  # a spare's supervisor may have said it first, on its channel
+                fut.set_result(code)
+        if state is not None:
+            # Replenished after each use (or loss), off the next job's path: a moment later
+            # while another spare is ready (forking a torch-loaded spare is CPU the control
+            # plane wants just now, to deliver this job's end), at once when none is.
+            if self.spares:
+                self.loop.call_later(REPLENISH_AFTER, self._ask, 1)
+            else:
+                self._ask(1)
+
     def _exit_future(self, pid: int) -> asyncio.Future[int]:
+        """The exit status of ``pid``, for the one who launched it (registered until known)."""
         fut = self._exits.get(pid)
         if fut is None:
             fut = self._exits[pid] = self.loop.create_future()
+        elif fut.done():
+            del self._exits[pid]  # it exited before its launch came back: taken now
         return fut
 
     def _died(self) -> None:
@@ -184,6 +224,8 @@ class ZygoteClient:
         if not self._ready.done():
             self._ready.set_exception(ZygoteUnavailable(f"{why} during start-up"))
             self._ready.exception()  # retrieved: start() reports it, if anyone still waits
+        while self.spares:
+            self.spares.popleft().close()
         for fut in self._launches.values():
             if not fut.done():
                 fut.set_exception(ZygoteUnavailable(why))
@@ -204,12 +246,59 @@ class ZygoteClient:
         proc.wait()
 
     async def spawn(
-        self, entrypoint: str, cwd: Path, env: dict[str, str], stdin: int | None = None
+        self,
+        entrypoint: str,
+        cwd: Path,
+        env: dict[str, str],
+        stdin: int | None = None,
+        sources: dict[str, str] | None = None,
     ) -> ZygoteChild:
-        """Fork one Python job: stdout/stderr come back as StreamReaders, as with a cold spawn.
+        """Start one Python job: handed to a spare when one is idle, else forked now.
+        stdout/stderr come back as StreamReaders, as with a cold spawn.
 
-        ``stdin``: an fd the job gets as its stdin (a session's socket); default /dev/null."""
-        return await self._launch({"entrypoint": entrypoint}, cwd, env, stdin)
+        ``stdin``: an fd the job gets as its stdin (a session's socket); default /dev/null.
+        ``sources``: files the runner takes from memory instead of ``cwd`` (a cell's source).
+        """
+        what: dict[str, object] = {"entrypoint": entrypoint}
+        if sources:
+            what["sources"] = sources
+        while self.spares and not self.dead:
+            child = await self._hand(self.spares.popleft(), what, cwd, env, stdin)
+            if child is not None:
+                return child
+        return await self._launch(what, cwd, env, stdin)
+
+    async def _hand(
+        self,
+        spare: Spare,
+        what: dict[str, object],
+        cwd: Path,
+        env: dict[str, str],
+        stdin: int | None,
+    ) -> ZygoteChild | None:
+        """Give a spare its job; None when it turned out dead (it is dropped, never used)."""
+        self._spare_state[spare.pid] = "handing"
+        pipes = Pipes(stdin)
+        exited = self._exit_future(spare.pid)
+        try:
+            took = await spare.hand(
+                {**what, "cwd": str(cwd), "env": env}, pipes, self.clock, exited
+            )
+        except BaseException:
+            pipes.abandon()
+            spare.close()
+            self._spare_state[spare.pid] = "dropped"
+            raise
+        if not took:
+            pipes.abandon()
+            if self._spare_state.get(spare.pid) == "handing":
+                self._spare_state[spare.pid] = "dropped"  # its exit asks for a replacement
+            self._exits.pop(spare.pid, None)
+            return None
+        pipes.sent()
+        if self._spare_state.get(spare.pid) == "handing":
+            self._spare_state[spare.pid] = "job"
+        return await pipes.child(spare.pid, exited)
 
     async def exec(self, argv: list[str], cwd: Path, env: dict[str, str]) -> ZygoteChild:
         """Fork one job that execs ``argv`` (a command, or a launcher), supervised as the rest."""
@@ -224,47 +313,28 @@ class ZygoteClient:
         rid = self._next_id
         fut: asyncio.Future[int] = self.loop.create_future()
         self._launches[rid] = fut
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        null = (
-            os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-            if stdin is None
-            else os.dup(stdin)  # closed below like /dev/null: the caller keeps its own
-        )
+        pipes = Pipes(stdin)
         request = {"id": rid, **what, "cwd": str(cwd), "env": env}
         try:
             try:
-                socket.send_fds(self.sock, [json.dumps(request).encode()], [null, out_w, err_w])
+                socket.send_fds(self.sock, [json.dumps(request).encode()], pipes.theirs)
             except OSError as exc:  # full buffer, or the zygote is gone
                 raise ZygoteUnavailable(f"launch request failed: {exc}") from exc
             finally:
-                for fd in (null, out_w, err_w):
-                    os.close(fd)
+                pipes.sent()
             if not await self.clock.wait_for(fut, SPAWN_TIMEOUT):
                 self.close()  # if it forked after all, the job dies with it (pdeathsig)
                 raise ZygoteUnavailable("no answer to a launch request")
             pid = fut.result()
         except BaseException as exc:
-            for fd in (out_r, err_r):
-                os.close(fd)
+            pipes.abandon()
             if isinstance(exc, asyncio.CancelledError):
                 # Cancelled mid-launch: the job may start anyway; stop it when its pid arrives.
                 fut.add_done_callback(_kill_launched)
             else:
                 self._launches.pop(rid, None)
             raise
-        readers: list[asyncio.StreamReader] = []
-        transports: list[asyncio.BaseTransport] = []
-        for fd in (out_r, err_r):
-            reader = asyncio.StreamReader(limit=2**16)
-            protocol = asyncio.StreamReaderProtocol(reader)
-            transport, _ = await self.loop.connect_read_pipe(
-                lambda p=protocol: p,  # type: ignore[misc]
-                open(fd, "rb", buffering=0),
-            )
-            readers.append(reader)
-            transports.append(transport)
-        return ZygoteChild(pid, self._exit_future(pid), readers[0], readers[1], transports)
+        return await pipes.child(pid, self._exit_future(pid))
 
     def close(self) -> None:
         """Hang up and reap the zygote (it exits on EOF, taking any running job with it).
@@ -275,6 +345,8 @@ class ZygoteClient:
         if self._closed:
             return
         self._closed = True
+        while self.spares:
+            self.spares.popleft().close()
         if self.sock is not None and not self.dead:
             with contextlib.suppress(Exception):
                 self.loop.remove_reader(self.sock.fileno())
@@ -289,8 +361,16 @@ class ZygoteClient:
 
 
 def env_preload() -> tuple[str, ...]:
-    """The modules ``GPULAYER_ZYGOTE_PRELOAD`` names (comma-separated; none by default)."""
-    return tuple(m.strip() for m in os.environ.get(PRELOAD_ENV, "").split(",") if m.strip())
+    """What the Python jobs' zygote imports: ``GPULAYER_ZYGOTE_PRELOAD`` (comma-separated; set
+    it empty for nothing), by default torch and numpy where this interpreter has them."""
+    configured = os.environ.get(PRELOAD_ENV)
+    if configured is not None:
+        return tuple(m.strip() for m in configured.split(",") if m.strip())
+    return _installed("torch", "numpy")
+
+
+def _installed(*names: str) -> tuple[str, ...]:
+    return tuple(m for m in names if importlib.util.find_spec(m) is not None)
 
 
 SESSION_PRELOAD_ENV = "GPULAYER_SESSION_PRELOAD"
@@ -301,14 +381,12 @@ numpy where installed; set it empty for IPython alone)."""
 def session_preload() -> tuple[str, ...]:
     """What a session's zygote imports: IPython's shell and the session host, then torch and
     numpy where this interpreter has them (``GPULAYER_SESSION_PRELOAD`` overrides the two)."""
-    import importlib.util
-
     base = ("IPython.core.interactiveshell", "gpulayer_kernel.worker.session_host")
     configured = os.environ.get(SESSION_PRELOAD_ENV)
     if configured is not None:
         extra = tuple(m.strip() for m in configured.split(",") if m.strip())
     else:
-        extra = tuple(m for m in ("torch", "numpy") if importlib.util.find_spec(m) is not None)
+        extra = _installed("torch", "numpy")
     return base + extra
 
 
@@ -318,11 +396,18 @@ def _kill_launched(fut: asyncio.Future[int]) -> None:
             os.killpg(fut.result(), signal.SIGKILL)
 
 
-class WarmRunner:
-    """One worker's zygote: started by its first Python job, replaced if it dies, stopped with it.
+Launch = Callable[[ZygoteClient], Awaitable[ZygoteChild]]
 
-    The agent owns it and hands it to every executor, so each worker has its own fork server (with
-    its own ``python`` and allow-listed environment), and stopping a worker stops its zygote.
+
+class WarmRunner:
+    """One worker's zygotes: started by the first job that needs one, replaced if one dies,
+    stopped with the worker.
+
+    The agent owns it and hands it to every executor, so each worker has its own fork servers
+    (with its own ``python`` and allow-listed environment), and stopping a worker stops them.
+    Python jobs fork from a zygote that imported ``preload()`` and keeps ``pool`` spares; while
+    that one is still importing (torch: ~2 s), they fork from the light one instead. Commands
+    always fork from the light one (``preload`` empty: the two are one).
     """
 
     def __init__(
@@ -330,43 +415,92 @@ class WarmRunner:
         config: ExecutorConfig,
         clock: Clock = SYSTEM_CLOCK,
         preload: Callable[[], tuple[str, ...]] | None = None,
+        pool: int | None = None,
     ) -> None:
-        """``preload``: the modules its zygote imports up front (default: ``PRELOAD_ENV``'s)."""
+        """``preload``: what Python jobs' zygote imports (default: ``env_preload``);
+        ``pool``: spares it keeps (default: ``config.warm_pool``)."""
         self.config = config
         self.clock = clock
         self._preload = preload or env_preload
-        self._client: ZygoteClient | None = None
-        self._finalizer: weakref.finalize[[], WarmRunner] | None = None
-        self._broken = False  # a failed start is likely to fail again: stop trying
+        self._pool = config.warm_pool if pool is None else pool
+        self._clients: dict[tuple[str, ...], ZygoteClient] = {}
+        self._finalizers: dict[tuple[str, ...], weakref.finalize[[], WarmRunner]] = {}
+        self._starting: dict[tuple[str, ...], asyncio.Task[ZygoteClient]] = {}
+        self._broken: set[tuple[str, ...]] = set()  # failed to start: likely to fail again
         self._warned = False
         self.closed = False  # closed by its owner: no zygote is started any more
 
     @property
     def pid(self) -> int | None:
-        """The pid of the live zygote, if any (for tests and diagnostics)."""
-        client = self._client
-        return client.zygote_pid if client is not None and not client.dead else None
+        """The pid of the Python jobs' live zygote, else the light one's (for tests)."""
+        for key in (self._preload(), ()):
+            client = self._clients.get(key)
+            if client is not None and not client.dead and client.zygote_pid is not None:
+                return client.zygote_pid
+        return None
+
+    def spares(self) -> int:
+        """Idle spares ready for Python jobs now (for tests and diagnostics)."""
+        return len(self.spare_pids())
+
+    def spare_pids(self) -> list[int]:
+        """The supervisor pids of the idle spares, oldest first (for tests and diagnostics)."""
+        client = self._clients.get(self._preload())
+        return [s.pid for s in client.spares] if client is not None and not client.dead else []
 
     async def spawn(
-        self, entrypoint: str, cwd: Path, env: dict[str, str], stdin: int | None = None
+        self,
+        entrypoint: str,
+        cwd: Path,
+        env: dict[str, str],
+        stdin: int | None = None,
+        sources: dict[str, str] | None = None,
     ) -> ZygoteChild | None:
-        """Launch a Python job through the zygote; None means "use the cold spawn"."""
+        """Launch a Python job through a zygote; None means "use the cold spawn"."""
         if any(k in STARTUP_VARS for k in env):
             return None
-        return await self._launch(lambda c: c.spawn(entrypoint, cwd, env, stdin))
+        preload = self._preload()
+        key = preload
+        if preload and not await self._usable(preload):
+            key = ()  # the preloading zygote still imports: fork from the light one meanwhile
+        return await self._launch(key, lambda c: c.spawn(entrypoint, cwd, env, stdin, sources))
 
     async def exec(self, argv: list[str], cwd: Path, env: dict[str, str]) -> ZygoteChild | None:
-        """Launch a command through the zygote (no interpreter start-up in the way of its
+        """Launch a command through the light zygote (no interpreter start-up in the way of its
         supervisor); None means "use the cold spawn"."""
-        return await self._launch(lambda c: c.exec(argv, cwd, env))
+        return await self._launch((), lambda c: c.exec(argv, cwd, env))
 
-    async def _launch(
-        self, launch: Callable[[ZygoteClient], Awaitable[ZygoteChild]]
-    ) -> ZygoteChild | None:
+    async def _usable(self, key: tuple[str, ...]) -> bool:
+        """Whether the zygote for ``key`` serves now; starts it in the background if not."""
+        if self.closed or key in self._broken:
+            return False
+        client = self._clients.get(key)
+        if client is not None and self._current(client, key) and client.ready:
+            return True
+        self._start_task(key)
+        return False
+
+    def _start_task(self, key: tuple[str, ...]) -> asyncio.Task[ZygoteClient]:
+        """The start of the zygote for ``key`` under way, or a new one."""
+        task = self._starting.get(key)
+        if task is None or task.done():
+            task = self._starting[key] = asyncio.create_task(self._start(key))
+            task.add_done_callback(_retrieved)
+        return task
+
+    def _current(self, client: ZygoteClient, key: tuple[str, ...]) -> bool:
+        return not (
+            client.dead
+            or client.loop is not asyncio.get_running_loop()
+            or client.python != self.config.python
+            or client.preload != key
+        )
+
+    async def _launch(self, key: tuple[str, ...], launch: Launch) -> ZygoteChild | None:
         if self.closed:
             return None
         try:
-            client = await self._running()
+            client = await self._running(key)
             child = await launch(client)
         except ZygoteUnavailable as exc:
             if not self._warned:
@@ -382,43 +516,58 @@ class WarmRunner:
             return None
         return child
 
-    async def _running(self) -> ZygoteClient:
-        if self._broken:
+    async def _running(self, key: tuple[str, ...]) -> ZygoteClient:
+        if key in self._broken:
             raise ZygoteUnavailable("it failed to start before")
-        preload = self._preload()
-        client = self._client
-        if client is not None and not (
-            client.dead
-            or client.loop is not asyncio.get_running_loop()
-            or client.python != self.config.python
-            or client.preload != preload
-        ):
+        client = self._clients.get(key)
+        if client is not None and self._current(client, key) and client.ready:
             return client
-        self._drop()
+        return await asyncio.shield(self._start_task(key))
+
+    async def _start(self, key: tuple[str, ...]) -> ZygoteClient:
+        self._drop(key)
         # The zygote starts from the allow-listed worker environment: no secrets in its memory.
         env = base_env(extra_allowed=self.config.extra_env_allowed)
-        client = self._client = ZygoteClient(self.config.python, preload, env, self.clock)
+        # Python jobs' zygote keeps the spares; the light one does too when it is the only one.
+        pool = self._pool if key == self._preload() else 0
+        client = ZygoteClient(self.config.python, key, env, self.clock, pool=pool)
+        self._clients[key] = client
         # A worker dropped without stop() still hangs up on its zygote when it is collected.
-        self._finalizer = weakref.finalize(self, client.close)
+        self._finalizers[key] = weakref.finalize(self, client.close)
         try:
             await client.start()
         except ZygoteUnavailable:
-            self._broken = True
+            self._broken.add(key)
             raise
+        finally:
+            if self._starting.get(key) is asyncio.current_task():
+                del self._starting[key]
+        if self.closed:
+            self._drop(key)
+            raise ZygoteUnavailable("closed while it started")
         return client
 
     def close(self) -> None:
-        """Stop and reap the zygote now (and any job still running in it), for good.
+        """Stop and reap the zygotes now (and any job still running in them), for good.
 
         Called by its owner (the agent's ``stop``); idempotent. Jobs launched afterwards take
         the cold spawn, so no zygote is started behind a closed owner's back.
         """
         self.closed = True
-        self._drop()
+        for task in self._starting.values():
+            task.cancel()
+        for key in list(self._clients):
+            self._drop(key)
 
-    def _drop(self) -> None:
-        """Stop the current zygote (a later job starts a new one)."""
-        if self._finalizer is not None:
-            self._finalizer()  # closes the client, once
-            self._finalizer = None
-        self._client = None
+    def _drop(self, key: tuple[str, ...]) -> None:
+        """Stop the zygote for ``key`` (a later job starts a new one)."""
+        finalizer = self._finalizers.pop(key, None)
+        if finalizer is not None:
+            finalizer()  # closes the client, once
+        self._clients.pop(key, None)
+
+
+def _retrieved(task: asyncio.Task[ZygoteClient]) -> None:
+    """A background start's failure is warned about by the next launch that needs it."""
+    if not task.cancelled():
+        task.exception()

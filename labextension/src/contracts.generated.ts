@@ -33,7 +33,9 @@ export type AnyContract =
   | IInstanceList
   | IJob
   | IJobAssignment
+  | IJobFollow
   | IJobList
+  | IJobReport
   | IJobSpec
   | ILogBatch
   | ILogLine
@@ -44,11 +46,17 @@ export type AnyContract =
   | IProgressReport
   | IProviderCheck
   | IProviderList
+  | IRefusal
   | IRendezvous
+  | IReportAnswer
+  | IReportBatch
+  | IRunRequest
   | ISessionInfo
   | ISessionList
   | ISessionReport
   | ISessionSpec
+  | ISubmitAnswer
+  | ISubmitBatch
   | IWork
   | IWorkerCapabilities
   | IWorkerInfo
@@ -1143,9 +1151,55 @@ export interface IJobAssignment {
     [k: string]: string;
   };
 }
+/**
+ * A job as it is now and its log records after ``since``: one page of following it.
+ */
+export interface IJobFollow {
+  api_version: 'gpulayer/v1';
+  /**
+   * pass as `cursor` for the next page: it answers when the job changes after this point (a restart of the control plane counts as a change)
+   */
+  cursor: string;
+  job: IJob;
+  /**
+   * more records are waiting: ask again at once
+   */
+  more: boolean;
+  /**
+   * pass as `since` for the next page
+   */
+  next_since: number;
+  records: ILogRecord[];
+}
 export interface IJobList {
   api_version: 'gpulayer/v1';
   jobs: IJob[];
+}
+/**
+ * What a worker says about one attempt of one job, in one go (applied in this order).
+ */
+export interface IJobReport {
+  api_version: 'gpulayer/v1';
+  /**
+   * the attempt this report comes from (its assignment's `attempt`); a report from an attempt that is no longer current is refused with 409 `stale_attempt`; absent: the current attempt
+   */
+  attempt: number | null;
+  /**
+   * its end; with `started` in the same report, the start and the end are recorded together (one write of the job)
+   */
+  finished: IFinishReport | null;
+  job_id: string;
+  /**
+   * @maxItems 10000
+   */
+  lines: ILogLine[];
+  progress: {
+    [k: string]: JsonValue;
+  } | null;
+  /**
+   * its process started (placed → running)
+   */
+  started: boolean;
 }
 export interface ILogBatch {
   api_version: 'gpulayer/v1';
@@ -1261,6 +1315,19 @@ export interface IProviderList {
   providers: IProviderCheck[];
 }
 /**
+ * One entry of a batch that was not taken: which, and why (the error's own fields).
+ */
+export interface IRefusal {
+  api_version: 'gpulayer/v1';
+  attempt: number | null;
+  code: string;
+  hint: string | null;
+  index: number;
+  job_id: string | null;
+  message: string;
+  status: number;
+}
+/**
  * Where the ranks of a multi-node gang meet: published by the rank-0 worker.
  */
 export interface IRendezvous {
@@ -1271,6 +1338,34 @@ export interface IRendezvous {
   attempt: number | null;
   master_addr: string;
   master_port: number;
+}
+/**
+ * The entries of a report batch that were refused (none: the answer is 204).
+ */
+export interface IReportAnswer {
+  api_version: 'gpulayer/v1';
+  refused: IRefusal[];
+}
+/**
+ * Reports about several attempts; each entry is a :class:`JobReport`, checked on its own.
+ */
+export interface IReportBatch {
+  api_version: 'gpulayer/v1';
+  /**
+   * @maxItems 1000
+   */
+  reports: JsonValue[];
+}
+/**
+ * Submit a job and follow it in the same request.
+ */
+export interface IRunRequest {
+  api_version: 'gpulayer/v1';
+  /**
+   * the spec's bundle itself, base64, when the control plane may lack it (at most 1 MiB; larger ones are uploaded with PUT /bundles/{sha256} first)
+   */
+  bundle: string | null;
+  spec: IJobSpec;
 }
 export interface ISessionList {
   api_version: 'gpulayer/v1';
@@ -1307,11 +1402,35 @@ export interface ISessionSpec {
   wait_for_capacity: boolean;
 }
 /**
+ * The jobs of a batch that were queued (in the order given) and the entries refused.
+ */
+export interface ISubmitAnswer {
+  api_version: 'gpulayer/v1';
+  jobs: IJob[];
+  refused: IRefusal[];
+}
+/**
+ * Several jobs in one request (a sweep); each entry is a JobSpec, checked on its own.
+ */
+export interface ISubmitBatch {
+  api_version: 'gpulayer/v1';
+  /**
+   * @maxItems 1000
+   */
+  specs: JsonValue[];
+}
+/**
  * The answer to a worker's long-poll: new jobs to start and jobs to stop.
  */
 export interface IWork {
   api_version: 'gpulayer/v1';
   assignments: IJobAssignment[];
+  /**
+   * protocol 1.1: small bundles of these assignments, base64 by sha256, so the worker need not fetch them (never sent to a worker that did not say 1.1)
+   */
+  bundles: {
+    [k: string]: string;
+  };
   /**
    * jobs to stop, whichever attempt of them runs here
    */

@@ -89,7 +89,14 @@ async def scenario(
                 most=120,
                 step=1.0,
             )
-            for inst in await cp.store.load_instances(ended=True):
+            # The rows follow the registry by an await (a terminate revokes its token, then
+            # saves): give the last saves their turn before reading the store.
+            for _ in range(50):
+                stored = await cp.store.load_instances(ended=True)
+                if all(inst.state.ended for inst in stored):
+                    break
+                await asyncio.sleep(0.02)
+            for inst in stored:
                 assert inst.state.ended, inst
             # One charge per ended attempt, the job's own figure, never more than it held.
             rows = await cp.store.list_costs()

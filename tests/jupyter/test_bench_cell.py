@@ -20,4 +20,4 @@ def test_bench_cell_quick() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.strip().splitlines()
     assert any(line.startswith("log line, worker print -> notebook client: p50") for line in lines)
-    assert re.fullmatch(r"cell/bare: \d+\.\d\dx", lines[-1]), lines[-1]
+    assert re.fullmatch(r"cell/(ipyparallel|bare): \d+\.\d\dx", lines[-1]), lines[-1]
