@@ -137,8 +137,8 @@ def exit_job(code: int) -> NoReturn:
 
     That teardown costs a forked child ~14 ms (each object it touches is a copy-on-write page
     fault) and does nothing a job can see beyond these steps: join non-daemon threads, run
-    ``atexit`` handlers and the job's own ``weakref.finalize``\ rs (not those inherited from the
-    zygote), collect garbage (unclosed files flush), flush the std streams.
+    ``atexit`` handlers and the job's own ``weakref.finalize`` callbacks (not those inherited
+    from the zygote), collect garbage (unclosed files flush), flush the std streams.
     """
     try:
         getattr(threading, "_shutdown", lambda: None)()
