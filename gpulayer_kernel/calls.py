@@ -120,6 +120,15 @@ def _older(resp: httpx.Response) -> bool:
     return resp.status_code in NEWER and versions.HEADER not in resp.headers
 
 
+def _newer(model: type[M], resp: httpx.Response) -> M | None:
+    """A 1.1 route's answer; None where the server is older than the route (speak 1.0)."""
+    if _older(resp):
+        return None
+    if resp.status_code >= 400:
+        raise _error(resp)
+    return _model(model, resp)
+
+
 class Calls:
     """Every call as a generator of requests: written once for both clients."""
 
@@ -165,10 +174,8 @@ class Calls:
                 timeout=max(chunk, linger) + POLL_SLACK,
                 ok=NEWER,
             )
-            if not _older(resp):
-                if resp.status_code >= 400:
-                    raise _error(resp)
-                return _model(JobFollow, resp)
+            if (followed := _newer(JobFollow, resp)) is not None:
+                return followed
         # 1.0, or a bundle too large to ride inline: upload, submit, wait, read the logs.
         if bundle is not None and digest is not None and not (yield from self.has_bundle(digest)):
             yield from self.put_bundle(bundle, digest)
@@ -203,10 +210,8 @@ class Calls:
                 timeout=max(chunk, linger) + POLL_SLACK,
                 ok=NEWER,
             )
-            if not _older(resp):
-                if resp.status_code >= 400:
-                    raise _error(resp)
-                return _model(JobFollow, resp)
+            if (followed := _newer(JobFollow, resp)) is not None:
+                return followed
         page = yield from self.logs(job_id, since, chunk, limit)
         job = yield from self.get(job_id)
         return JobFollow(
@@ -219,10 +224,7 @@ class Calls:
         if self.v11:
             body = {"specs": [s.model_dump(mode="json") for s in specs]}
             resp = yield Req("POST", "/jobs/batch", json=json.dumps(body), ok=NEWER)
-            if not _older(resp):
-                if resp.status_code >= 400:
-                    raise _error(resp)
-                answer = _model(SubmitAnswer, resp)
+            if (answer := _newer(SubmitAnswer, resp)) is not None:
                 out: builtins.list[Job | GPUlayerError | None] = [None] * len(specs)
                 for r in answer.refused:
                     out[r.index] = from_json(r.status, {"code": r.code, "message": r.message})
