@@ -17,7 +17,6 @@ from typing import Any, Protocol, TextIO
 
 from . import display
 from .contracts import (
-    Artifact,
     CellRun,
     Job,
     JobState,
@@ -26,7 +25,6 @@ from .contracts import (
     SessionStatus,
     WorkerInfo,
 )
-from .errors import NotFound
 
 PROGRESS_EVERY = 2.0  # seconds between two printed progress lines: a log, not a progress bar
 
@@ -361,27 +359,6 @@ def artifacts_table(job: Job) -> str:
     for a in job.artifacts:
         rows.append(f"{a.name:<{width}}{size(a.size):>10}  {a.digest[:12]}")
     return "\n".join(rows)
-
-
-def find_artifact(job: Job, name: str) -> Artifact:
-    """The artifact called ``name`` (or, when unique, the one whose path ends in ``/name``).
-
-    A gang's files are named ``rank<R>/...``: ``step-00000300.pt`` finds ``rank0/step-…``
-    when only one rank wrote it. Missing or ambiguous: ``NotFound`` naming the artifact.
-    """
-    exact = [a for a in job.artifacts if a.name == name]
-    found = exact or [a for a in job.artifacts if a.name.endswith("/" + name)]
-    if len(found) == 1:
-        return found[0]
-    names = ", ".join(a.name for a in (found or job.artifacts)) or "none"
-    what = "several artifacts match" if found else "it has"
-    raise NotFound(
-        f"job {job.id} has no artifact {name!r} ({what}: {names})",
-        hint=f"list them with: gpulayer artifacts {job.id}; a job's artifacts are the files "
-        "it writes to $GPULAYER_OUTPUT",
-        details={"job": job.id, "artifact": name},
-        code="artifact_not_found",
-    )
 
 
 def workers_table(workers: Sequence[WorkerInfo], now: float | None = None) -> str:

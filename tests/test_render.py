@@ -7,6 +7,7 @@ import io
 import pytest
 
 from gpulayer_kernel import render
+from gpulayer_kernel.artifacts import find_artifact
 from gpulayer_kernel.contracts import (
     Artifact,
     Job,
@@ -191,10 +192,10 @@ def test_artifacts_table_and_finding_one_by_name() -> None:
     assert table[0].split() == ["NAME", "SIZE", "DIGEST"]
     assert table[1].split() == ["rank0/step-00000300.pt", "1.5", "KiB", "a" * 12]
     assert table[2].split() == ["report.txt", "12", "B", "b" * 12]
-    assert render.find_artifact(job, "report.txt").digest == "b" * 64
-    assert render.find_artifact(job, "step-00000300.pt").name == "rank0/step-00000300.pt"
+    assert find_artifact(job, "report.txt").digest == "b" * 64
+    assert find_artifact(job, "step-00000300.pt").name == "rank0/step-00000300.pt"
     with pytest.raises(NotFound) as err:
-        render.find_artifact(job, "missing.pt")
+        find_artifact(job, "missing.pt")
     assert "no artifact 'missing.pt'" in err.value.message
     assert "report.txt" in err.value.message and err.value.code == "artifact_not_found"
     assert "has no artifacts" in render.artifacts_table(make_job())

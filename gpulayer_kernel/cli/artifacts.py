@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
+from ..artifacts import download, find_artifact
 from ..contracts import Artifact
-from ..errors import BundleError, Conflict
+from ..errors import Conflict
 from ..session import Session, open_session
 from .common import Handler
 
@@ -54,31 +54,9 @@ def destination(artifact: Artifact, output: str | None) -> Path:
     return path / base if path.is_dir() else path
 
 
-async def save(s: Session, artifact: Artifact, out: BinaryIO) -> None:
-    """Write ``artifact`` to ``out``, checking its digest; streamed from a served control plane."""
-    from ..client import AsyncClient  # here: httpx loads only for commands that need it
-
-    sha = hashlib.sha256()
-
-    def write(chunk: bytes) -> None:
-        sha.update(chunk)
-        out.write(chunk)
-
-    if isinstance(s, AsyncClient):
-        await s.download_blob(artifact.digest, write)
-    else:  # the embedded control plane: the blob is a local file already
-        write(await s.get_blob(artifact.digest))
-    if sha.hexdigest() != artifact.digest:
-        raise BundleError(
-            f"artifact {artifact.name} arrived corrupt (its content does not match its digest)",
-            hint="download it again",
-            details={"artifact": artifact.name, "digest": artifact.digest},
-        )
-
-
 async def _download(s: Session, artifact: Artifact, output: str | None, force: bool) -> None:
     if output == "-":
-        await save(s, artifact, sys.stdout.buffer)
+        await download(s, artifact, sys.stdout.buffer)
         sys.stdout.flush()
         return
     dest = destination(artifact, output)
@@ -93,7 +71,7 @@ async def _download(s: Session, artifact: Artifact, output: str | None, force: b
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            await save(s, artifact, f)
+            await download(s, artifact, f)
         os.replace(tmp, dest)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -110,7 +88,7 @@ async def cmd_artifacts(args: argparse.Namespace) -> int:
     async with open_session() as s:
         job = await s.get(args.job)
         if args.get is not None:
-            await _download(s, render.find_artifact(job, args.get), args.output, args.force)
+            await _download(s, find_artifact(job, args.get), args.output, args.force)
             return 0
     if args.json:
         print(json.dumps([a.model_dump(mode="json") for a in job.artifacts], indent=2))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import render
+from ..artifacts import find_artifact
 from ..contracts import Artifact, Job, JobState
 from ..errors import GPUlayerError
 from .bridge import Bridge, Update
@@ -149,7 +150,7 @@ class JobHandle:
 
     def read_artifact(self, name: str) -> bytes:
         """The content of one artifact (by name; a gang's ``rank0/x`` also answers to ``x``)."""
-        return self._bridge.get_blob(render.find_artifact(self.job, name).digest)
+        return self._bridge.get_blob(find_artifact(self.job, name).digest)
 
     def download(self, name: str, dest: str | Path | None = None) -> Path:
         """Save one artifact to ``dest`` (default: its own name in the current directory)."""

@@ -10,6 +10,19 @@ Lightning and accelerate.
 
 from __future__ import annotations
 
+from ..ranks import (
+    all_reduce_mean,
+    barrier,
+    destroy_distributed,
+    device,
+    init_distributed,
+    is_rank_zero,
+    local_rank,
+    print0,
+    rank,
+    seed_everything,
+    world_size,
+)
 from .callbacks import Callback
 from .checkpoint import load_checkpoint
 from .config import TrainerConfig
@@ -37,19 +50,6 @@ from .model_checkpoint import ModelCheckpoint
 from .module import Module
 from .own_loop import accumulate, backward, gather, load_state, prepare, save_state, unwrap
 from .progress import PEAK_FLOPS, peak_flops
-from .runtime import (
-    all_reduce_mean,
-    barrier,
-    destroy_distributed,
-    device,
-    init_distributed,
-    is_rank_zero,
-    local_rank,
-    print0,
-    rank,
-    seed_everything,
-    world_size,
-)
 from .trainer import FitResult, Trainer
 
 __all__ = [

@@ -35,9 +35,9 @@ import torch
 import torch.distributed as dist
 
 from ..errors import GPUlayerError
+from ..ranks import world_size
 from .config import TrainerConfig
 from .errors import CallbackFailed
-from .runtime import world_size
 
 if TYPE_CHECKING:
     from .module import Module

@@ -17,6 +17,7 @@ from typing import Any, cast
 import torch
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
+from ..ranks import world_size
 from .config import TrainerConfig
 from .data import loader_length, samples_of
 from .errors import (
@@ -26,7 +27,6 @@ from .errors import (
     TrainingStepInvalid,
     ValidationStepInvalid,
 )
-from .runtime import world_size
 
 _SETUP_HINT = "return the optimizer, or (optimizer, scheduler)"
 _PER_STEP = (

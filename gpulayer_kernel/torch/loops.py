@@ -16,12 +16,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..ranks import world_size
 from .contract import check_validation_step
 from .data import to_device
 from .errors import HookMissing, ValidationStepInvalid
 from .metrics import MetricLog
 from .module import Module, has_hook
-from .runtime import world_size
 
 Autocast = Callable[[], AbstractContextManager[Any]]
 

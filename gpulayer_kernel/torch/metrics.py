@@ -23,8 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..ranks import world_size
 from .errors import MetricInvalid
-from .runtime import world_size
 
 Reduced = dict[str, float]
 

@@ -18,9 +18,9 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..ranks import is_rank_zero
 from .callbacks import Callback, Trainer, rank_zero_decides
 from .errors import CallbackInvalid, MetricNotFound
-from .runtime import is_rank_zero
 
 if TYPE_CHECKING:
     from .module import Module

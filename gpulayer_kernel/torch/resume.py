@@ -82,15 +82,14 @@ def _artifact_paths(name: str) -> list[Path]:
 
 def _fetch(job_id: str, name: str) -> dict[str, Any]:
     """Download another job's artifact into a temp file and load it (weights_only)."""
-    from ..cli.artifacts import save
-    from ..render import find_artifact
+    from ..artifacts import download, find_artifact
     from ..session import open_session
 
-    async def download(dest: Path) -> None:
+    async def fetch(dest: Path) -> None:
         async with open_session() as s:
             artifact = find_artifact(await s.get(job_id), name)
             with dest.open("wb") as f:
-                await save(s, artifact, f)
+                await download(s, artifact, f)
 
     with tempfile.TemporaryDirectory(prefix="gpulayer-ckpt-") as tmp:
         dest = Path(tmp) / "checkpoint.pt"
@@ -98,7 +97,7 @@ def _fetch(job_id: str, name: str) -> dict[str, Any]:
 
         def run() -> None:  # a thread: the caller may already run an event loop (a kernel)
             try:
-                asyncio.run(download(dest))
+                asyncio.run(fetch(dest))
             except BaseException as exc:
                 errors.append(exc)
 

@@ -26,6 +26,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import InvalidInput
+from ..ranks import barrier, is_rank_zero, rank, seed_everything
+from ..ranks import world_size as get_world_size
 from .callbacks import CallbackList, Trainer
 from .checkpoint import FORMAT, VERSION, capture_rng, restore_rng, save_checkpoint
 from .contract import check_optimizers, check_train_loader, check_training_step
@@ -38,8 +40,6 @@ from .model_checkpoint import ModelCheckpoint
 from .module import Module, has_validation_step
 from .progress import MetricWindow, ProgressDisplay, peak_flops
 from .resume import check_config, resolve
-from .runtime import barrier, is_rank_zero, rank, seed_everything
-from .runtime import world_size as get_world_size
 from .scheduling import ScheduledLR
 
 

@@ -25,9 +25,9 @@ import torch
 from torch.multiprocessing.spawn import start_processes
 from torch.utils.data import TensorDataset
 
+from ..ranks import rank
 from .callbacks import Callback
 from .module import Module, OptimizerSetup
-from .runtime import rank
 
 
 class TinyRegressor(Module):

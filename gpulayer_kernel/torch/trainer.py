@@ -18,6 +18,7 @@ import torch
 
 from .. import job
 from ..errors import InvalidInput
+from ..ranks import device, init_distributed, is_rank_zero, print0
 from .callbacks import Callback, CallbackList
 from .checkpoint import artifact_name
 from .config import TrainerConfig
@@ -29,7 +30,6 @@ from .model_checkpoint import ModelCheckpoint
 from .module import Module
 from .resume import resolve
 from .run import _limit, _Run, autocast_for, determinism
-from .runtime import device, init_distributed, is_rank_zero, print0
 
 Metrics = dict[str, float | None]
 

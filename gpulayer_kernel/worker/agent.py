@@ -39,7 +39,7 @@ from .processes import reap_leftovers
 from .reports import Reporter
 from .session import SessionExecutor
 from .transport import AttemptTransport, Transport
-from .zygote_client import WarmRunner, session_preload
+from .warm import WarmRunner, session_preload
 
 __all__ = ["WorkerAgent", "backoff"]  # backoff: re-exported for the CLI's join loop
 

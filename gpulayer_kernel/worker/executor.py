@@ -48,8 +48,9 @@ from .processes import (
     reap_leftovers,
     spawn_cold,
 )
+from .spares import ZygoteChild
 from .transport import Transport
-from .zygote_client import WarmRunner, ZygoteChild
+from .warm import WarmRunner
 
 # Re-exported: ExecutorConfig lived here, and callers outside the worker still import it from here.
 __all__ = ["ExecutorConfig", "JobExecutor", "reap_leftovers"]

@@ -55,7 +55,7 @@ from .processes import Spawned, group_alive, killpg, spawn_cold
 from .session_output import RankOutput
 from .session_wire import encode_frame, read_frame
 from .transport import Transport
-from .zygote_client import WarmRunner
+from .warm import WarmRunner
 
 log = logging.getLogger("gpulayer.worker")
 

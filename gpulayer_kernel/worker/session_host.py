@@ -244,9 +244,9 @@ class Host:
         sys.stderr = OutStream("stderr", self.channel, 2)
         versions: dict[str, Any] = {"python": sys.version.split()[0]}
         if self.world_size > 1:
-            from ..torch import runtime
+            from ..ranks import init_distributed
 
-            runtime.init_distributed()
+            init_distributed()
         if "torch" in sys.modules:
             versions["torch"] = sys.modules["torch"].__version__
         self.channel.send(

@@ -3,7 +3,7 @@
 A cold Python job pays interpreter start-up plus ``import gpulayer_kernel.runner`` (~100 ms on a
 loaded 2-core box) before the user's first line runs. The zygote is a long-lived helper
 (``python -m gpulayer_kernel.worker.zygote``: this module, which runs in that helper process),
-owned by its worker's :class:`~gpulayer_kernel.worker.zygote_client.WarmRunner`, started lazily
+owned by its worker's :class:`~gpulayer_kernel.worker.warm.WarmRunner`, started lazily
 by the first job and again after it dies. It has imported the runner and the in-job API (and, for
 Python jobs, what ``GPULAYER_ZYGOTE_PRELOAD`` names: torch where installed). Worker and zygote
 speak JSON messages on a UNIX ``SOCK_SEQPACKET`` socket; fds travel as SCM_RIGHTS.

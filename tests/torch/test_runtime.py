@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import gpulayer_kernel.torch as gt  # noqa: E402
-from gpulayer_kernel.torch import runtime  # noqa: E402
+from gpulayer_kernel import ranks  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -112,7 +112,7 @@ def test_public_names_resolve_and_are_sorted() -> None:
         return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
 
     assert names == sorted(names, key=kind)
-    assert runtime.device is gt.device
+    assert ranks.device is gt.device
 
 
 def test_import_does_not_touch_cuda() -> None:

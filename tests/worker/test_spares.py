@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gpulayer_kernel.testing import until
 from gpulayer_kernel.worker.config import ExecutorConfig
-from gpulayer_kernel.worker.zygote_client import WarmRunner
+from gpulayer_kernel.worker.warm import WarmRunner
 
 POOL = 2
 

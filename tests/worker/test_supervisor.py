@@ -19,7 +19,7 @@ from gpulayer_kernel.contracts import CommandWorkload, JobSpec, JobState, Python
 from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.testing import ServeProcess, WorkerProcess, until, wait_until
 from gpulayer_kernel.worker.config import ExecutorConfig
-from gpulayer_kernel.worker.zygote_client import WarmRunner
+from gpulayer_kernel.worker.warm import WarmRunner
 
 from ..conftest import WorkerFactory, pid_alive
 
