@@ -11,9 +11,6 @@ lacks its digest; the worker runs it with ``python -m gpulayer_kernel.runner cel
 
 from __future__ import annotations
 
-import getpass
-import os
-import shlex
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
@@ -22,7 +19,7 @@ from ..errors import GPUlayerError, MissingExtra
 
 try:
     from IPython.core import magic, magic_arguments
-    from IPython.core.error import StdinNotImplementedError, UsageError
+    from IPython.core.error import UsageError
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.core.magic import Magics, magics_class
     from IPython.core.magic_arguments import MagicArgumentParser
@@ -30,10 +27,11 @@ except ImportError as exc:  # a wheel installed without the jupyter extra
     raise MissingExtra.of("jupyter", "the %%gpulayer magics", exc) from None
 
 from .. import render, transfer
-from ..contracts import Job, JobSpec, JobState, parse, parse_pairs
+from ..contracts import Job, JobSpec, parse, parse_pairs
 from ..runner import LAST_VALUE, SHOWN_KEY
 from ..sessions import SessionCellError
-from .bridge import Bridge, Target, get_bridge, reconnect
+from . import line_commands
+from .bridge import Bridge, get_bridge
 from .cellspec import (
     CELL_FILE,
     NOTEBOOK_LABEL,
@@ -44,12 +42,10 @@ from .cellspec import (
     env_values,
     notebook_path,
 )
+from .display_mode import display_mode
 from .handle import CellError, JobHandle, NoResult, follow, result_of
 from .sessioncells import run_session_cell
-from .sessionkernel import kernel_sessions, pull_command, push_command, session_command
-
-DISPLAY_ENV = "GPULAYER_DISPLAY"
-DISPLAY_MODES = ("auto", "widget", "text")
+from .sessionkernel import kernel_sessions
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 # IPython's magic_arguments is untyped, and its magic markers return a union; typed views of them:
@@ -60,46 +56,12 @@ cell_magic = cast(Callable[[str], Callable[[_F], _F]], magic.cell_magic)
 line_magic = cast(Callable[[str], Callable[[_F], _F]], magic.line_magic)
 new_parser = cast(Callable[..., MagicArgumentParser], MagicArgumentParser)
 
-_display_mode: str | None = None
-_told_no_widgets = False
 _last: JobHandle | None = None
 
 
 def last_job() -> JobHandle | None:
     """The handle of the last job a ``%%gpulayer`` cell submitted in this kernel."""
     return _last
-
-
-def display_mode() -> str:
-    """``widget`` or ``text``: how this kernel shows jobs (``%gpulayer display`` sets it)."""
-    mode = _display_mode or os.environ.get(DISPLAY_ENV, "auto").strip().lower() or "auto"
-    if mode == "text":
-        return "text"
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    if shell is None or getattr(shell, "kernel", None) is None:
-        return "text"  # plain IPython in a terminal, or a script: nothing renders widgets
-    try:
-        import anywidget  # noqa: F401
-    except ImportError as exc:
-        if mode == "widget" or os.environ.get("JPY_SESSION_NAME"):
-            _say_no_widgets(exc)  # a notebook wanted the widget: say why it gets text
-        return "text"
-    if mode == "widget":
-        return "widget"
-    # A kernel started by a Jupyter server for a notebook (JupyterLab, Notebook 7) has this;
-    # nbval, nbconvert and jupyter_client scripts do not, and nothing renders widgets there.
-    return "widget" if os.environ.get("JPY_SESSION_NAME") else "text"
-
-
-def _say_no_widgets(exc: ImportError) -> None:
-    """Once per kernel: jobs show as text because the jupyter extra (anywidget) is missing."""
-    global _told_no_widgets
-    if not _told_no_widgets:
-        _told_no_widgets = True
-        err = MissingExtra.of("jupyter", "the job widget", exc)
-        print(f"gpulayer: showing jobs as text; {err.message}. {err.hint}", file=sys.stderr)
 
 
 class Shown:
@@ -394,130 +356,11 @@ class GPUlayerMagics(Magics):
         [--simulate-kind KIND], display auto|widget|text, help. JOB is a job id (or a unique
         prefix of 4+ characters).
         """
-        words = shlex.split(line)
-        command = words[0] if words else "status"
-        if command in ("help", "-h", "--help"):
-            print(_LINE_HELP)
-            return None
-        handler = _LINE_COMMANDS.get(command)
-        if handler is None:
-            raise UsageError(f"unknown command {command!r}\n{_LINE_HELP}")
         try:
-            return handler(self, words[1:])
+            return line_commands.run(line, self.ns)
         except GPUlayerError as exc:
             shown = isinstance(exc, (CellError, SessionCellError))
             raise exc if shown else cell_error(exc) from None
-
-    def _status(self, argv: list[str]) -> None:
-        _parser("status").parse_args(argv)
-        bridge = get_bridge()
-        workers = bridge.workers()
-        jobs = bridge.jobs(limit=1000)
-        print(f"GPUlayer: {bridge.describe()}")
-        gpus = sum(len(w.capabilities.devices) for w in workers)
-        sim = " (simulated)" if any(w.capabilities.simulated for w in workers) else ""
-        print(f"workers: {len(workers)}, GPUs: {gpus}{sim}")
-        counts: dict[str, int] = {}
-        for j in jobs:
-            counts[j.state.value] = counts.get(j.state.value, 0) + 1
-        shown = ", ".join(f"{counts[s.value]} {s.value}" for s in JobState if s.value in counts)
-        print(f"jobs: {shown or 'none yet'}")
-        print(f"display: {display_mode()}")
-
-    def _workers(self, argv: list[str]) -> None:
-        _parser("workers").parse_args(argv)
-        print(render.workers_table(get_bridge().workers()))
-
-    def _jobs(self, argv: list[str]) -> None:
-        p = _parser("jobs")
-        p.add_argument("--state", action="append", default=[], choices=[s.value for s in JobState])
-        p.add_argument("--limit", type=int, default=20)
-        a = p.parse_args(argv)
-        jobs = get_bridge().jobs([JobState(s) for s in a.state], limit=a.limit)
-        print(render.jobs_table(jobs))
-
-    def _job_command(self, name: str, argv: list[str]) -> str:
-        p = _parser(name)
-        p.add_argument("job", help="job id (or a unique prefix)")
-        job_id: str = p.parse_args(argv).job
-        return job_id
-
-    def _logs(self, argv: list[str]) -> None:
-        job_id = self._job_command("logs", argv)
-        text = render.logs(get_bridge().all_logs(job_id))
-        print(text or "(no log lines)")
-
-    def _show(self, argv: list[str]) -> None:
-        print(render.summary(get_bridge().get(self._job_command("show", argv))))
-
-    def _explain(self, argv: list[str]) -> None:
-        print(get_bridge().explain(self._job_command("explain", argv)))
-
-    def _cancel(self, argv: list[str]) -> None:
-        bridge = get_bridge()
-        job = bridge.cancel(self._job_command("cancel", argv))
-        if not job.state.terminal:
-            job = bridge.wait(job.id, timeout=30.0)
-        print(render.state_line(job))
-
-    def _connect(self, argv: list[str]) -> None:
-        p = _parser("connect")
-        p.add_argument("url", help="the control plane, e.g. https://gpu-box:8800")
-        p.add_argument("--token", default=None, help="a client token (asked for when omitted)")
-        a = p.parse_args(argv)
-        token = a.token
-        if token is None:
-            try:
-                token = getpass.getpass(f"GPUlayer token for {a.url}: ")
-            except StdinNotImplementedError:
-                raise CellError(
-                    "this frontend cannot ask for the token",
-                    hint="pass it: %gpulayer connect URL --token TOKEN",
-                ) from None
-        bridge = reconnect(Target(url=a.url, token=token))
-        workers = bridge.workers()  # fails here, clearly, when the URL or token is wrong
-        print(f"connected to the {bridge.describe()} ({len(workers)} workers)")
-
-    def _local(self, argv: list[str]) -> None:
-        p = _parser("local")
-        p.add_argument("--home", default=None, help="state folder (default $GPULAYER_HOME)")
-        p.add_argument("--simulate-gpus", type=int, default=None, metavar="N")
-        p.add_argument("--simulate-kind", default=None, metavar="KIND", help="e.g. a100-80gb")
-        a = p.parse_args(argv)
-        bridge = reconnect(
-            Target(
-                local=True,
-                home=a.home,
-                simulate_gpus=a.simulate_gpus,
-                simulate_kind=a.simulate_kind,
-            )
-        )
-        workers = bridge.workers()
-        print(f"using the {bridge.describe()}")
-        print(render.workers_table(workers))
-
-    def _session(self, argv: list[str]) -> None:
-        session_command(argv, self.ns, widget=display_mode() == "widget")
-
-    def _push(self, argv: list[str]) -> None:
-        push_command(argv, self.ns)
-
-    def _pull(self, argv: list[str]) -> None:
-        pull_command(argv, self.ns)
-
-    def _display(self, argv: list[str]) -> None:
-        global _display_mode
-        p = _parser("display")
-        p.add_argument("mode", choices=DISPLAY_MODES)
-        mode = p.parse_args(argv).mode
-        if mode == "widget":
-            try:
-                import anywidget  # noqa: F401
-            except ImportError as exc:
-                err = MissingExtra.of("jupyter", "%gpulayer display widget", exc)
-                raise UsageError(f"{err.message}\n{err.hint}") from None
-        _display_mode = mode
-        print(f"display: {display_mode()}")
 
 
 def _running_count(shell: InteractiveShell) -> int | None:
@@ -531,51 +374,6 @@ def _cell_parser() -> MagicArgumentParser:
     """The parser magic_arguments built for ``%%gpulayer`` (its options and their help)."""
     parser: MagicArgumentParser = GPUlayerMagics.gpulayer_cell.parser  # type: ignore[attr-defined]
     return parser
-
-
-def _parser(command: str) -> MagicArgumentParser:
-    return new_parser(prog=f"%gpulayer {command}")
-
-
-_LINE_COMMANDS: dict[str, Callable[[GPUlayerMagics, list[str]], Any]] = {
-    "status": GPUlayerMagics._status,
-    "workers": GPUlayerMagics._workers,
-    "jobs": GPUlayerMagics._jobs,
-    "logs": GPUlayerMagics._logs,
-    "show": GPUlayerMagics._show,
-    "explain": GPUlayerMagics._explain,
-    "cancel": GPUlayerMagics._cancel,
-    "connect": GPUlayerMagics._connect,
-    "local": GPUlayerMagics._local,
-    "display": GPUlayerMagics._display,
-    "session": GPUlayerMagics._session,
-    "push": GPUlayerMagics._push,
-    "pull": GPUlayerMagics._pull,
-}
-
-_LINE_HELP = """\
-%gpulayer COMMAND
-  status                      where jobs go, workers, GPUs and job counts (the default)
-  workers                     workers and their devices
-  jobs [--state S] [--limit N] recent jobs
-  logs JOB                    a job's log so far
-  show JOB                    a job's state, placement, progress, result and artifacts
-  explain JOB                 why a job waits, or why it went where it went
-  cancel JOB                  cancel a job and wait until its processes are stopped
-  connect URL [--token T]     use a served control plane (asks for the token if omitted)
-  local [--home DIR] [--simulate-gpus N] [--simulate-kind KIND]
-                              use an embedded control plane in this kernel
-  display auto|widget|text    how %%gpulayer cells show jobs
-  session start [--gpus N] [--nodes M] [--gpu-kind K] [--fallback cpu] [--idle-timeout 30m]
-          [--name NAME]       a GPU that keeps state: the %%gpulayer cells below run in it
-  session list [--all]        sessions (* marks this kernel's current one)
-  session show [NAME]         a session and its last cells
-  session stop|restart|interrupt [NAME]
-                              end it (GPUs freed), start its ranks again, or interrupt its cell
-  session attach NAME         take a session over (a restarted kernel gets its session back)
-  push x,y [--session S]      send kernel variables into the session (tensors: safetensors)
-  pull x,y [--session S]      bring session variables (rank 0's) into the kernel
-Run a cell as a job with %%gpulayer; see its options with %%gpulayer --help."""
 
 
 def _widget(bridge: Bridge, job: Job, *, blocking: bool) -> Any:
