@@ -32,6 +32,7 @@ Retry deadlines, backoffs and long-poll deadlines run on the transport's
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -43,7 +44,6 @@ from typing import Any, TypeVar
 import httpx
 
 from .. import versions
-from ..client import error_from, http_client, unreachable
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import (
     PROTOCOL,
@@ -60,6 +60,7 @@ from ..contracts import (
 )
 from ..errors import Conflict, GPUlayerError, Unauthorized, Unavailable, from_json
 from ..failover import Servers
+from ..httpbase import error_from, http_client, unreachable
 from .backoff import backoff
 from .transport import Transport
 
@@ -90,6 +91,11 @@ class HttpTransport(Transport):
         self.clock = clock
         self.join_token = join_token
         self.session_token: str | None = None
+        # One join at a time: a re-join (the poll loop's, after a loss) and a re-registration
+        # (the full probe's answer) racing would each start a session, and the later answer
+        # could leave the worker holding the session the other one replaced (its heartbeats
+        # refused until the next poll notices).
+        self._joining = asyncio.Lock()
         self.retry_for = retry_for
         self.heartbeat_interval: float | None = None
         self.max_wait = 60.0
@@ -198,6 +204,10 @@ class HttpTransport(Transport):
     # -- the Transport ---------------------------------------------------------------------------
 
     async def register(self, reg: WorkerRegistration) -> WorkerInfo:
+        async with self._joining:
+            return await self._register(reg)
+
+    async def _register(self, reg: WorkerRegistration) -> WorkerInfo:
         body = reg.model_copy(update={"transport": "http"}).model_dump_json()
         params = {"worker_id": self.worker_id} if self.worker_id else None
         resp: httpx.Response | None = None

@@ -79,7 +79,9 @@ def test_a_paused_worker_s_job_ends_through_its_next_attempt(
         # The worker comes back, is handed attempt 1, stops attempt 0 and runs attempt 1.
         wait_until(lambda: c.get(job.id).state.terminal, 60, what="the job to end")
         done = c.get(job.id)
-        assert (done.state, done.attempts) == (JobState.SUCCEEDED, 1), done
+        assert (done.state, done.attempts) == (JobState.SUCCEEDED, 1), [
+            (a.attempt, a.outcome, a.reason, a.retried) for a in done.history
+        ]
         wait_until(lambda: not alive(pid0), 30, what="attempt 0's process to be stopped")
         assert worker.alive()  # a refused stale report is no crash
         texts = [r.text for r in c.logs(job.id).records]
