@@ -26,10 +26,6 @@ from pydantic import BaseModel
 
 from . import versions
 from .contracts import (
-    CellList,
-    CellPage,
-    CellRequest,
-    CellRun,
     EventCursor,
     EventPage,
     Job,
@@ -38,15 +34,12 @@ from .contracts import (
     JobSpec,
     JobState,
     LogPage,
-    SessionHolder,
-    SessionInfo,
-    SessionList,
-    SessionSpec,
     SubmitAnswer,
     WorkerInfo,
 )
 from .contracts.reports import MAX_INLINE_BUNDLE
 from .errors import GPUlayerError, from_json
+from .httpbase import error_from
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -100,20 +93,6 @@ def _pid(value: str) -> str:
     return quote(value, safe="")
 
 
-def _user(user: str | None) -> list[tuple[str, str]]:
-    return [] if user is None else [("user", user)]
-
-
-def _error(resp: httpx.Response) -> GPUlayerError:
-    try:
-        body = resp.json()
-    except ValueError:
-        body = {}
-    if not isinstance(body, dict) or "code" not in body:
-        body = {"code": f"http_{resp.status_code}", "message": f"HTTP {resp.status_code}"}
-    return from_json(resp.status_code, body)
-
-
 def _older(resp: httpx.Response) -> bool:
     """No such route (404), or not with this method (405: ``POST /jobs/run`` is ``/jobs/{id}``
     there), from a server without the protocol header: the route is newer than the server."""
@@ -125,7 +104,7 @@ def _newer(model: type[M], resp: httpx.Response) -> M | None:
     if _older(resp):
         return None
     if resp.status_code >= 400:
-        raise _error(resp)
+        raise error_from(resp)
     return _model(model, resp)
 
 
@@ -233,7 +212,7 @@ class Calls:
         done: builtins.list[Job | GPUlayerError] = []
         for spec in specs:  # 1.0: one by one
             resp = yield Req("POST", "/jobs", json=_body(spec), ok=ERRORS)
-            done.append(_error(resp) if resp.status_code >= 400 else _model(Job, resp))
+            done.append(error_from(resp) if resp.status_code >= 400 else _model(Job, resp))
         return done
 
     def get(self, job_id: str) -> Call[Job]:
@@ -369,140 +348,3 @@ class Calls:
         data = (yield Req("GET", "/status")).json()
         assert isinstance(data, dict)
         return data
-
-    # -- sessions (ADR 0019) ---------------------------------------------------------------------
-
-    def start_session(self, spec: SessionSpec) -> Call[SessionInfo]:
-        return _model(SessionInfo, (yield Req("POST", "/sessions", json=_body(spec))))
-
-    def list_sessions(self, *, include_ended: bool = False) -> Call[builtins.list[SessionInfo]]:
-        params = [("all", "1" if include_ended else "0")]
-        return _model(SessionList, (yield Req("GET", "/sessions", params=params))).sessions
-
-    def get_session(self, ref: str) -> Call[SessionInfo]:
-        return _model(SessionInfo, (yield Req("GET", f"/sessions/{_pid(ref)}")))
-
-    def run_cell(self, ref: str, request: CellRequest, wait: float = 0.0) -> Call[CellPage]:
-        # One request: a short cell's output and end come back in its answer. A longer one is
-        # followed with ``follow_cell`` (the caller decides how, to show output as it comes).
-        chunk = min(max(0.0, wait), POLL_CHUNK)
-        return _model(
-            CellPage,
-            (
-                yield Req(
-                    "POST",
-                    f"/sessions/{_pid(ref)}/cells",
-                    params=[("wait", f"{chunk:.3f}")],
-                    json=_body(request),
-                    timeout=chunk + POLL_SLACK,
-                )
-            ),
-        )
-
-    def follow_cell(
-        self, ref: str, number: int, since: int = 0, wait: float = 0.0
-    ) -> Call[CellPage]:
-        deadline = time.monotonic() + max(0.0, wait)
-        while True:
-            chunk = min(max(0.0, deadline - time.monotonic()), POLL_CHUNK)
-            page = _model(
-                CellPage,
-                (
-                    yield Req(
-                        "GET",
-                        f"/sessions/{_pid(ref)}/cells/{int(number)}",
-                        params=[("since", str(since)), ("wait", f"{chunk:.3f}")],
-                        timeout=chunk + POLL_SLACK,
-                    )
-                ),
-            )
-            if page.records or page.cell.state.done or time.monotonic() >= deadline:
-                return page
-            since = page.next_since
-
-    def session_cells(self, ref: str, limit: int = 100) -> Call[builtins.list[CellRun]]:
-        path = f"/sessions/{_pid(ref)}/cells"
-        return _model(CellList, (yield Req("GET", path, params=[("limit", str(limit))]))).cells
-
-    def _session_post(self, ref: str, action: str) -> Call[SessionInfo]:
-        return _model(SessionInfo, (yield Req("POST", f"/sessions/{_pid(ref)}/{action}")))
-
-    def interrupt_session(self, ref: str) -> Call[SessionInfo]:
-        return self._session_post(ref, "interrupt")
-
-    def restart_session(self, ref: str) -> Call[SessionInfo]:
-        return self._session_post(ref, "restart")
-
-    def stop_session(self, ref: str, reason: str = "stopped by the user") -> Call[SessionInfo]:
-        path = f"/sessions/{_pid(ref)}/stop"
-        return _model(SessionInfo, (yield Req("POST", path, params=[("reason", reason)])))
-
-    def attach_session(self, ref: str, holder: SessionHolder) -> Call[SessionInfo]:
-        body = {"holder": holder.model_dump(mode="json")}
-        return _model(SessionInfo, (yield Req("POST", f"/sessions/{_pid(ref)}/attach", json=body)))
-
-    # -- administration --------------------------------------------------------------------------
-
-    def create_token(
-        self,
-        kind: str,
-        *,
-        ttl: float | None = None,
-        name: str = "",
-        user: str | None = None,
-        role: str | None = None,
-    ) -> Call[tuple[dict[str, Any], str]]:
-        body = {"kind": kind, "ttl": ttl, "name": name, "user": user, "role": role}
-        resp = yield Req("POST", "/tokens", json=body)
-        data = resp.json()
-        return data["token"], str(data["secret"])
-
-    def list_tokens(self, *, include_inactive: bool = False) -> Call[builtins.list[dict[str, Any]]]:
-        resp = yield Req("GET", "/tokens", params=[("all", "1" if include_inactive else "0")])
-        return list(resp.json()["tokens"])
-
-    def revoke_token(self, token_id: str) -> Call[dict[str, Any]]:
-        data = (yield Req("POST", f"/tokens/{_pid(token_id)}/revoke")).json()
-        assert isinstance(data, dict)
-        return data
-
-    def set_secret(self, name: str, value: str, *, user: str | None = None) -> Call[None]:
-        yield Req("PUT", f"/secrets/{_pid(name)}", params=_user(user), json={"value": value})
-
-    def secret_names(self, *, user: str | None = None) -> Call[builtins.list[str]]:
-        resp = yield Req("GET", "/secrets", params=_user(user))
-        return [str(n) for n in resp.json()["names"]]
-
-    def delete_secret(self, name: str, *, user: str | None = None) -> Call[bool]:
-        resp = yield Req("DELETE", f"/secrets/{_pid(name)}", params=_user(user), ok=(404,))
-        return resp.status_code == 204
-
-    def rotate_secrets_key(self) -> Call[str]:
-        return str((yield Req("POST", "/secrets/rotate-key")).json()["key_id"])
-
-    # -- users, quotas, identity -------------------------------------------------------------
-
-    def whoami(self) -> Call[dict[str, Any]]:
-        return dict((yield Req("GET", "/whoami")).json())
-
-    def list_users(self) -> Call[builtins.list[dict[str, Any]]]:
-        return list((yield Req("GET", "/users")).json()["users"])
-
-    def add_user(
-        self, name: str, role: str = "user", *, group: str | None = None
-    ) -> Call[dict[str, Any]]:
-        body = {"name": name, "role": role, "group": group}
-        return dict((yield Req("POST", "/users", json=body)).json())
-
-    def update_user(self, name: str, **changes: Any) -> Call[dict[str, Any]]:
-        return dict((yield Req("POST", f"/users/{_pid(name)}", json=changes)).json())
-
-    def list_quotas(self) -> Call[builtins.list[dict[str, Any]]]:
-        return list((yield Req("GET", "/quotas")).json()["quotas"])
-
-    def set_quota(
-        self, kind: str, name: str, *, max_gpus: int | None, max_queued: int | None
-    ) -> Call[dict[str, Any]]:
-        body = {"max_gpus": max_gpus, "max_queued": max_queued}
-        path = f"/quotas/{_pid(kind)}/{_pid(name)}"
-        return dict((yield Req("PUT", path, json=body)).json())

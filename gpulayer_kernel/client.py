@@ -9,7 +9,9 @@ Several URLs (``"https://a:8470,https://b:8470"``, an active control plane and i
 over as ``failover.py`` says: to the next URL when a request surely was not handled there.
 
 Each call is written once, as a generator that yields requests and receives responses
-(``calls.py``); the async and sync clients only differ in how they send them. Each client keeps
+(``calls.py``; sessions' in ``session_calls.py``, administration's in ``admin_calls.py``,
+provisioning's in ``provisioning_calls.py``, mixed in); the clients only differ in how they send
+them. Each client keeps
 its connections alive and reuses them (a new connection costs ~30 ms, a keep-alive round trip
 under 1 ms). Long waits (``wait``, ``logs``, ``events``) are split into server-sized long-polls.
 
@@ -26,115 +28,31 @@ import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import httpx
 
 from . import versions
+from .admin_calls import Admin, AsyncAdmin
 from .calls import Call, Calls, Req
 from .contracts import (
     PROTOCOL,
-    CellPage,
-    CellRequest,
-    CellRun,
     EventPage,
     Job,
     JobFollow,
     JobSpec,
     JobState,
     LogPage,
-    SessionHolder,
-    SessionInfo,
-    SessionSpec,
     WorkerInfo,
 )
-from .errors import GPUlayerError, Unavailable, from_json
+from .errors import GPUlayerError
 from .failover import Servers
-from .home import Layout, home_dir, read_owner
+from .httpbase import error_from, http_client, unreachable
 from .provisioning_calls import AsyncProvisioning, Provisioning
-from .security.tls import CA_CERT_ENV, check_url, client_verify, is_loopback
+from .security.tls import check_url
+from .session_calls import AsyncSessionCalls, SessionCallsSync
 
 T = TypeVar("T")
-API = "/api/v1"
-
-
-def api_base(url: str) -> str:
-    """``http://host:8470`` → ``http://host:8470/api/v1`` (an URL already ending so is kept)."""
-    url = url.rstrip("/")
-    return url if url.endswith(API) else url + API
-
-
-def _owner_ca(url: str) -> str | None:
-    """The CA file a local ``gpulayer serve`` published beside its address, if this is it."""
-    try:
-        owner = read_owner(Layout(home_dir()))
-    except OSError:
-        return None
-    if owner.get("url") and api_base(str(owner["url"])) == api_base(url):
-        ca = owner.get("ca_cert")
-        return str(ca) if ca else None
-    return None
-
-
-def http_client(
-    url: str,
-    *,
-    ca_cert: str | None,
-    timeout: float,
-    asynchronous: bool,
-    headers: dict[str, str] | None = None,
-) -> httpx.AsyncClient | httpx.Client:
-    """An httpx client with the TLS rule applied and kept-alive connections."""
-    check_url(url)
-    parts = urlsplit(url)
-    if parts.scheme == "https" and ca_cert is None and parts.hostname:
-        if is_loopback(parts.hostname):
-            ca_cert = _owner_ca(url)
-    # A shared context even for http:// (httpx builds one per client otherwise: ~40 ms each).
-    verify = client_verify(ca_cert)
-    kwargs: dict[str, Any] = {
-        "base_url": api_base(url),
-        "verify": verify,
-        "timeout": httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-        # Connections are kept and reused (a new one costs ~30 ms, a reused one < 1 ms). A client
-        # opens one per concurrent call (a long-poll plus a cancel; a worker's jobs reporting at
-        # once) and keeps each: closing extras after use would reconnect on every burst.
-        "limits": httpx.Limits(max_keepalive_connections=16, max_connections=16),
-        "headers": headers or {},
-        "trust_env": False,  # never send the token through an environment-configured proxy
-    }
-    return httpx.AsyncClient(**kwargs) if asynchronous else httpx.Client(**kwargs)
-
-
-def unreachable(url: str, exc: Exception) -> Unavailable:
-    text = str(exc) or type(exc).__name__
-    hint = "is `gpulayer serve` running there? check GPULAYER_URL"
-    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
-        hint = (
-            f"the server's certificate is not trusted: pass --ca-cert or set {CA_CERT_ENV} "
-            "to the CA that signed it"
-        )
-    return Unavailable(
-        f"cannot reach the control plane at {url}: {text}",
-        hint=hint,
-        details={"url": url},
-        code="server_unreachable",
-    )
-
-
-def error_from(resp: httpx.Response) -> GPUlayerError:
-    """Rebuild the server's error, so callers see the same exception type as in-process."""
-    try:
-        body = resp.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and "code" in body:
-        return from_json(resp.status_code, body)
-    text = resp.text[:300] if resp.request.method != "HEAD" else ""
-    return from_json(
-        resp.status_code,
-        {"code": f"http_{resp.status_code}", "message": f"HTTP {resp.status_code} {text}".strip()},
-    )
 
 
 class _Base:
@@ -166,7 +84,7 @@ class _Base:
         return resp
 
 
-class AsyncClient(_Base, AsyncProvisioning):
+class AsyncClient(_Base, AsyncProvisioning, AsyncSessionCalls, AsyncAdmin):
     """The asyncio client; ``async with AsyncClient(url, token) as c: ...``."""
 
     def __init__(
@@ -231,7 +149,8 @@ class AsyncClient(_Base, AsyncProvisioning):
     ) -> None:
         await self.aclose()
 
-    # The Session protocol (session.py), in its order, then blobs and administration.
+    # The Session protocol (session.py), in its order, then blobs and workers; sessions,
+    # administration and provisioning come from their mixins.
 
     async def submit(self, spec: JobSpec) -> Job:
         return await self._run(self._calls.submit(spec))
@@ -349,97 +268,8 @@ class AsyncClient(_Base, AsyncProvisioning):
     async def remove_worker(self, ref: str, *, force: bool = False) -> WorkerInfo:
         return await self._run(self._calls.remove_worker(ref, force=force))
 
-    async def create_token(
-        self,
-        kind: str,
-        *,
-        ttl: float | None = None,
-        name: str = "",
-        user: str | None = None,
-        role: str | None = None,
-    ) -> tuple[dict[str, Any], str]:
-        call = self._calls.create_token(kind, ttl=ttl, name=name, user=user, role=role)
-        return await self._run(call)
 
-    async def list_tokens(self, *, include_inactive: bool = False) -> builtins.list[dict[str, Any]]:
-        return await self._run(self._calls.list_tokens(include_inactive=include_inactive))
-
-    async def revoke_token(self, token_id: str) -> dict[str, Any]:
-        return await self._run(self._calls.revoke_token(token_id))
-
-    async def set_secret(self, name: str, value: str, *, user: str | None = None) -> None:
-        await self._run(self._calls.set_secret(name, value, user=user))
-
-    async def secret_names(self, *, user: str | None = None) -> builtins.list[str]:
-        return await self._run(self._calls.secret_names(user=user))
-
-    async def delete_secret(self, name: str, *, user: str | None = None) -> bool:
-        return await self._run(self._calls.delete_secret(name, user=user))
-
-    async def rotate_secrets_key(self) -> str:
-        return await self._run(self._calls.rotate_secrets_key())
-
-    # users, quotas and identity (the CLI's `gpulayer user|quota`; async only)
-
-    async def whoami(self) -> dict[str, Any]:
-        return await self._run(self._calls.whoami())
-
-    async def list_users(self) -> builtins.list[dict[str, Any]]:
-        return await self._run(self._calls.list_users())
-
-    async def add_user(
-        self, name: str, role: str = "user", *, group: str | None = None
-    ) -> dict[str, Any]:
-        return await self._run(self._calls.add_user(name, role, group=group))
-
-    async def update_user(self, name: str, **changes: Any) -> dict[str, Any]:
-        return await self._run(self._calls.update_user(name, **changes))
-
-    async def list_quotas(self) -> builtins.list[dict[str, Any]]:
-        return await self._run(self._calls.list_quotas())
-
-    async def set_quota(
-        self, kind: str, name: str, *, max_gpus: int | None, max_queued: int | None
-    ) -> dict[str, Any]:
-        call = self._calls.set_quota(kind, name, max_gpus=max_gpus, max_queued=max_queued)
-        return await self._run(call)
-
-    # Sessions (ADR 0019).
-
-    async def start_session(self, spec: SessionSpec) -> SessionInfo:
-        return await self._run(self._calls.start_session(spec))
-
-    async def list_sessions(self, *, include_ended: bool = False) -> builtins.list[SessionInfo]:
-        return await self._run(self._calls.list_sessions(include_ended=include_ended))
-
-    async def get_session(self, ref: str) -> SessionInfo:
-        return await self._run(self._calls.get_session(ref))
-
-    async def run_cell(self, ref: str, request: CellRequest, wait: float = 0.0) -> CellPage:
-        return await self._run(self._calls.run_cell(ref, request, wait))
-
-    async def follow_cell(
-        self, ref: str, number: int, since: int = 0, wait: float = 0.0
-    ) -> CellPage:
-        return await self._run(self._calls.follow_cell(ref, number, since, wait))
-
-    async def session_cells(self, ref: str, limit: int = 100) -> builtins.list[CellRun]:
-        return await self._run(self._calls.session_cells(ref, limit))
-
-    async def interrupt_session(self, ref: str) -> SessionInfo:
-        return await self._run(self._calls.interrupt_session(ref))
-
-    async def restart_session(self, ref: str) -> SessionInfo:
-        return await self._run(self._calls.restart_session(ref))
-
-    async def stop_session(self, ref: str, reason: str = "stopped by the user") -> SessionInfo:
-        return await self._run(self._calls.stop_session(ref, reason))
-
-    async def attach_session(self, ref: str, holder: SessionHolder) -> SessionInfo:
-        return await self._run(self._calls.attach_session(ref, holder))
-
-
-class Client(_Base, Provisioning):
+class Client(_Base, Provisioning, SessionCallsSync, Admin):
     """The synchronous client: the same calls as ``AsyncClient``, for scripts and threads."""
 
     def __init__(
@@ -591,63 +421,5 @@ class Client(_Base, Provisioning):
     def remove_worker(self, ref: str, *, force: bool = False) -> WorkerInfo:
         return self._run(self._calls.remove_worker(ref, force=force))
 
-    def create_token(
-        self,
-        kind: str,
-        *,
-        ttl: float | None = None,
-        name: str = "",
-        user: str | None = None,
-        role: str | None = None,
-    ) -> tuple[dict[str, Any], str]:
-        return self._run(self._calls.create_token(kind, ttl=ttl, name=name, user=user, role=role))
 
-    def list_tokens(self, *, include_inactive: bool = False) -> builtins.list[dict[str, Any]]:
-        return self._run(self._calls.list_tokens(include_inactive=include_inactive))
-
-    def revoke_token(self, token_id: str) -> dict[str, Any]:
-        return self._run(self._calls.revoke_token(token_id))
-
-    def set_secret(self, name: str, value: str, *, user: str | None = None) -> None:
-        self._run(self._calls.set_secret(name, value, user=user))
-
-    def secret_names(self, *, user: str | None = None) -> builtins.list[str]:
-        return self._run(self._calls.secret_names(user=user))
-
-    def delete_secret(self, name: str, *, user: str | None = None) -> bool:
-        return self._run(self._calls.delete_secret(name, user=user))
-
-    # Sessions (ADR 0019).
-
-    def start_session(self, spec: SessionSpec) -> SessionInfo:
-        return self._run(self._calls.start_session(spec))
-
-    def list_sessions(self, *, include_ended: bool = False) -> builtins.list[SessionInfo]:
-        return self._run(self._calls.list_sessions(include_ended=include_ended))
-
-    def get_session(self, ref: str) -> SessionInfo:
-        return self._run(self._calls.get_session(ref))
-
-    def run_cell(self, ref: str, request: CellRequest, wait: float = 0.0) -> CellPage:
-        return self._run(self._calls.run_cell(ref, request, wait))
-
-    def follow_cell(self, ref: str, number: int, since: int = 0, wait: float = 0.0) -> CellPage:
-        return self._run(self._calls.follow_cell(ref, number, since, wait))
-
-    def session_cells(self, ref: str, limit: int = 100) -> builtins.list[CellRun]:
-        return self._run(self._calls.session_cells(ref, limit))
-
-    def interrupt_session(self, ref: str) -> SessionInfo:
-        return self._run(self._calls.interrupt_session(ref))
-
-    def restart_session(self, ref: str) -> SessionInfo:
-        return self._run(self._calls.restart_session(ref))
-
-    def stop_session(self, ref: str, reason: str = "stopped by the user") -> SessionInfo:
-        return self._run(self._calls.stop_session(ref, reason))
-
-    def attach_session(self, ref: str, holder: SessionHolder) -> SessionInfo:
-        return self._run(self._calls.attach_session(ref, holder))
-
-
-__all__ = ["AsyncClient", "Client", "api_base", "error_from"]
+__all__ = ["AsyncClient", "Client"]
