@@ -54,7 +54,6 @@ magic_args = cast(Callable[[str], Callable[[_F], _F]], magic_arguments.magic_arg
 parse_argstring = cast(Callable[[Any, str], Any], magic_arguments.parse_argstring)
 cell_magic = cast(Callable[[str], Callable[[_F], _F]], magic.cell_magic)
 line_magic = cast(Callable[[str], Callable[[_F], _F]], magic.line_magic)
-new_parser = cast(Callable[..., MagicArgumentParser], MagicArgumentParser)
 
 _last: JobHandle | None = None
 
