@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/soak.py [--seconds 60] [--rate 50] [--workers 100] [--kills 10]
                                         [--grace 60] [--retries 0] [--real-workers 0] [--quick]
+                                        [--mix] [--chatty-lines 100000] [--seed N]
 
 ``gpulayer serve`` runs as a subprocess on 127.0.0.1 with its own temporary home. ``--workers``
 fake workers in this process speak the worker protocol over HTTP (``HttpTransport``, as in
@@ -15,15 +16,23 @@ ride through each restart: a connection error is retried after a short backoff; 
 session the server no longer knows joins again (``HttpTransport.register`` tries its session
 token, then the join token with its old id). Then every job is given ``--grace`` seconds to end.
 
+Each submit carries an idempotency key (ADR 0003) that it keeps across its retries, so a submit
+whose answer a kill swallowed is answered, when sent again, with the job it made. The kills come
+at random moments (``--seed``; one in each even slice of the window, so they spread). ``--mix``
+adds, on the real workers, chatty jobs (``--chatty-lines``), ``/jobs/run``, batch submits and
+session cells, some killed mid-output (``soak_mix.py``).
+
 Printed: submitted, acknowledged, succeeded, and the defects:
-  * lost: acknowledged but missing from the server, or ended ``lost``;
+  * lost: acknowledged but missing from the server, or ended ``lost`` (a mix job: not succeeded);
   * stuck: not in a final state after the grace period (any soak job, acknowledged or not);
   * double: an attempt of a job run more than once (a legitimate retry is a new attempt, so it
     is not counted; a redelivered assignment of an attempt that already ran is);
+  * wrong: a result or cell value that belongs to another request;
+  * extra: a second job (or cell) made for one request;
 and p50/p99 submit latency of acknowledged submits (from the first try, so including the wait
 through a restart; the answered request alone is printed beside it). Each defect is listed with
 its job's state, attempts, worker and times relative to the restarts. The last line is
-``lost+stuck+double = N``.
+``lost+stuck+double+wrong+extra = N``.
 """
 
 from __future__ import annotations
@@ -34,12 +43,14 @@ import contextlib
 import functools
 import math
 import os
+import random
 import secrets
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -50,6 +61,8 @@ from _machine import describe  # benchmarks/_machine.py (scripts run from benchm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from soak_mix import POOL, Mix, Verdicts, drive, judge  # noqa: E402
 
 from gpulayer_kernel.client import AsyncClient  # noqa: E402
 from gpulayer_kernel.contracts import (  # noqa: E402
@@ -233,6 +246,7 @@ class Submitted:
     last_try: float = math.nan  # the answered request alone
     tries: int = 0
     refused: str | None = None
+    key: str = field(default_factory=lambda: uuid.uuid4().hex)  # kept across its retries
 
 
 async def submit_one(client: AsyncClient, spec: JobSpec, s: Submitted, give_up: float) -> None:
@@ -242,7 +256,7 @@ async def submit_one(client: AsyncClient, spec: JobSpec, s: Submitted, give_up: 
         t_try = time.monotonic()
         s.tries += 1
         try:
-            job = await client.submit(spec)
+            job = await client.submit(spec, idempotency_key=s.key)
         except Unavailable:  # connection refused or reset: the server is restarting
             if time.monotonic() >= give_up:
                 return
@@ -283,12 +297,15 @@ async def submitter(
 
 
 async def killer(
-    server: ServeProcess, kills: int, seconds: float, t0: float
+    server: ServeProcess, kills: int, seconds: float, t0: float, rng: random.Random
 ) -> list[tuple[float, float]]:
-    """SIGKILL and restart the server ``kills`` times, evenly spread; (killed at, down for)."""
+    """SIGKILL and restart the server ``kills`` times at random moments (one in each of
+    ``kills`` even slices of the window, so they spread); (killed at, down for)."""
     done: list[tuple[float, float]] = []
+    slice_ = seconds / (kills + 1)
     for k in range(kills):
-        await asyncio.sleep(max(0.0, t0 + seconds * (k + 1) / (kills + 1) - time.monotonic()))
+        at_ = t0 + slice_ * (k + 0.5 + rng.random())
+        await asyncio.sleep(max(0.0, at_ - time.monotonic()))
         at = time.monotonic()
         await asyncio.to_thread(server.restart, kill=True)
         done.append((at - t0, time.monotonic() - at))
@@ -381,11 +398,16 @@ async def soak(args: argparse.Namespace, tmp: Path) -> int:
     line = '"$GPULAYER_JOB_ID $GPULAYER_ATTEMPT $GPULAYER_OUTPUT"'
     argv = ["sh", "-c", f"echo {line} >> {runs_log}"]
     stop = asyncio.Event()
+    rng = random.Random(args.seed)
+    mix = Mix(run_id, runs_log, args.chatty_lines, args.mix_every) if args.mix else None
+    verdicts = Verdicts()
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(ServeProcess(tmp / "serve-home"))
         join = server.create_token("join")
         for i in range(args.real_workers):
-            wp = WorkerProcess(server.url, join, name=f"real-{i}", home=tmp / f"real-{i}")
+            wp = WorkerProcess(
+                server.url, join, name=f"real-{i}", home=tmp / f"real-{i}", labels=POOL
+            )
             stack.enter_context(wp)
         ledger = Ledger(time.monotonic())
         fakes = [
@@ -399,11 +421,20 @@ async def soak(args: argparse.Namespace, tmp: Path) -> int:
                 t0 = ledger.t0 = time.monotonic()
                 cpu0 = time.process_time()
                 wall0 = time.time()
-                kills = asyncio.create_task(killer(server, args.kills, args.seconds, t0))
+                kills = asyncio.create_task(killer(server, args.kills, args.seconds, t0, rng))
+                mixed = asyncio.create_task(
+                    drive(client, mix, args.seconds, args.grace) if mix else asyncio.sleep(0)
+                )
                 subs = await submitter(client, run_id, argv, args, t0)
                 restarts = await kills
+                await mixed
                 window = time.monotonic() - t0
                 cpu = time.process_time() - cpu0
+                if mix is not None:
+                    verdicts = await judge(client, mix, args.grace)
+                    if mix.session:  # its job would otherwise hold the settle below
+                        with contextlib.suppress(GPUlayerError):
+                            await client.stop_session(mix.session, "the soak is over")
                 waited = await settle(client, run_id, args.grace)
                 jobs = {
                     j.id: j
@@ -425,7 +456,16 @@ async def soak(args: argparse.Namespace, tmp: Path) -> int:
         serve_log = server.output()
     n_real = real_runs(runs_log, tmp, ledger)
     return report(
-        args, subs, jobs, ledger, restarts, wall0, (window, cpu, waited), n_real, serve_log
+        args,
+        subs,
+        jobs,
+        ledger,
+        restarts,
+        wall0,
+        (window, cpu, waited),
+        n_real,
+        serve_log,
+        verdicts,
     )
 
 
@@ -439,6 +479,7 @@ def report(
     times: tuple[float, float, float],
     n_real: int,
     serve_log: str,
+    mixed: Verdicts,
 ) -> int:
     acked = [s for s in subs if s.job_id]
     refused = [s for s in subs if s.refused]
@@ -496,8 +537,9 @@ def report(
         for s in acked
         if s.job_id not in jobs
     ]
-    lost += [detail(j.id) for j in jobs.values() if j.state == JobState.LOST]
-    stuck = [detail(j.id) for j in jobs.values() if not j.state.terminal]
+    plain = [j for j in jobs.values() if not j.spec.labels.get("mix")]  # the mix judges its own
+    lost += [detail(j.id) for j in plain if j.state == JobState.LOST]
+    stuck = [detail(j.id) for j in plain if not j.state.terminal]
     double = 0
     doubled: list[str] = []
     for job_id, runs in ledger.runs.items():
@@ -506,11 +548,23 @@ def report(
         if extra:
             double += extra
             doubled.append(detail(job_id) if job_id in jobs else f"    {job_id}: not a soak job?")
-    show("lost", lost)
-    show(f"stuck (not final after {args.grace:g}s)", stuck)
+    # A retried submit that made a second job (each submit has its own name and key).
+    extra = [
+        f"    {name}: {n} jobs" for name, n in names.items() if n > 1 and name.startswith("soak-")
+    ]
+    if args.mix:
+        print(
+            f"mix: {dict(sorted(mixed.ok.items()))} ended with their own values; "
+            f"{mixed.clean_errors} cells ended with the clear restart error"
+        )
+    show("lost", lost + mixed.lost)
+    show(f"stuck (not final after {args.grace:g}s)", stuck + mixed.stuck)
     show("double (an attempt run more than once)", doubled)
-    total = len(lost) + len(stuck) + double
-    print(f"lost+stuck+double = {total}")
+    show("wrong (a value that belongs to another request)", mixed.wrong)
+    show("extra (a second job or cell for one request)", extra + mixed.extra)
+    total = len(lost) + len(mixed.lost) + len(stuck) + len(mixed.stuck) + double
+    total += len(mixed.wrong) + len(extra) + len(mixed.extra)
+    print(f"lost+stuck+double+wrong+extra = {total}")
     return total
 
 
@@ -524,11 +578,25 @@ def main() -> None:
     p.add_argument("--retries", type=int, default=0, help="the jobs' retries (default 0)")
     p.add_argument("--job-seconds", type=float, default=0.0, help="fake job length (0)")
     p.add_argument("--real-workers", type=int, default=0, help="add `gpulayer worker`s (0)")
+    p.add_argument(
+        "--mix",
+        action="store_true",
+        help="add chatty jobs, /jobs/run, batches and "
+        "session cells on real workers (soak_mix.py; needs --real-workers >= 1)",
+    )
+    p.add_argument("--chatty-lines", type=int, default=100_000, help="a chatty job's lines")
+    p.add_argument("--mix-every", type=float, default=1.0, help="seconds between mix requests")
+    p.add_argument("--seed", type=int, default=None, help="the kill times' random seed")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (server log, homes)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 10 s, 20/s, 10 workers")
     args = p.parse_args()
     if args.quick:
         args.seconds, args.rate, args.workers, args.kills, args.grace = 10.0, 20.0, 10, 2, 30.0
+    if args.mix and args.real_workers < 1:
+        args.real_workers = 1
+    if args.seed is None:
+        args.seed = random.randrange(1 << 30)
+    print(f"kill times seeded with --seed {args.seed}")
     for var in ("GPULAYER_URL", "GPULAYER_TOKEN", "GPULAYER_HOME"):
         os.environ.pop(var, None)
     print(f"machine: {describe()}")

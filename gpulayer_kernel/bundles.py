@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
+from .display import human_bytes
 from .errors import BundleError
 
 MAX_BUNDLE_BYTES = 256 << 20
@@ -98,7 +99,8 @@ def check_archive(data: bytes, digest: str) -> None:
     """Refuse what is not a bundle at all (empty, compressed, not a tar, no files), by name."""
     if len(data) > MAX_BUNDLE_BYTES:
         raise BundleError(
-            f"bundle {digest[:12]}… is {len(data)} bytes; the limit is {MAX_BUNDLE_BYTES}",
+            f"bundle {digest[:12]}… is {human_bytes(len(data))}; the limit is "
+            f"{human_bytes(MAX_BUNDLE_BYTES)}",
             hint="ship large data as artifacts or on the worker's disk, not in the bundle",
             details={"digest": digest, "bytes": len(data)},
         )

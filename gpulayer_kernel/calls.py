@@ -16,6 +16,7 @@ import builtins
 import hashlib
 import json
 import time
+import uuid
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -62,23 +63,37 @@ class Req:
     content: bytes | None = None
     timeout: float | None = None
     ok: tuple[int, ...] = ()
+    # An Idempotency-Key (ADR 0003): a write sent again with it is done once. The client sends
+    # the same Req, so the same key, on each of its retries (``failover.Servers``).
+    key: str | None = None
 
     def send_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"params": self.params}
+        headers: dict[str, str] = {}
         if self.json is not None:
             kw["content"] = (
                 self.json.encode() if isinstance(self.json, str) else json.dumps(self.json).encode()
             )
-            kw["headers"] = {"Content-Type": "application/json"}
+            headers["Content-Type"] = "application/json"
         elif self.content is not None:
             kw["content"] = self.content
-            kw["headers"] = {"Content-Type": "application/octet-stream"}
+            headers["Content-Type"] = "application/octet-stream"
+        if self.key is not None:
+            headers[IDEMPOTENCY_KEY] = self.key
+        if headers:
+            kw["headers"] = headers
         if self.timeout is not None:
             kw["timeout"] = httpx.Timeout(self.timeout, connect=10.0)
         return kw
 
 
 Call = Generator[Req, httpx.Response, T]
+IDEMPOTENCY_KEY = "Idempotency-Key"
+
+
+def new_key(key: str | None = None) -> str:
+    """The caller's idempotency key, or a fresh one (a UUID) for a new write."""
+    return key if key is not None else str(uuid.uuid4())
 
 
 def _model(cls: type[M], resp: httpx.Response) -> M:
@@ -126,8 +141,8 @@ class Calls:
         """Whether the server may speak 1.1 (unknown yet counts: a 404 then tells)."""
         return self.protocol is None or versions.at_least(self.protocol, 1)
 
-    def submit(self, spec: JobSpec) -> Call[Job]:
-        return _model(Job, (yield Req("POST", "/jobs", json=_body(spec))))
+    def submit(self, spec: JobSpec, key: str | None = None) -> Call[Job]:
+        return _model(Job, (yield Req("POST", "/jobs", json=_body(spec), key=new_key(key))))
 
     def run(
         self,
@@ -136,8 +151,10 @@ class Calls:
         wait: float = 0.0,
         linger: float = 0.05,
         limit: int = 1000,
+        key: str | None = None,
     ) -> Call[JobFollow]:
         """Submit (its bundle inline when given and small) and follow, in one request."""
+        key = new_key(key)
         digest = getattr(spec.workload, "bundle", None)
         chunk = min(max(0.0, wait), POLL_CHUNK)
         if self.v11 and (bundle is None or len(bundle) <= MAX_INLINE_BUNDLE):
@@ -152,13 +169,14 @@ class Calls:
                 json=json.dumps(body),
                 timeout=max(chunk, linger) + POLL_SLACK,
                 ok=NEWER,
+                key=key,
             )
             if (followed := _newer(JobFollow, resp)) is not None:
                 return followed
         # 1.0, or a bundle too large to ride inline: upload, submit, wait, read the logs.
         if bundle is not None and digest is not None and not (yield from self.has_bundle(digest)):
             yield from self.put_bundle(bundle, digest)
-        job = yield from self.submit(spec)
+        job = yield from self.submit(spec, key)
         if chunk > 0:
             job = yield from self.wait(job.id, chunk)
         page = yield from self.logs(job.id, limit=limit)
@@ -197,12 +215,16 @@ class Calls:
             job=job, records=page.records, next_since=page.next_since, cursor="", more=False
         )
 
-    def submit_many(self, specs: Iterable[JobSpec]) -> Call[builtins.list[Job | GPUlayerError]]:
+    def submit_many(
+        self, specs: Iterable[JobSpec], key: str | None = None
+    ) -> Call[builtins.list[Job | GPUlayerError]]:
         """Several jobs in one request; each entry's job or refusal, in order."""
         specs = builtins.list(specs)
         if self.v11:
             body = {"specs": [s.model_dump(mode="json") for s in specs]}
-            resp = yield Req("POST", "/jobs/batch", json=json.dumps(body), ok=NEWER)
+            resp = yield Req(
+                "POST", "/jobs/batch", json=json.dumps(body), ok=NEWER, key=new_key(key)
+            )
             if (answer := _newer(SubmitAnswer, resp)) is not None:
                 out: builtins.list[Job | GPUlayerError | None] = [None] * len(specs)
                 for r in answer.refused:
@@ -211,7 +233,7 @@ class Calls:
                 return [o if o is not None else next(jobs) for o in out]
         done: builtins.list[Job | GPUlayerError] = []
         for spec in specs:  # 1.0: one by one
-            resp = yield Req("POST", "/jobs", json=_body(spec), ok=ERRORS)
+            resp = yield Req("POST", "/jobs", json=_body(spec), ok=ERRORS, key=new_key())
             done.append(error_from(resp) if resp.status_code >= 400 else _model(Job, resp))
         return done
 
@@ -234,9 +256,12 @@ class Calls:
         params.append(("limit", str(limit)))
         return _model(JobList, (yield Req("GET", "/jobs", params=params))).jobs
 
-    def cancel(self, job_id: str, reason: str = "cancelled by user") -> Call[Job]:
+    def cancel(
+        self, job_id: str, reason: str = "cancelled by user", key: str | None = None
+    ) -> Call[Job]:
         # The reason is the server's ("cancelled by user"); kept for parity with the ControlPlane.
-        return _model(Job, (yield Req("POST", f"/jobs/{_pid(job_id)}/cancel")))
+        path = f"/jobs/{_pid(job_id)}/cancel"
+        return _model(Job, (yield Req("POST", path, key=new_key(key))))
 
     def wait(self, job_id: str, timeout: float | None = None) -> Call[Job]:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -70,7 +70,10 @@ class _Base:
 
     def _moved(self, req: Req, outcome: BaseException | httpx.Response, tries: int) -> float | None:
         """Seconds to wait before sending ``req`` again to the next URL, or None: do not."""
-        if not self.servers.moves_on(req.method, outcome) or time.monotonic() > self._until:
+        keyed = req.key is not None  # a keyed write is done once however often it is sent
+        if not self.servers.moves_on(req.method, outcome, keyed=keyed):
+            return None
+        if time.monotonic() > self._until:
             return None
         self.servers.move(outcome)
         return self.servers.pause(tries + 1)
@@ -152,8 +155,8 @@ class AsyncClient(_Base, AsyncProvisioning, AsyncSessionCalls, AsyncAdmin):
     # The Session protocol (session.py), in its order, then blobs and workers; sessions,
     # administration and provisioning come from their mixins.
 
-    async def submit(self, spec: JobSpec) -> Job:
-        return await self._run(self._calls.submit(spec))
+    async def submit(self, spec: JobSpec, *, idempotency_key: str | None = None) -> Job:
+        return await self._run(self._calls.submit(spec, idempotency_key))
 
     async def get(self, job_id: str) -> Job:
         return await self._run(self._calls.get(job_id))
@@ -165,10 +168,12 @@ class AsyncClient(_Base, AsyncProvisioning, AsyncSessionCalls, AsyncAdmin):
         wait: float = 0.0,
         linger: float = 0.05,
         limit: int = 1000,
+        *,
+        idempotency_key: str | None = None,
     ) -> JobFollow:
         """Submit and follow in one request (protocol 1.1): a short job comes back ended, with
         its result and log tail; ``bundle``, the spec's bundle, rides along when it is small."""
-        return await self._run(self._calls.run(spec, bundle, wait, linger, limit))
+        return await self._run(self._calls.run(spec, bundle, wait, linger, limit, idempotency_key))
 
     async def follow(
         self,
@@ -182,9 +187,11 @@ class AsyncClient(_Base, AsyncProvisioning, AsyncSessionCalls, AsyncAdmin):
         """The job and its log records after ``since``, once it changes after ``cursor``."""
         return await self._run(self._calls.follow(job_id, since, cursor, wait, linger, limit))
 
-    async def submit_many(self, specs: Iterable[JobSpec]) -> builtins.list[Job | GPUlayerError]:
+    async def submit_many(
+        self, specs: Iterable[JobSpec], *, idempotency_key: str | None = None
+    ) -> builtins.list[Job | GPUlayerError]:
         """Several jobs in one request; each entry's job, or why it was refused."""
-        return await self._run(self._calls.submit_many(specs))
+        return await self._run(self._calls.submit_many(specs, idempotency_key))
 
     async def list(
         self,
@@ -196,8 +203,14 @@ class AsyncClient(_Base, AsyncProvisioning, AsyncSessionCalls, AsyncAdmin):
     ) -> builtins.list[Job]:
         return await self._run(self._calls.list(states, name=name, label=label, limit=limit))
 
-    async def cancel(self, job_id: str, reason: str = "cancelled by user") -> Job:
-        return await self._run(self._calls.cancel(job_id, reason))
+    async def cancel(
+        self,
+        job_id: str,
+        reason: str = "cancelled by user",
+        *,
+        idempotency_key: str | None = None,
+    ) -> Job:
+        return await self._run(self._calls.cancel(job_id, reason, idempotency_key))
 
     async def wait(self, job_id: str, timeout: float | None = None) -> Job:
         return await self._run(self._calls.wait(job_id, timeout))
@@ -333,8 +346,8 @@ class Client(_Base, Provisioning, SessionCallsSync, Admin):
     ) -> None:
         self.close()
 
-    def submit(self, spec: JobSpec) -> Job:
-        return self._run(self._calls.submit(spec))
+    def submit(self, spec: JobSpec, *, idempotency_key: str | None = None) -> Job:
+        return self._run(self._calls.submit(spec, idempotency_key))
 
     def get(self, job_id: str) -> Job:
         return self._run(self._calls.get(job_id))
@@ -346,8 +359,10 @@ class Client(_Base, Provisioning, SessionCallsSync, Admin):
         wait: float = 0.0,
         linger: float = 0.05,
         limit: int = 1000,
+        *,
+        idempotency_key: str | None = None,
     ) -> JobFollow:
-        return self._run(self._calls.run(spec, bundle, wait, linger, limit))
+        return self._run(self._calls.run(spec, bundle, wait, linger, limit, idempotency_key))
 
     def follow(
         self,
@@ -360,8 +375,10 @@ class Client(_Base, Provisioning, SessionCallsSync, Admin):
     ) -> JobFollow:
         return self._run(self._calls.follow(job_id, since, cursor, wait, linger, limit))
 
-    def submit_many(self, specs: Iterable[JobSpec]) -> builtins.list[Job | GPUlayerError]:
-        return self._run(self._calls.submit_many(specs))
+    def submit_many(
+        self, specs: Iterable[JobSpec], *, idempotency_key: str | None = None
+    ) -> builtins.list[Job | GPUlayerError]:
+        return self._run(self._calls.submit_many(specs, idempotency_key))
 
     def list(
         self,
@@ -373,8 +390,14 @@ class Client(_Base, Provisioning, SessionCallsSync, Admin):
     ) -> builtins.list[Job]:
         return self._run(self._calls.list(states, name=name, label=label, limit=limit))
 
-    def cancel(self, job_id: str, reason: str = "cancelled by user") -> Job:
-        return self._run(self._calls.cancel(job_id, reason))
+    def cancel(
+        self,
+        job_id: str,
+        reason: str = "cancelled by user",
+        *,
+        idempotency_key: str | None = None,
+    ) -> Job:
+        return self._run(self._calls.cancel(job_id, reason, idempotency_key))
 
     def wait(self, job_id: str, timeout: float | None = None) -> Job:
         return self._run(self._calls.wait(job_id, timeout))

@@ -196,10 +196,11 @@ def _repr(value: Any) -> str:
 
 
 def human_bytes(n: int) -> str:
-    """``512 B``, ``1.5 KiB``, ``12.3 MiB``, ``2.0 GiB`` (the one size format; ``render.size``)."""
+    """``512 B``, ``1.5 KiB``, ``12.3 MiB``, ``2 GiB`` (the one size format; ``render.size``):
+    a limit of ``8388608`` bytes reads ``8 MiB``, never as the raw number."""
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if value < 1024:
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}".replace(".0 ", " ")
         value /= 1024
-    return f"{value:.1f} TiB"
+    return f"{value:.1f} TiB".replace(".0 ", " ")

@@ -5,9 +5,15 @@ to move on. Shared by the HTTP client and the worker's HTTP transport.
 next URL when it certainly was not handled: the connection could not be made, or the server said
 it is not the leader (503 ``not_leader``, naming the leader when it knows it), is starting or
 stopping. A request whose connection broke mid-way moves only when repeating it is harmless
-(GET, HEAD, PUT, DELETE); a POST then fails as before (``Unavailable``), since it may have been
-applied. After a round over every URL it waits with backoff, up to ``failover_for`` seconds in
-all. With one URL nothing changes: errors come back at once, as before.
+(GET, HEAD, PUT, DELETE, or a POST carrying an ``Idempotency-Key``: the server does it once and
+replays its answer, ADR 0003); another POST then fails as before (``Unavailable``), since it may
+have been applied. After a round over every URL it waits with backoff, up to ``failover_for``
+seconds in all.
+
+A keyed write is also sent again on any 503 (busy, restarting), and with one URL too: on a
+broken or refused connection and on a 503 other than ``not_leader`` (which names no one else to
+ask), with backoff (0.2 s doubling to 2 s) for up to ``failover_for`` seconds; the restart of a
+lone server is ridden out. Other requests to one URL get their errors at once, as before.
 """
 
 from __future__ import annotations
@@ -54,15 +60,24 @@ class Servers:
     def several(self) -> bool:
         return len(self.urls) > 1
 
-    def moves_on(self, method: str, outcome: BaseException | httpx.Response) -> bool:
-        """Whether this outcome sends the request to the next URL."""
-        if not self.several:
-            return False
+    def moves_on(
+        self, method: str, outcome: BaseException | httpx.Response, *, keyed: bool = False
+    ) -> bool:
+        """Whether this outcome sends the request again (to the next URL, when there are
+        several); ``keyed``: it carries an Idempotency-Key (see the module docstring)."""
         if isinstance(outcome, httpx.Response):
-            return outcome.status_code == 503 and _code(outcome) in MOVE_CODES
+            if outcome.status_code != 503:
+                return False
+            code = _code(outcome)
+            if self.several:
+                return keyed or code in MOVE_CODES
+            return keyed and code != "not_leader"
+        if not (self.several or keyed):
+            return False
         if isinstance(outcome, httpx.ConnectError | httpx.ConnectTimeout):
             return True
-        return isinstance(outcome, httpx.TransportError) and method.upper() in IDEMPOTENT
+        repeatable = keyed or method.upper() in IDEMPOTENT
+        return isinstance(outcome, httpx.TransportError) and repeatable
 
     def move(self, outcome: BaseException | httpx.Response | None = None) -> None:
         """To the leader the answer named, if it is one of ours, else to the next URL."""

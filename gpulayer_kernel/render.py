@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, TextIO
 
-from . import display
+from . import display, words
 from .contracts import (
     CellRun,
     Job,
@@ -25,6 +25,7 @@ from .contracts import (
     SessionStatus,
     WorkerInfo,
 )
+from .contracts.workers import HIDDEN_JOB
 
 PROGRESS_EVERY = 2.0  # seconds between two printed progress lines: a log, not a progress bar
 
@@ -197,22 +198,23 @@ def curve(name: str, values: Sequence[float], width: int = 24) -> str:
     return f"{name} {first} → {last} (min {number(min(values))}, max {number(max(values))}) {spark}"
 
 
-def state_line(job: Job, now: float | None = None) -> str:
-    """One line: ``job 3f2a1b2c3d4e (cell) running on local-vm GPUs 0,1 (simulated), 3.21s``."""
+def state_line(job: Job, now: float | None = None, *, reason: bool = True) -> str:
+    """One line: ``job 3f2a1b2c3d4e (cell) running on local-vm GPUs 0,1 (simulated), 3.21s``;
+    a job that did not succeed says why, unless ``reason`` is False (the cell said it already)."""
     text = f"job {job.id} ({job.spec.name}) {job.state.value}"
     if job.placement is not None and job.state in (JobState.PLACED, JobState.RUNNING):
         text += f" on {placement(job)}"
     took = elapsed(job, now)
     if took is not None:
         text += f" {'in' if job.state.terminal else 'for'} {duration(took)}"
-    if job.state.terminal and job.state != JobState.SUCCEEDED and job.reason:
+    if reason and job.state.terminal and job.state != JobState.SUCCEEDED and job.reason:
         text += f": {job.reason}"
     return text
 
 
 def dollars(amount: float) -> str:
-    """``$0.00``, ``$1.25``, ``$1,204``."""
-    return f"${amount:,.0f}" if amount >= 1000 else f"${amount:,.2f}"
+    """``$0.00``, ``$1.25``, ``$1,204`` (never ``$-0.00``)."""
+    return words.dollars(amount, short=True)
 
 
 def cost(job: Job) -> str:
@@ -265,8 +267,8 @@ def summary(job: Job, now: float | None = None) -> str:
         shown = repr(job.result)
         lines.append(f"  result: {shown if len(shown) <= 200 else shown[:197] + '...'}")
     for a in job.artifacts:
-        lines.append(f"  artifact: {a.name} ({a.size} bytes)")
-    return "\n".join(lines)
+        lines.append(f"  artifact: {a.name} ({size(a.size)})")
+    return words.plain("\n".join(lines))
 
 
 def visible(text: str) -> str:
@@ -289,7 +291,7 @@ def log_text(record: LogRecord) -> str:
     prefix = f"[rank {record.rank}] " if record.rank is not None else ""
     text = visible(record.text)
     if record.stream == "system":
-        return f"gpulayer: {prefix}{text}"
+        return f"gpulayer: {prefix}{words.plain(text)}"  # our words: plain text, no `code` marks
     return f"{prefix}{text}"
 
 
@@ -311,14 +313,15 @@ def age(t: float | None, now: float | None = None) -> str:
 def session_line(info: SessionInfo, now: float | None = None) -> str:
     """One line for a session: name, status, where, ranks, cells, when it ends if idle, holder."""
     where = placement(info.job) if info.job.placement is not None else "not placed yet"
-    ranks = f"{info.ranks} rank{'s' if info.ranks > 1 else ''}"
+    ranks = words.count(info.ranks, "rank")
     idle = ""
     if info.status == SessionStatus.IDLE and info.ends_at is not None:
         left = max(0.0, info.ends_at - (now or time.time()))
         idle = f", idle (ends in {duration(left)} unless a cell runs)"
+    cells = words.count(info.cells, "cell")
     why = f" — {info.reason}" if info.reason else ""
     return (
-        f"{info.name} [{info.status.value}] {where}, {ranks}, {info.cells} cells{idle}, "
+        f"{info.name} [{info.status.value}] {where}, {ranks}, {cells}{idle}, "
         f"held by {info.holder.label}{why}"
     )
 
@@ -379,9 +382,10 @@ def workers_table(workers: Sequence[WorkerInfo], now: float | None = None) -> st
             user = w.device_jobs.get(d.index)
             mem = f"{d.memory_bytes / 2**30:.0f} GiB" if d.memory_bytes else "?"
             tag = " [simulated]" if d.simulated else ""
-            lines.append(
-                f"  gpu {d.index}: {d.kind} {mem}{tag}  {'job ' + user if user else 'free'}"
-            )
+            held = "free" if not user else f"job {user}"
+            if user == HIDDEN_JOB:
+                held = "busy (another user's job)"
+            lines.append(f"  gpu {d.index}: {d.kind} {mem}{tag}  {held}")
     return "\n".join(lines)
 
 
@@ -406,6 +410,7 @@ class TextView:
         self._shown: Mapping[str, Any] | None = None  # the progress fields printed last
         self._curves: dict[str, list[float]] = {}  # each charted metric at each new step
         self._curve_step: float | None = None
+        self._notes: set[str] = set()  # the job's system lines shown: a reason said once is enough
 
     @property
     def out(self) -> TextIO:
@@ -416,8 +421,13 @@ class TextView:
         return self._err or sys.stderr
 
     def _say(self, text: str) -> None:
-        self.out.write(f"gpulayer: {text}\n")
+        self.out.write(f"gpulayer: {words.plain(text)}\n")
         self.out.flush()
+
+    def said_why(self, job: Job) -> bool:
+        """Whether the cell already shows why ``job`` ended (its reason, as one of its lines):
+        then the closing line and the cell's error need not say it again."""
+        return bool(job.reason) and job.reason in self._notes
 
     def update(self, job: Job) -> None:
         if self._state is None:
@@ -426,13 +436,13 @@ class TextView:
         sentence = job.pending.sentence if job.pending is not None else ""
         if job.state == JobState.QUEUED and sentence and sentence != self._sentence:
             self._sentence = sentence
-            hint = (
-                "waiting helps"
-                if job.pending is not None and job.pending.waiting_helps
-                else ("waiting won't help")
-            )
+            # The sentence says for each reason whether waiting helps; say it once more only
+            # where it does not (no workers at all, a quota).
+            helps = job.pending is not None and job.pending.waiting_helps
+            said = "waiting helps" in sentence or "waiting won't help" in sentence
+            hint = "" if said else ("waiting helps; " if helps else "waiting won't help; ")
             self._say(
-                f"waiting: {sentence} ({hint}; cancel with `%gpulayer cancel {job.id}` "
+                f"waiting: {sentence} ({hint}cancel with %gpulayer cancel {job.id} "
                 "or interrupt the kernel)"
             )
         self._note_curve(job.progress)
@@ -461,6 +471,8 @@ class TextView:
         chunk: list[str] = []
         dest: TextIO | None = None
         for r in records:
+            if r.stream == "system":
+                self._notes.add(r.text)
             target = self.err if r.stream == "stderr" else self.out
             if target is not dest and chunk:
                 self._write(dest, chunk)
@@ -487,4 +499,4 @@ class TextView:
         for key, values in self._curves.items():
             if len(values) > 1:
                 self._say(f"curve: {curve(key, values)}")
-        self._say(state_line(job))
+        self._say(state_line(job, reason=not self.said_why(job)))

@@ -11,7 +11,7 @@ import builtins
 import time
 from typing import TYPE_CHECKING, TypeVar
 
-from .calls import POLL_CHUNK, POLL_SLACK, Call, Req, _body, _model, _pid
+from .calls import POLL_CHUNK, POLL_SLACK, Call, Req, _body, _model, _pid, new_key
 from .contracts import (
     CellList,
     CellPage,
@@ -27,8 +27,9 @@ T = TypeVar("T")
 
 
 class SessionCalls:
-    def start_session(self, spec: SessionSpec) -> Call[SessionInfo]:
-        return _model(SessionInfo, (yield Req("POST", "/sessions", json=_body(spec))))
+    def start_session(self, spec: SessionSpec, key: str | None = None) -> Call[SessionInfo]:
+        req = Req("POST", "/sessions", json=_body(spec), key=new_key(key))
+        return _model(SessionInfo, (yield req))
 
     def list_sessions(self, *, include_ended: bool = False) -> Call[builtins.list[SessionInfo]]:
         params = [("all", "1" if include_ended else "0")]
@@ -37,7 +38,9 @@ class SessionCalls:
     def get_session(self, ref: str) -> Call[SessionInfo]:
         return _model(SessionInfo, (yield Req("GET", f"/sessions/{_pid(ref)}")))
 
-    def run_cell(self, ref: str, request: CellRequest, wait: float = 0.0) -> Call[CellPage]:
+    def run_cell(
+        self, ref: str, request: CellRequest, wait: float = 0.0, key: str | None = None
+    ) -> Call[CellPage]:
         # One request: a short cell's output and end come back in its answer. A longer one is
         # followed with ``follow_cell`` (the caller decides how, to show output as it comes).
         chunk = min(max(0.0, wait), POLL_CHUNK)
@@ -50,6 +53,7 @@ class SessionCalls:
                     params=[("wait", f"{chunk:.3f}")],
                     json=_body(request),
                     timeout=chunk + POLL_SLACK,
+                    key=new_key(key),
                 )
             ),
         )
@@ -107,8 +111,10 @@ class AsyncSessionCalls:
 
         async def _run(self, call: Call[T]) -> T: ...
 
-    async def start_session(self, spec: SessionSpec) -> SessionInfo:
-        return await self._run(_CALLS.start_session(spec))
+    async def start_session(
+        self, spec: SessionSpec, *, idempotency_key: str | None = None
+    ) -> SessionInfo:
+        return await self._run(_CALLS.start_session(spec, idempotency_key))
 
     async def list_sessions(self, *, include_ended: bool = False) -> builtins.list[SessionInfo]:
         return await self._run(_CALLS.list_sessions(include_ended=include_ended))
@@ -116,8 +122,15 @@ class AsyncSessionCalls:
     async def get_session(self, ref: str) -> SessionInfo:
         return await self._run(_CALLS.get_session(ref))
 
-    async def run_cell(self, ref: str, request: CellRequest, wait: float = 0.0) -> CellPage:
-        return await self._run(_CALLS.run_cell(ref, request, wait))
+    async def run_cell(
+        self,
+        ref: str,
+        request: CellRequest,
+        wait: float = 0.0,
+        *,
+        idempotency_key: str | None = None,
+    ) -> CellPage:
+        return await self._run(_CALLS.run_cell(ref, request, wait, idempotency_key))
 
     async def follow_cell(
         self, ref: str, number: int, since: int = 0, wait: float = 0.0
@@ -147,8 +160,10 @@ class SessionCallsSync:
 
         def _run(self, call: Call[T]) -> T: ...
 
-    def start_session(self, spec: SessionSpec) -> SessionInfo:
-        return self._run(_CALLS.start_session(spec))
+    def start_session(
+        self, spec: SessionSpec, *, idempotency_key: str | None = None
+    ) -> SessionInfo:
+        return self._run(_CALLS.start_session(spec, idempotency_key))
 
     def list_sessions(self, *, include_ended: bool = False) -> builtins.list[SessionInfo]:
         return self._run(_CALLS.list_sessions(include_ended=include_ended))
@@ -156,8 +171,15 @@ class SessionCallsSync:
     def get_session(self, ref: str) -> SessionInfo:
         return self._run(_CALLS.get_session(ref))
 
-    def run_cell(self, ref: str, request: CellRequest, wait: float = 0.0) -> CellPage:
-        return self._run(_CALLS.run_cell(ref, request, wait))
+    def run_cell(
+        self,
+        ref: str,
+        request: CellRequest,
+        wait: float = 0.0,
+        *,
+        idempotency_key: str | None = None,
+    ) -> CellPage:
+        return self._run(_CALLS.run_cell(ref, request, wait, idempotency_key))
 
     def follow_cell(self, ref: str, number: int, since: int = 0, wait: float = 0.0) -> CellPage:
         return self._run(_CALLS.follow_cell(ref, number, since, wait))

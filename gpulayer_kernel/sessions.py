@@ -41,12 +41,15 @@ from .contracts import (
     SessionStatus,
 )
 from .contracts.jobs import DEFAULT_IDLE_TIMEOUT
-from .errors import Conflict, GPUlayerError
+from .errors import Conflict, GPUlayerError, Unavailable
 
 if TYPE_CHECKING:
     from .jupyter.bridge import Bridge
 
 POLL = 25.0  # seconds one follow long-poll waits on the server
+# Seconds a cell keeps following its number through an unreachable control plane (one that
+# restarts comes back within seconds and resumes the cell under its number, ADR 0019).
+RECONNECT = 120.0
 
 
 def client_id() -> str:
@@ -69,20 +72,33 @@ class SessionCellError(GPUlayerError):
         assert error is not None
         ranked = error.rank is not None and cell.ranks_expected > 1
         where = f" (rank {error.rank})" if ranked else ""
+        broken = f"; {cell.broken}" if cell.broken else ""
         super().__init__(
-            f"cell {cell.number} of session {session} raised {error.ename}{where}: {error.evalue}",
-            hint=_hint_for(error),
+            f"cell {cell.number} of session {session} raised {error.ename}{where}: "
+            f"{error.evalue}{broken}",
+            hint=restart_hint(session) if cell.broken else _hint_for(error),
             details={"session": cell.session_id, "cell": cell.number, "rank": error.rank},
         )
         self.cell = cell
         self.error: CellError = error
+        self.session = session
 
     def _render_traceback_(self) -> list[str]:
-        """What a notebook shows: the remote traceback itself (IPython calls this)."""
+        """What a notebook shows: the remote traceback itself (IPython calls this), and, when
+        the cell broke the session, why and how to mend it (not left to the next cell)."""
         lines = list(self.error.traceback) or [f"{self.error.ename}: {self.error.evalue}"]
         if self.cell.ranks_expected > 1 and self.error.rank is not None:
             lines.insert(0, f"\x1b[1m[rank {self.error.rank}]\x1b[0m (the first rank to fail)")
+        if self.cell.broken:
+            lines += [
+                f"gpulayer: session {self.session} is broken: {self.cell.broken}",
+                f"hint: {restart_hint(self.session)}",
+            ]
         return lines
+
+
+def restart_hint(session: str) -> str:
+    return f"restart it (its state is lost): %gpulayer session restart {session}"
 
 
 def _hint_for(error: CellError) -> str:
@@ -245,6 +261,7 @@ class SessionHandle:
         records: list[LogRecord] = []
         deadline = None if timeout is None else time.monotonic() + timeout
         interrupted = False
+        lost_at: float | None = None
         while True:
             if page.records:
                 if on_records is not None:
@@ -257,7 +274,15 @@ class SessionHandle:
                 self.interrupt()
                 interrupted = True
             left = POLL if deadline is None or interrupted else deadline - time.monotonic()
-            page = self.bridge.call(follow_call(self.id, page, min(max(0.0, left), POLL)))
+            try:
+                page = self.bridge.call(follow_call(self.id, page, min(max(0.0, left), POLL)))
+                lost_at = None
+            except Unavailable:
+                # Its number stays its own across a control-plane restart: follow it again.
+                lost_at = lost_at or time.monotonic()
+                if time.monotonic() - lost_at > RECONNECT:
+                    raise
+                time.sleep(1.0)
 
     def _result(self, cell: CellRun, records: list[LogRecord]) -> CellResult:
         values: dict[str, Any] = dict(cell.outputs)

@@ -24,6 +24,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
+from .display import human_bytes
 from .errors import InvalidInput, NotJSON, TooLarge
 
 MAX_ENV = "GPULAYER_MAX_TRANSFER_BYTES"
@@ -153,6 +154,31 @@ def refusal(value: Any, path: str, across: str = KERNEL_AND_SESSION) -> InvalidI
     )
 
 
+def _too_large_hint(across: str) -> str:
+    """How to move what is too large to move as a value, by where it was going."""
+    if across.startswith("from "):  # a job's value back to the kernel: it writes a file there
+        return (
+            "move large data as files: write it to $GPULAYER_OUTPUT in the job and fetch the "
+            f"artifact, or raise {MAX_ENV}"
+        )
+    if across == KERNEL_AND_SESSION:
+        # Into a session, a file written in the kernel does not travel; out of one, it does.
+        return (
+            "move large data as files: load inputs from storage the session can read (or make "
+            "them there), write outputs to $GPULAYER_OUTPUT in the session and fetch the "
+            f"artifact; or raise {MAX_ENV}"
+        )
+    # --in of a one-shot job: its values and its --files ride in its bundle, which has a limit.
+    from . import bundles  # here: job processes import this module, and seldom need this
+
+    return (
+        "move large data as files: save it to a file and send it with --files (the job reads it "
+        "from its working directory; the bundle holds up to "
+        f"{human_bytes(bundles.MAX_BUNDLE_BYTES)}), or have the job read it from storage its "
+        "worker can reach"
+    )
+
+
 def encode(
     values: Mapping[str, Any], limit: int | None = None, across: str = KERNEL_AND_SESSION
 ) -> bytes:
@@ -209,10 +235,9 @@ def encode(
         total += len(raw)
         if total > limit:
             raise TooLarge(
-                f"{path}: the values add up to more than the {limit}-byte limit of a move "
+                f"{path}: the values add up to more than the {human_bytes(limit)} limit of a move "
                 f"{across} ({MAX_ENV})",
-                hint="move large data as files: write it to $GPULAYER_OUTPUT in the session and "
-                "fetch the artifact, or ship it with --files",
+                hint=_too_large_hint(across),
                 details={"limit": limit, "path": path},
                 code="transfer_too_large",
             )

@@ -199,3 +199,91 @@ def test_artifacts_table_and_finding_one_by_name() -> None:
     assert "no artifact 'missing.pt'" in err.value.message
     assert "report.txt" in err.value.message and err.value.code == "artifact_not_found"
     assert "has no artifacts" in render.artifacts_table(make_job())
+
+
+# -- small wrongs found from outside (issue 23, item 6) ----------------------------------------
+
+
+def test_the_waiting_line_says_whether_waiting_helps_once() -> None:
+    out = io.StringIO()
+    view = render.TextView(out, io.StringIO())
+    report = PlacementReport(
+        job_id="3f2a1b2c3d4e",
+        sentence="0/1 workers can run job 3f2a1b: 1 has too few free GPUs (need 2; waiting helps)",
+        exhausted=[ReasonCount(code=Reason.GPUS_BUSY, workers=1, detail="x", waiting_helps=True)],
+        workers_total=1,
+    )
+    view.update(make_job(2, pending=report))
+    [line] = [x for x in out.getvalue().splitlines() if x.startswith("gpulayer: waiting:")]
+    assert line.count("waiting helps") == 1, line
+    assert line.endswith("(cancel with %gpulayer cancel 3f2a1b2c3d4e or interrupt the kernel)")
+
+
+def test_a_reason_the_log_said_is_not_said_again_and_marks_are_plain() -> None:
+    out = io.StringIO()
+    view = render.TextView(out, io.StringIO())
+    why = "job 3f2a1b2c can never run on the workers here: see `gpulayer workers`"
+    view.add_logs([LogRecord(seq=1, time=1.0, stream="system", text=why)])
+    job = make_job(64)
+    view.update(job)
+    failed = job.model_copy(update={"state": JobState.FAILED, "reason": why})
+    assert view.said_why(failed)
+    view.finish(failed)
+    text = out.getvalue()
+    assert text.count("can never run") == 1, text
+    assert "`" not in text and "see gpulayer workers" in text
+    assert text.splitlines()[-1] == "gpulayer: job 3f2a1b2c3d4e (cell) failed"
+    # Said nowhere else: the closing line says it.
+    other = render.TextView(io.StringIO(), io.StringIO())
+    assert not other.said_why(failed)
+    assert render.state_line(failed).endswith(f"failed: {why}")
+
+
+def test_counts_agree_with_their_nouns_and_sizes_read_in_binary_units() -> None:
+    from gpulayer_kernel.contracts import SessionHolder, SessionInfo, SessionStatus
+
+    def line(ranks: int, cells: int) -> str:
+        info = SessionInfo(
+            id="3f2a1b2c3d4e",
+            name="s",
+            status=SessionStatus.BUSY,
+            job=make_job(1),
+            holder=SessionHolder(client="k"),
+            ranks=ranks,
+            cells=cells,
+            idle_timeout=60,
+        )
+        return render.session_line(info)
+
+    assert ", 1 rank, 1 cell, " in line(1, 1)
+    assert ", 2 ranks, 0 cells, " in line(2, 0)
+    assert [render.size(n) for n in (512, 1536, 8 << 20, 1 << 30)] == [
+        "512 B",
+        "1.5 KiB",
+        "8 MiB",
+        "1 GiB",
+    ]
+    art = Artifact(name="out.bin", digest="a" * 64, size=3 << 20)
+    described = render.summary(make_job(0, state=JobState.SUCCEEDED, artifacts=[art]))
+    assert "out.bin (3 MiB)" in described and "bytes" not in described
+
+
+def test_a_user_reads_another_user_s_device_as_busy() -> None:
+    from gpulayer_kernel.contracts import Device, WorkerCapabilities, WorkerInfo
+    from gpulayer_kernel.contracts.workers import HIDDEN_JOB
+
+    caps = WorkerCapabilities(
+        devices=[Device(index=i, vendor="sim", name="A100", kind="a100") for i in range(3)]
+    )
+    w = WorkerInfo(
+        id="w",
+        name="w",
+        registered_at=0.0,
+        last_heartbeat=0.0,
+        capabilities=caps,
+        device_jobs={0: "3f2a1b2c3d4e", 1: HIDDEN_JOB},
+    )
+    table = render.workers_table([w], now=0.0)
+    assert "gpu 0: a100 ? [simulated]  job 3f2a1b2c3d4e" in table
+    assert "gpu 1: a100 ? [simulated]  busy (another user's job)" in table
+    assert "gpu 2: a100 ? [simulated]  free" in table

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ..contracts import PROTOCOL
 from ..controlplane import ControlPlane
 from ..security import TokenService
+from .idempotency import Keys
 from .ops import Operation
 from .params import ApiLimits
 
@@ -44,6 +45,7 @@ class ApiContext:
     # The protocol this mount speaks: "1.0" serves exactly the routes and answers of a server
     # from before 1.1 (to test that new clients and workers still speak to one).
     protocol: str = PROTOCOL
+    keys: Keys = field(default_factory=Keys)  # keyed writes in flight (ADR 0003)
 
     async def drain(self, timeout: float = 1.0) -> None:
         """Stop: every long-poll answers now (503 shutting_down); wait briefly for them and for

@@ -83,6 +83,7 @@ class JobsHandler(GLMixin):
         status=201,
         errors=(404, 422, 429),
         role=Role.USER,
+        idempotent="replay",
     )
     async def post(self, body: JobSpec) -> Job:
         return await self.cp.submit(body, who=self.who)
@@ -124,7 +125,12 @@ class JobHandler(GLMixin):
 class JobCancelHandler(GLMixin):
     route = "/jobs/{job_id}/cancel"
 
-    @op("cancel a job (its worker stops the process group)", answer=Job, role=Role.USER)
+    @op(
+        "cancel a job (its worker stops the process group)",
+        answer=Job,
+        role=Role.USER,
+        idempotent="replay",
+    )
     async def post(self, job_id: str) -> Job:
         return await self.cp.cancel(job_id, who=self.who)
 
@@ -221,7 +227,7 @@ class WorkersHandler(GLMixin):
 
     @op("every worker with its devices and what runs there", answer=WorkerList, role=Role.VIEWER)
     async def get(self) -> WorkerList:
-        return WorkerList(workers=await self.cp.workers())
+        return WorkerList(workers=await self.cp.workers(who=self.who))
 
 
 class WorkerHandler(GLMixin):

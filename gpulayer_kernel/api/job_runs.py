@@ -49,6 +49,7 @@ class JobRunHandler(GLMixin):
         query=(WAIT, LINGER_PARAM, LIMIT),
         errors=(404, 413, 422, 429),
         role=Role.USER,
+        idempotent="follow",
     )
     async def post(self, body: RunRequest, wait: float, linger: float, limit: float) -> JobFollow:
         bundle = None
@@ -115,6 +116,7 @@ class JobBatchHandler(GLMixin):
         status=201,
         errors=(422,),
         role=Role.USER,
+        idempotent="replay",
     )
     async def post(self, body: SubmitBatch) -> SubmitAnswer:
         refused: list[Refusal] = []

@@ -68,7 +68,10 @@ class LongPollMixin(tornado.web.RequestHandler):
             _close_awaitable(call)
             raise shutting_down()
         task = asyncio.ensure_future(call)
-        gone = asyncio.ensure_future(self._gl_closed.wait())
+        # A keyed write (ADR 0003) runs to its answer even when its client left: the client's
+        # retry waits for that answer, which is stored; giving up would leave its outcome unknown.
+        closed = asyncio.Event() if getattr(self, "gl_keyed", False) else self._gl_closed
+        gone = asyncio.ensure_future(closed.wait())
         stop = asyncio.ensure_future(ctx.stopping.wait())
         if not self._gl_polling:
             # Counted until the answer is written (on_finish), so a stopping server's drain()

@@ -28,8 +28,10 @@ from pydantic import BaseModel
 from .. import versions
 from ..contracts import PROTOCOL, parse
 from ..controlplane import ControlPlane
+from ..display import human_bytes
 from ..errors import GPUlayerError, InvalidInput, TooLarge, Unauthorized, Unavailable
 from ..security import Identity, Principal, check_role
+from . import idempotency
 from .context import ApiContext
 from .errors import error_answer, loggable_path
 from .longpoll import ClientGone, LongPollMixin
@@ -49,6 +51,7 @@ class GLMixin(LongPollMixin):
     gl_protocol: versions.Version = versions.OLDEST  # what the caller and this mount both speak
     since: versions.Version = versions.OLDEST  # the protocol that added this route
     gl_exclude: set[str] | None = None  # fields of the answer this caller must not be sent
+    gl_keyed = False  # runs under an Idempotency-Key (``idempotency.py``)
 
     def initialize(self, ctx: ApiContext) -> None:
         super().initialize(ctx)
@@ -156,7 +159,7 @@ class GLMixin(LongPollMixin):
         upload = self._gl_raw
         what = "upload" if upload else "request body"
         return TooLarge(
-            f"the {what} is over the {self._gl_limit}-byte limit",
+            f"the {what} is over the {human_bytes(self._gl_limit)} limit",
             hint="ship large data on the worker's disk or as a job's output, not in a bundle"
             if upload
             else "large files travel as bundles or artifacts; large logs in several batches",
@@ -183,7 +186,7 @@ class GLMixin(LongPollMixin):
 
     async def gl_run(self, spec: Op, fn: Handler, path: dict[str, str]) -> None:
         """Run one ``@op`` method: check the caller's role, parse what ``spec`` declares, call it,
-        send its answer."""
+        send its answer (through ``idempotency.run_keyed`` when it carries an Idempotency-Key)."""
         if spec.role is not None:
             check_role(self.who, spec.role, spec.summary)
         kwargs: dict[str, Any] = {p.name: p.parse(self, self.ctx.limits) for p in spec.query}
@@ -193,7 +196,30 @@ class GLMixin(LongPollMixin):
             kwargs["upload"] = self._gl_upload
         elif spec.body is not None:
             kwargs["body"] = parse(spec.body, b"".join(self._gl_chunks))
+        raw_key = self.request.headers.get(idempotency.HEADER) if spec.idempotent else None
         try:
+            if spec.idempotent is not None and raw_key is not None:
+                self.gl_keyed = True  # its long-poll outlives the client: a retry waits for it
+
+                async def call() -> idempotency.Answer:
+                    return self._gl_encode(await fn(self, **path, **kwargs), spec.status)
+
+                answer = await idempotency.run_keyed(
+                    self.ctx.keys,
+                    self.cp.store,
+                    mode=spec.idempotent,
+                    raw_key=raw_key,
+                    owner=self.who.user,
+                    fp=idempotency.fingerprint(
+                        self.request.method or "", self.request.path, b"".join(self._gl_chunks)
+                    ),
+                    now=self.cp.clock.now,
+                    window=self.ctx.limits.idempotency_window,
+                    call=call,
+                )
+                if not self._finished:
+                    self._gl_write(answer)
+                return
             result = await fn(self, **path, **kwargs)
         except ClientGone:
             if not self._finished:
@@ -208,20 +234,31 @@ class GLMixin(LongPollMixin):
     # -- answers ---------------------------------------------------------------------------------
 
     def gl_send(self, result: Any, status: int = 200) -> None:
-        self.set_header("Cache-Control", "no-store")
+        self._gl_write(self._gl_encode(result, status))
+
+    def _gl_encode(self, result: Any, status: int) -> idempotency.Answer:
+        """The answer a handler's result makes (serialised once; a replay sends these bytes)."""
         if result is None:
-            self.set_status(204)
+            return idempotency.Answer(204, b"", "")
+        if isinstance(result, bytes):
+            return idempotency.Answer(status, result, "application/octet-stream")
+        assert isinstance(result, BaseModel)
+        return idempotency.Answer(status, result.model_dump_json(exclude=self.gl_exclude).encode())
+
+    def _gl_write(self, answer: idempotency.Answer) -> None:
+        self.set_header("Cache-Control", "no-store")
+        if answer.replayed:
+            self.set_header(idempotency.REPLAYED, "true")
+        self.set_status(answer.status)
+        if answer.status == 204:
             self.finish()
-        elif isinstance(result, bytes):
-            self.set_status(status)
-            self.set_header("Content-Type", "application/octet-stream")
+        elif answer.content_type == "application/octet-stream":
+            self.set_header("Content-Type", answer.content_type)
             # Straight to tornado: a JSON-only base (APIHandler) would relabel the bytes.
-            tornado.web.RequestHandler.finish(self, result)
+            tornado.web.RequestHandler.finish(self, answer.body)
         else:
-            assert isinstance(result, BaseModel)
-            self.set_status(status)
             self.set_header("Content-Type", "application/json")
-            self.finish(result.model_dump_json(exclude=self.gl_exclude))
+            self.finish(answer.body)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         """Every error as ``{"code", "message", "hint", "details"}``; never a traceback."""

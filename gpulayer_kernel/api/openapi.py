@@ -18,6 +18,7 @@ from pydantic.json_schema import models_json_schema
 from ..contracts import JobState
 from ..security import Role
 from .context import package_version
+from .idempotency import HEADER, MAX_KEY
 from .mixin import GLMixin
 from .models import ErrorBody
 from .ops import Operation, op
@@ -33,6 +34,18 @@ ERROR_TEXT = {
     413: "body over the size limit",
     422: "a contract did not validate",
     503: "shutting down, or unavailable",
+}
+
+
+# The header of keyed writes (ADR 0003, ``idempotency.py``), on every operation that takes it.
+IDEMPOTENCY_PARAM: dict[str, Any] = {
+    "name": HEADER,
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY, "pattern": "^[!-~]+$"},
+    "description": "a fresh random key per write, the same on its retries: a retry within "
+    "24 h gets the first answer again (header Idempotency-Replayed: true) and makes nothing "
+    "twice; the same key with another body, 409 idempotency_key_reused",
 }
 
 
@@ -108,6 +121,8 @@ def build_openapi(
             if p.kind == "states":
                 q["style"], q["explode"] = "form", True
             params.append(q)
+        if spec.idempotent is not None:
+            params.append(IDEMPOTENCY_PARAM)
         responses: dict[str, Any] = {}
         ok: dict[str, Any] = {"description": "ok"}
         if spec.answer == "bytes":
@@ -124,6 +139,8 @@ def build_openapi(
             statuses.add(503)
         if spec.kinds is not None and template.startswith("/worker/jobs"):
             statuses.add(409)
+        if spec.idempotent is not None:
+            statuses.add(409)  # idempotency_key_reused, idempotency_key_unresolved
         for status in sorted(statuses):
             responses[str(status)] = {"description": ERROR_TEXT.get(status, "error")}
             if method != "head":

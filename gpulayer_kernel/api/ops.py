@@ -43,6 +43,10 @@ class Op:
     # Protocol 1.1: answered 204 with no body when the caller sends ``Prefer: return=minimal``
     # (RFC 7240; a worker that never reads the answer need not receive it).
     minimal: bool = False
+    # Takes an ``Idempotency-Key`` (ADR 0003, ``idempotency.py``): "replay" answers a retry
+    # with the stored answer, "follow" runs it again bound to the jobs it made (``/jobs/run``),
+    # "once" refuses a retry the first try of which a restart cut off (409).
+    idempotent: Literal["replay", "follow", "once"] | None = None
 
 
 class Operation(NamedTuple):
@@ -76,6 +80,7 @@ def op(
     public: bool = False,
     role: Role | None = None,
     minimal: bool = False,
+    idempotent: Literal["replay", "follow", "once"] | None = None,
 ) -> Callable[[Handler], Handler]:
     """Declare a handler method; the wrapper parses query and body and sends the answer.
 
@@ -99,6 +104,7 @@ def op(
         public=public,
         role=role,
         minimal=minimal,
+        idempotent=idempotent,
     )
 
     def deco(fn: Handler) -> Handler:

@@ -16,6 +16,7 @@ import tornado.web
 
 from ..bundles import MAX_BUNDLE_BYTES
 from ..contracts import JobState
+from ..contracts.limits import MAX_BODY
 from ..errors import InvalidInput
 
 # What an integer parameter may be at most when its declaration names no bound: the store's
@@ -33,7 +34,7 @@ _NUMBER = re.compile(
 class ApiLimits:
     """Request limits: bodies over theirs get 413; more than ``max_uploads`` at once get 503."""
 
-    max_json: int = 8 << 20
+    max_json: int = MAX_BODY  # the limit workers split their reports to fit
     max_blob: int = 1 << 30  # an artifact a worker uploads (checkpoints can be large)
     max_bundle: int = MAX_BUNDLE_BYTES  # a bundle: the one limit the worker enforces too
     # A too-large body up to this size is read and dropped so the client can read the 413;
@@ -43,6 +44,8 @@ class ApiLimits:
     # Uploads streaming to disk at once; each holds a file and up to ``upload_buffer`` bytes.
     max_uploads: int = 4
     upload_buffer: int = 1 << 20
+    # How long an Idempotency-Key's answer is kept and replayed (ADR 0003): 24 h.
+    idempotency_window: float = 24 * 3600.0
 
 
 # -- query parameters --------------------------------------------------------------------------

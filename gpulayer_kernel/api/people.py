@@ -73,15 +73,16 @@ class UserHandler(GLMixin):
 
     @op(
         "change a user's role or group, or disable (enable) them: a disabled user's tokens stop "
-        "working at once",
+        "working at once, their sessions are stopped and their queued jobs cancelled (running "
+        "jobs finish)",
         body=UserChange,
         answer=UserInfo,
         errors=(404, 409),
         role=Role.ADMIN,
     )
     async def post(self, name: str, body: UserChange) -> UserInfo:
-        rec = await self.cp.users.update(
-            name, role=body.role, group=body.group, disabled=body.disabled
+        rec = await self.cp.update_user(
+            name, role=body.role, group=body.group, disabled=body.disabled, who=self.who
         )
         return user_info(rec)
 
@@ -98,9 +99,11 @@ class QuotaHandler(GLMixin):
     route = "/quotas/{kind}/{name}"
 
     @op(
-        "set the quota of `user/NAME` or `group/NAME` (both limits null: remove it)",
+        "set the quota of `user/NAME` (a user who exists, else 404 `user_not_found`) or "
+        "`group/NAME` (both limits null: remove it)",
         body=QuotaRequest,
         answer=QuotaInfo,
+        errors=(404,),
         role=Role.ADMIN,
     )
     async def put(self, kind: str, name: str, body: QuotaRequest) -> QuotaInfo:

@@ -36,6 +36,7 @@ class SessionsHandler(GLMixin):
         status=201,
         errors=(409, 422),
         role=Role.USER,
+        idempotent="once",
     )
     async def post(self, body: SessionSpec) -> SessionInfo:
         return await self.cp.start_session(body, who=self.who)
@@ -70,6 +71,7 @@ class SessionCellsHandler(GLMixin):
         query=(WAIT,),
         errors=(403, 404, 409, 422),
         role=Role.USER,
+        idempotent="follow",
     )
     async def post(self, session: str, body: CellRequest, wait: float) -> CellPage:
         return await self.long_poll(wait, self.cp.run_cell(session, body, wait, who=self.who))

@@ -106,7 +106,7 @@ class LocalAdmin:
     async def update_user(self, name: str, **changes: Any) -> dict[str, Any]:
         from ..api.people import user_info
 
-        return user_info(await self.cp.users.update(name, **changes)).model_dump(mode="json")
+        return user_info(await self.cp.update_user(name, **changes)).model_dump(mode="json")
 
     async def list_quotas(self) -> list[dict[str, Any]]:
         from ..api.people import quota_info

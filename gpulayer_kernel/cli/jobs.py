@@ -14,6 +14,7 @@ from typing import Any
 from ..contracts import Job, JobState
 from ..errors import Unavailable
 from ..session import Session, open_session
+from ..words import plain
 from .common import Handler
 from .live import LiveLine
 
@@ -146,7 +147,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
 
 async def cmd_explain(args: argparse.Namespace) -> int:
     async with open_session() as s:
-        print(await s.explain(args.job))
+        print(plain(await s.explain(args.job)))
     return 0
 
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import GPUlayerError
+from ..words import plain
 from . import artifacts, jobs, lab, providers, run, secret, serve, sessions, token, user, worker
 from .common import Handler
 
@@ -45,9 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return asyncio.run(COMMANDS[args.command](args))
     except GPUlayerError as exc:
-        print(f"gpulayer: error: {exc.message}", file=sys.stderr)
+        print(f"gpulayer: error: {plain(exc.message)}", file=sys.stderr)
         if exc.hint:
-            print(f"gpulayer: hint: {exc.hint}", file=sys.stderr)
+            print(f"gpulayer: hint: {plain(exc.hint)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

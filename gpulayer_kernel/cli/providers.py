@@ -24,6 +24,7 @@ from ..contracts import (
 from ..errors import InvalidInput
 from ..security import parse_ttl
 from ..session import open_session
+from ..words import dollars
 from .common import Handler
 
 GROUPS = ("job", "user", "project", "provider", "day")
@@ -111,7 +112,7 @@ def parse_since(text: str | None, now: float | None = None) -> float | None:
 
 
 def money(x: float | None) -> str:
-    return "-" if x is None else f"${x:,.2f}"
+    return "-" if x is None else dollars(x)
 
 
 def providers_text(listing: ProviderList, now: float | None = None) -> str:
@@ -203,7 +204,7 @@ def budgets_text(budgets: list[BudgetStatus]) -> str:
         who = f"{b.scope} {b.match}"[:21]
         rows.append(
             f"{b.name:<16}{who:<22}{money(b.limit):>11}{money(s.spent):>11}"
-            f"{money(s.committed):>11}{money(s.left):>11}  {b.period} / {b.policy.value}"
+            f"{money(s.committed):>11}{money(max(0.0, s.left)):>11}  {b.period} / {b.policy.value}"
         )
     return "\n".join(rows)
 

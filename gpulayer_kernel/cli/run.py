@@ -21,6 +21,7 @@ from ..contracts import JobSpec, JobState, parse, parse_pairs
 from ..errors import GPUlayerError, InvalidInput
 from ..jobenv import env_option
 from ..session import Session, open_session
+from ..words import plain
 from .common import Handler
 from .jobs import exit_code_of, follow
 from .live import LiveLine, watch
@@ -153,7 +154,7 @@ async def _say_why_it_waits(s: Session, job_id: str, first: float = 0.5) -> None
             return
         sentence = await s.explain(job_id)
         if sentence != said:
-            print(f"gpulayer: waiting: {sentence} (Ctrl-C cancels)", file=sys.stderr)
+            print(f"gpulayer: waiting: {plain(sentence)} (Ctrl-C cancels)", file=sys.stderr)
             said = sentence
         delay = 10.0
 

@@ -9,6 +9,7 @@ from typing import Any, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ..display import human_bytes
 from ..errors import NotJSON, ValidationFailed
 
 API_VERSION: Final = "gpulayer/v1"
@@ -68,7 +69,7 @@ def ensure_json(value: Any, what: str = "value") -> Any:
     size = len(json.dumps(value, allow_nan=False))
     if size > MAX_JSON_BYTES:
         raise NotJSON(
-            f"{what} is {size} bytes of JSON; the limit is {MAX_JSON_BYTES} bytes",
+            f"{what} is {human_bytes(size)} of JSON; the limit is {human_bytes(MAX_JSON_BYTES)}",
             hint="write large data to a file in $GPULAYER_OUTPUT (an artifact) and pass its name",
             details={"path": what, "bytes": size},
         )

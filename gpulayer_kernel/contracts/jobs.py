@@ -8,9 +8,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, JsonValue, field_validator, model_validator
 
+from ..display import human_bytes
 from ._base import SHA256_PATTERN, Contract, ensure_json
 from .artifacts import Artifact
 from .costs import AttemptRecord
+from .limits import MAX_LINE_CHARS
 from .scheduling import PlacementReport
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -254,13 +256,14 @@ class JobSpec(Contract):
             size = len(text.encode()) + 1
             if size > MAX_ARG_STRLEN:
                 raise ValueError(
-                    f"{field} is {size} bytes; one argument or variable may be at most "
-                    f"{MAX_ARG_STRLEN} bytes (pass large data in a file or artifact)"
+                    f"{field} is {human_bytes(size)}; one argument or variable may be at most "
+                    f"{human_bytes(MAX_ARG_STRLEN)} (pass large data in a file or artifact)"
                 )
             total += size
         if total > MAX_EXEC_BYTES:
             raise ValueError(
-                f"argv and env add up to {total} bytes; the limit is {MAX_EXEC_BYTES} "
+                f"argv and env add up to {human_bytes(total)}; the limit is "
+                f"{human_bytes(MAX_EXEC_BYTES)} "
                 "(pass large data in a file or artifact)"
             )
         return self
@@ -359,7 +362,10 @@ class LogLine(Contract):
     time: float
     stream: LogStream
     rank: int | None = None
-    text: str
+    text: str = Field(
+        max_length=MAX_LINE_CHARS,
+        description="the line, without its newline (a longer one is sent in pieces)",
+    )
     cell: int | None = Field(None, ge=1, description=CELL_DESCRIPTION)
     data: MimeBundle | None = Field(None, description=DATA_DESCRIPTION)
 

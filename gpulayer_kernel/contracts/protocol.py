@@ -9,6 +9,7 @@ from pydantic import Field, JsonValue, model_validator
 from ._base import Contract
 from .artifacts import Artifact
 from .jobs import Job, LogLine, NodePlacement
+from .limits import MAX_LINES
 from .sessions import CellAssignment, SessionInfo
 from .workers import WorkerInfo
 
@@ -118,7 +119,7 @@ class FinishReport(Contract):
 
 
 class LogBatch(Contract):
-    lines: list[LogLine] = Field(max_length=10_000)
+    lines: list[LogLine] = Field(max_length=MAX_LINES)
     attempt: int | None = _attempt()
 
 

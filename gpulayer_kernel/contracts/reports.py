@@ -18,13 +18,13 @@ from pydantic import Field, JsonValue
 
 from ._base import Contract
 from .jobs import Job, JobSpec, LogLine, LogRecord
+from .limits import MAX_BATCH, MAX_LINES
 from .protocol import FinishReport, _attempt
 
 PROTOCOL = "1.1"
 """The protocol version this package speaks (``major.minor``; a peer of another major is
 refused naming both, one of an older minor is spoken to as it understands)."""
 
-MAX_BATCH = 1_000  # entries in one report or submit batch
 MAX_INLINE_BUNDLE = 1 << 20  # bytes of a bundle carried inline (base64) in a run request
 
 
@@ -34,7 +34,7 @@ class JobReport(Contract):
     job_id: str = Field(min_length=1, max_length=64)
     attempt: int | None = _attempt()
     started: bool = Field(False, description="its process started (placed → running)")
-    lines: list[LogLine] = Field(default_factory=list, max_length=10_000)
+    lines: list[LogLine] = Field(default_factory=list, max_length=MAX_LINES)
     progress: dict[str, JsonValue] | None = None
     finished: FinishReport | None = Field(
         None,

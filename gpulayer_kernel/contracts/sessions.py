@@ -21,7 +21,14 @@ import math
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, JsonValue, field_validator, model_validator
+from pydantic import (
+    Field,
+    JsonValue,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from .. import display
 from ._base import SHA256_PATTERN, Contract, ensure_json
@@ -37,6 +44,7 @@ from .jobs import (
     Resources,
     SecretNames,
 )
+from .limits import MAX_LINES
 
 SESSION_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 MAX_CODE_BYTES = 1 << 20  # one cell's source
@@ -181,7 +189,7 @@ class CellRequest(Contract):
     @classmethod
     def _code_size(cls, v: str) -> str:
         if len(v.encode()) > MAX_CODE_BYTES:
-            raise ValueError(f"the cell is over {MAX_CODE_BYTES} bytes")
+            raise ValueError(f"the cell is over {display.human_bytes(MAX_CODE_BYTES)}")
         if "\x00" in v:
             raise ValueError("the cell contains a NUL byte")
         return v
@@ -252,6 +260,9 @@ class CellRun(Contract):
         None, pattern=SHA256_PATTERN, description="--out/pull values as a tensor-safe blob"
     )
     first_seq: int = Field(0, ge=0, description="the session log seq before this cell's records")
+    broken: str | None = Field(
+        None, description="the session broke during this cell (why): it needs a restart"
+    )
 
     @property
     def duration(self) -> float | None:
@@ -299,6 +310,19 @@ class CellAssignment(Contract):
     session_id: str
     number: int = Field(ge=1)
     request: CellRequest
+    resume: bool = Field(
+        False,
+        description="a cell of the control plane's previous life: do not run it; report it "
+        "(again) if it ran here, as not run if it never came (left out when false)",
+    )
+
+    @model_serializer(mode="wrap")
+    def _resume_only_when_set(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # A worker from before ``resume`` forbids unknown fields: a new cell must look as it did.
+        data = handler(self)
+        if not self.resume and isinstance(data, dict):
+            data.pop("resume", None)
+        return data
 
 
 class CellReport(Contract):
@@ -306,7 +330,7 @@ class CellReport(Contract):
 
     number: int = Field(ge=1)
     ranks: list[RankOutcome] = Field(default_factory=list)
-    lines: list[LogLine] = Field(default_factory=list, max_length=10_000)
+    lines: list[LogLine] = Field(default_factory=list, max_length=MAX_LINES)
     started_at: float | None = None
     finished_at: float | None = None
     outputs: dict[str, JsonValue] = Field(default_factory=dict)

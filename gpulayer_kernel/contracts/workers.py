@@ -127,6 +127,11 @@ class WorkerState(StrEnum):
         return self not in (WorkerState.LOST, WorkerState.OFFLINE)
 
 
+# What a user (not an admin or viewer) reads in ``device_jobs`` for a device another user's job
+# holds: the device is busy, and whose work it is is not theirs to know (issue 23, item 6).
+HIDDEN_JOB = "hidden"
+
+
 class WorkerInfo(Contract):
     id: str
     name: str

@@ -35,6 +35,7 @@ from ..contracts import (
 )
 from ..errors import BudgetExceeded, NotFound
 from ..store import MetadataStore
+from ..words import dollars
 from .jobs import JobTable
 from .ledger import PROJECT_LABEL
 from .logs import LogTails
@@ -156,7 +157,8 @@ class Budgets:
                     budget=b,
                     spent=round(spent, 6),
                     committed=round(committed, 6),
-                    left=round(b.limit - spent - committed, 6),
+                    # ``+ 0.0``: a sum that lands on -0.0 is sent as 0.0, not as ``-0.0``.
+                    left=round(b.limit - spent - committed, 6) + 0.0,
                     period_start=period_start(b, now),
                 )
             )
@@ -165,17 +167,22 @@ class Budgets:
     # -- checks ----------------------------------------------------------------------------------
 
     def check(self, spec: JobSpec, owner: str, estimate: float, where: str = "") -> tuple[str, ...]:
-        """Refuse a submit whose estimate is more than a budget it spends from has left."""
+        """Refuse a submit whose estimate is more than a budget it spends from has left.
+
+        A job that costs nothing (an owned worker with no price) is never refused: a budget
+        overshot by running jobs has less than nothing left, and a free job takes none of it."""
         names = self.names_for(spec, owner)
+        if estimate <= EPS:
+            return names
         left = self.left()
         for name in names:
             if estimate > left[name] + EPS:
                 b = self._budgets[name]
                 on = f" on {where}" if where else ""
                 raise BudgetExceeded(
-                    f"job {spec.name!r} would cost ≈ ${estimate:,.2f}{on}, more than budget "
-                    f"`{name}` ({b.scope} {b.match}) has left: ${max(0.0, left[name]):,.2f} of "
-                    f"${b.limit:,.2f} {_period_word(b)}",
+                    f"job {spec.name!r} would cost {_cost(estimate)}{on}, more than budget "
+                    f"`{name}` ({b.scope} {b.match}) has left: {dollars(max(0.0, left[name]))} "
+                    f"of {dollars(b.limit)} {_period_word(b)}",
                     hint=f"raise it with `gpulayer budgets set {name} --limit "
                     f"{_raise_to(b, estimate - left[name])}`, ask for less (a shorter --timeout, "
                     "fewer GPUs), or wait for the next period",
@@ -233,8 +240,8 @@ class Budgets:
                     continue
                 self._warned.add((job.id, b.name))
                 said = (
-                    f"budget `{b.name}` is exceeded: ${total:,.2f} of ${b.limit:,.2f} "
-                    f"{_period_word(b)}, ${cost:,.2f} of it by this job so far"
+                    f"budget `{b.name}` is exceeded: {dollars(total)} of {dollars(b.limit)} "
+                    f"{_period_word(b)}, {dollars(cost)} of it by this job so far"
                 )
                 if b.policy == BudgetPolicy.CANCEL and self.cancel is not None:
                     await self.cancel(job, f"cancelled: {said} (policy cancel)")
@@ -271,6 +278,12 @@ def _so_far(job: Job, now: float) -> float:
     if r.ended_at is not None or r.started_at is None:
         return 0.0
     return r.units * r.unit_price * max(0.0, now - r.started_at) / 3600.0
+
+
+def _cost(estimate: float) -> str:
+    """An estimate as dollars; one under a cent says so, rather than ``≈ $0.00`` (which reads as
+    free, and a free job is never refused)."""
+    return f"≈ {dollars(estimate)}" if estimate >= 0.005 else "under $0.01"
 
 
 def _period_word(b: Budget) -> str:

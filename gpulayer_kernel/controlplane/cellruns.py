@@ -54,6 +54,12 @@ class LiveSession:
     announcing: Timer | None = None  # a coalesced announcement of cell progress, pending
     restarting: set[str] = field(default_factory=set)  # workers not yet up again
     ended: bool = False
+    # Queued cells whose record is not yet in the store: none is sent to a worker before its
+    # record is (a control plane that dies in between must not number another cell the same).
+    unsaved: set[int] = field(default_factory=set)
+    # Cells of the control plane's previous life that had not ended: sent to the workers as
+    # ``resume`` (report it if it ran, as not run if it never came), never run again.
+    resumed: set[int] = field(default_factory=set)
 
     @classmethod
     def of(cls, record: SessionRecord, idle_timeout: float) -> LiveSession:
@@ -197,6 +203,8 @@ def ended_from(
             "value": next((r.value for r in ranks if r.rank == 0), None),
             "outputs": zero.outputs if zero else {},
             "outputs_blob": zero.outputs_blob if zero else None,
+            # The cell that broke the session says so itself (not only the next one).
+            "broken": broken,
         }
     )
 
@@ -219,6 +227,11 @@ def orphan(session_id: str, report: CellReport, now: float) -> CellRun:
         reason="it ran while the control plane restarted; its source was not kept",
         value=next((r.value for r in ranks if r.rank == 0), None),
     )
+
+
+def in_doubt(cells: Sequence[CellRun]) -> list[CellRun]:
+    """The cells of a previous life that had not ended (queued or running), oldest first."""
+    return sorted((c for c in cells if not c.state.done), key=lambda c: c.number)
 
 
 def aborted(cell: CellRun, reason: str, now: float) -> CellRun:

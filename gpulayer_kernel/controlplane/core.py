@@ -76,15 +76,17 @@ from ..security.roles import (
 )
 from ..security.users import UserService
 from ..security.vault import MEMORY_KEYS, KeySource
-from ..store import ArtifactStore, MetadataStore
+from ..store import ArtifactStore, MetadataStore, UserRecord
 from .blobs import Blobs
 from .dispatch import Dispatcher
 from .events import EventLog
 from .follow import LINGER, Follower, check_inline_bundle
+from .idempotency import CLAIM
 from .inline import InlineBundles
 from .jobs import Change, JobTable, artifact_named, new_id
 from .logs import LogTails
 from .outcomes import Outcomes
+from .people import end_work_of
 from .provisioning import Provisioning
 from .reaper import Reaper
 from .reports import Reports
@@ -92,6 +94,7 @@ from .scheduling import SchedulingLoop
 from .secrets import SecretTable
 from .sessions import SessionTable
 from .usage import DEFAULT_HALF_LIFE, UsageMeter
+from .visibility import event_seen_by, worker_seen_by
 from .workers import SUSPECT_GRACE, WorkerRegistry
 
 
@@ -294,6 +297,9 @@ class ControlPlane:
         changes can reach the wiring (the sessions part registers its session there)."""
         check_role(who, Role.USER, "submit jobs")
         owner = resolved(who).user
+        claim = CLAIM.get()  # a keyed request's (ADR 0003): set by the API layer
+        if claim is not None and (earlier := claim.take(spec, owner)) is not None:
+            return earlier  # an earlier try of this request made it: not twice
         bundle = getattr(spec.workload, "bundle", None)  # a session ships no code
         if bundle is not None and not (await self.blobs.has(bundle, who=who)):
             raise NotFound(
@@ -307,6 +313,8 @@ class ControlPlane:
         )
         budgets, estimate = self.provisioning.check_submit(spec, owner)  # refused over a budget
         change = self.jobs.add(spec, owner)
+        if claim is not None:
+            claim.created(change.after)  # queued before the job's row: committed with it
         if added is not None:
             added(change.after)
         self.provisioning.submitted(change.after, budgets, estimate)
@@ -430,8 +438,12 @@ class ControlPlane:
     async def explain(self, job_id: str, *, who: Identity | None = None) -> str:
         return self.scheduling.explain(await self.get(job_id, who=who))
 
-    async def workers(self) -> builtins.list[WorkerInfo]:
-        return self.registry.all()
+    async def workers(self, *, who: Identity | None = None) -> builtins.list[WorkerInfo]:
+        """Every worker; a user reads only its own jobs' ids on them (``visibility``)."""
+        if sees_all(who):
+            return self.registry.all()
+        me = resolved(who).user
+        return [worker_seen_by(w, me, self.jobs.cached) for w in self.registry.all()]
 
     async def events(
         self,
@@ -442,11 +454,13 @@ class ControlPlane:
         who: Identity | None = None,
     ) -> EventPage:
         """Job and worker changes after ``cursor`` (or ``since``), long-polled with ``wait``;
-        a user sees changes of its own jobs (and every worker's)."""
+        a user sees changes of its own jobs, and every worker's without other users' job ids."""
         if sees_all(who):
             return await self.event_log.page(since, wait, cursor)
         me = resolved(who).user
-        return await self.event_log.page(since, wait, cursor, visible=lambda e: _owned_by(e, me))
+        page = await self.event_log.page(since, wait, cursor, visible=lambda e: _owned_by(e, me))
+        seen = [event_seen_by(e, me, self.jobs.cached) for e in page.events]
+        return page.model_copy(update={"events": seen})
 
     async def event_cursor(self) -> str:
         """The event log's position now: follow from it to see only what happens next."""
@@ -492,6 +506,33 @@ class ControlPlane:
         self, name: str, *, who: Identity | None = None, user: str | None = None
     ) -> bool:
         return await self.secrets.delete(self.secrets.owner_for(who, user), name)
+
+    # -- users (the records are ``users``'; what disabling one does to their work: people.py) --
+
+    async def update_user(
+        self,
+        name: str,
+        *,
+        role: Role | str | None = None,
+        group: str | None = None,
+        disabled: bool | None = None,
+        who: Identity | None = None,
+    ) -> UserRecord:
+        """Change a user's role or group, or disable (enable) them. Disabling stops their
+        sessions and cancels their queued jobs, saying who did it; running jobs finish."""
+        check_role(who, Role.ADMIN, "change users")
+        was = self.users.get(name).disabled
+        rec = await self.users.update(name, role=role, group=group, disabled=disabled)
+        if rec.disabled and not was:
+            await end_work_of(
+                name,
+                resolved(who).user,
+                sessions=self.sessions.live(),
+                jobs=self.jobs.active(),
+                stop_session=lambda ref, why: self.stop_session(ref, why),
+                cancel=self.outcomes.cancel,
+            )
+        return rec
 
     # -- sessions (ADR 0019): the sessions part does the work -----------------------------------
     # A session is its job's owner's: users read and act on their own, viewers read all, admins

@@ -20,6 +20,7 @@ from .. import bundles
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import Job, JobFollow, JobSpec
 from ..contracts.reports import MAX_INLINE_BUNDLE
+from ..display import human_bytes
 from ..errors import InvalidInput, TooLarge
 from .events import EventLog
 from .jobs import JobTable
@@ -94,7 +95,8 @@ def check_inline_bundle(spec: JobSpec, bundle: bytes) -> str:
         )
     if len(bundle) > MAX_INLINE_BUNDLE:
         raise TooLarge(
-            f"an inline bundle is {len(bundle)} bytes; at most {MAX_INLINE_BUNDLE} ride with "
+            f"an inline bundle is {human_bytes(len(bundle))}; at most "
+            f"{human_bytes(MAX_INLINE_BUNDLE)} ride with "
             "the job",
             hint="upload it first (PUT /bundles/{sha256}); the client does this on its own",
             details={"field": "bundle", "limit": MAX_INLINE_BUNDLE},

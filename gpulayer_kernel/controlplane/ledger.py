@@ -131,10 +131,17 @@ class Ledger:
     ) -> tuple[float, str]:
         """What ``spec`` would cost, where it is cheapest (a worker here that can ever run it,
         or an offer that fits it), and which; (0, "") when nothing can run it yet."""
+        resources = spec.resources
+        if resources.worker is not None:
+            # Fits answers "waits for that worker" to a pinned job, which would quote it $0
+            # (and no budget would ever refuse it): quote the named worker, and only it.
+            workers = [w for w in workers if w.name == resources.worker]
+            offers = []
+            resources = resources.model_copy(update={"worker": None})
         templates = [(w.capabilities, w.labels) for w in workers]
         templates += [(offer_capabilities(o), o.labels) for o in offers]
         fits = Fits(templates)
-        shape = fits.shape(spec.resources)
+        shape = fits.shape(resources)
         best: tuple[float, str] | None = None
         for i, (caps, _) in enumerate(templates):
             if not fits.fits(shape, i):

@@ -20,6 +20,7 @@ cell end fires: a short cell answers its ``run`` in the same request (ADR 0016: 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
@@ -54,11 +55,13 @@ from .cellruns import (
     ended_from,
     human_seconds,
     idle_of,
+    in_doubt,
     new_cell,
     orphan,
 )
 from .dispatch import Dispatcher
 from .events import EventLog
+from .idempotency import CLAIM
 from .jobs import Change, JobTable
 from .logs import LogTails
 
@@ -112,7 +115,9 @@ class SessionTable:
     # -- life ------------------------------------------------------------------------------------
 
     async def load(self) -> None:
-        """After a restart: the sessions of active session jobs, idle from now."""
+        """After a restart: the sessions of active session jobs, idle from now; the cells
+        that had not ended are resumed (each ends with its own worker's report, never runs
+        again, and no new cell takes its number: every cell is stored before it runs)."""
         active = [j for j in self.jobs.active() if j.spec.is_session]
         records = {r.id: r for r in await self.store.load_sessions([j.id for j in active])}
         now = self.clock.now()
@@ -120,11 +125,22 @@ class SessionTable:
             record = records.get(job.id)
             s = LiveSession.of(record, idle_of(job)) if record else LiveSession.lost(job)
             self._live[job.id] = s
-            newest = await self.store.list_cells(job.id, limit=1)
-            s.cells = max(s.cells, newest[0].number if newest else 0)
+            stored = await self.store.list_cells(job.id, limit=RECENT_CELLS)
+            s.cells = max(s.cells, stored[0].number if stored else 0)
             if job.state == JobState.RUNNING:
                 s.idle_since = now
-                self._arm(s)
+                self._resume(s, in_doubt(stored))
+                if s.running is None:
+                    self._arm(s)
+
+    def _resume(self, s: LiveSession, cells: list[CellRun]) -> None:
+        """Queue the previous life's unfinished cells as ``resume`` assignments: a worker that
+        ran (or runs) one reports it; one that never got it says so, and it ends as not run."""
+        for cell in cells:
+            s.queue.append(cell.model_copy(update={"state": CellState.QUEUED}))
+            s.requests[cell.number] = CellRequest(history=cell.history, all_ranks=cell.all_ranks)
+            s.resumed.add(cell.number)
+        self._next(s)
 
     def close(self) -> None:
         for s in self._live.values():
@@ -285,6 +301,9 @@ class SessionTable:
     ) -> CellPage:
         """Queue one cell; answer within ``wait`` seconds with its output (and end, if it came)."""
         s, job = await self._acting(ref, who)
+        claim = CLAIM.get()  # a keyed POST's (ADR 0003): its earlier try may have posted it
+        if claim is not None and (earlier := claim.cell_of(s.id)) is not None:
+            return await self.follow_cell(s, earlier, 0, wait)
         s.check_runs(job, req.client)
         first_seq = await self.tails.last_seq(s.id)
         s.check_live(self.jobs.cached(s.id) or job)
@@ -293,8 +312,23 @@ class SessionTable:
         number = cell.number
         s.requests[number] = req
         s.queue.append(cell)
-        self._next(s)
+        s.unsaved.add(number)
+        if claim is not None:
+            claim.made_cell(s.id, number)  # queued before the cell's row: committed with it
         self._announce_soon(s)
+        try:
+            # The cell's number and record are durable before it runs or its POST is answered:
+            # a control plane killed after this point resumes it (``load``), and never numbers
+            # another cell the same. One write per cell start; concurrent cells share a commit.
+            await self.store.save_cells([cell])
+        except BaseException:
+            with contextlib.suppress(ValueError):
+                s.queue.remove(cell)
+            s.requests.pop(number, None)
+            raise
+        finally:
+            s.unsaved.discard(number)
+        self._next(s)
         return await self.follow_cell(s, number, cell.first_seq, wait)
 
     async def follow(
@@ -352,6 +386,8 @@ class SessionTable:
         """Start the next queued cell when none runs (and the ranks are up)."""
         if s.running is not None or not s.queue or s.restarting or s.ended:
             return
+        if s.queue[0].number in s.unsaved:
+            return  # its record is on its way to the store: the write's end calls this again
         job = self.jobs.active_job(s.id)
         if job is None or job.placement is None:
             return
@@ -363,7 +399,12 @@ class SessionTable:
         if s.timer is not None:
             s.timer.cancel()
             s.timer = None
-        a = CellAssignment(session_id=s.id, number=cell.number, request=s.requests[cell.number])
+        a = CellAssignment(
+            session_id=s.id,
+            number=cell.number,
+            request=s.requests[cell.number],
+            resume=cell.number in s.resumed,
+        )
         for worker_id in job.placement.worker_ids:
             self.dispatch.cell(worker_id, a)
 
@@ -406,6 +447,7 @@ class SessionTable:
     async def _ended_cell(self, s: LiveSession, done: CellRun) -> None:
         s.running = None
         s.requests.pop(done.number, None)
+        s.resumed.discard(done.number)
         s.recent[done.number] = done
         while len(s.recent) > RECENT_CELLS:
             s.recent.popitem(last=False)

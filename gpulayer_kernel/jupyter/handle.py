@@ -20,6 +20,7 @@ from .. import render
 from ..artifacts import find_artifact
 from ..contracts import Artifact, Job, JobState
 from ..errors import GPUlayerError
+from ..words import plain
 from .bridge import Bridge, Update
 
 if TYPE_CHECKING:
@@ -35,9 +36,9 @@ class CellError(GPUlayerError):
     status = 400
 
     def _render_traceback_(self) -> list[str]:
-        lines = [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self.message}"]
+        lines = [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {plain(self.message)}"]
         if self.hint:
-            lines.append(f"hint: {self.hint}")
+            lines.append(f"hint: {plain(self.hint)}")
         return lines
 
 
@@ -189,17 +190,22 @@ class JobHandle:
         return data, meta
 
 
-def result_of(job: Job) -> Any:
-    """A finished job's result, or the error that says why there is none."""
+def result_of(job: Job, *, said_why: bool = False) -> Any:
+    """A finished job's result, or the error that says why there is none (``said_why``: the
+    cell already shows the reason, so the error points at it rather than repeating it)."""
     if job.state == JobState.SUCCEEDED:
         return job.result
+    why = ""
+    if job.reason:
+        why = " (why: above)" if said_why else f": {job.reason}"
     if job.state == JobState.CANCELLED:
-        raise JobCancelled(
-            f"job {job.id} was cancelled" + (f": {job.reason}" if job.reason else ""),
-        )
+        raise JobCancelled(f"job {job.id} was cancelled{why}")
+    # A job that never started (it can never run here, a secret is missing) printed nothing:
+    # its reason is the whole story, and there is no log or traceback to point at.
+    ran = job.started_at is not None
     raise JobFailed(
-        f"job {job.id} {job.state.value}" + (f": {job.reason}" if job.reason else ""),
-        hint="its log above (or handle.logs()) has the traceback",
+        f"job {job.id} {job.state.value}{why}",
+        hint="its output above (or handle.logs()) shows how it ended" if ran else "",
     )
 
 

@@ -18,6 +18,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from .. import render
 from ..contracts import JobState
 from ..errors import MissingExtra
+from ..words import count, plain
 from .bridge import Target, get_bridge, reconnect
 from .display_mode import DISPLAY_MODES, display_mode, set_display_mode
 from .handle import CellError
@@ -92,7 +93,7 @@ def _show(argv: list[str], ns: dict[str, Any]) -> None:
 
 
 def _explain(argv: list[str], ns: dict[str, Any]) -> None:
-    print(get_bridge().explain(_job_command("explain", argv)))
+    print(plain(get_bridge().explain(_job_command("explain", argv))))
 
 
 def _cancel(argv: list[str], ns: dict[str, Any]) -> None:
@@ -119,7 +120,7 @@ def _connect(argv: list[str], ns: dict[str, Any]) -> None:
             ) from None
     bridge = reconnect(Target(url=a.url, token=token))
     workers = bridge.workers()  # fails here, clearly, when the URL or token is wrong
-    print(f"connected to the {bridge.describe()} ({len(workers)} workers)")
+    print(f"connected to the {bridge.describe()} ({count(len(workers), 'worker')})")
 
 
 def _local(argv: list[str], ns: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ from .. import render, transfer
 from ..contracts import Job, JobSpec, parse, parse_pairs
 from ..runner import LAST_VALUE, SHOWN_KEY
 from ..sessions import SessionCellError
-from . import line_commands
+from . import line_commands, sessionlink
 from .bridge import Bridge, get_bridge
 from .cellspec import (
     CELL_FILE,
@@ -44,7 +44,7 @@ from .cellspec import (
 )
 from .display_mode import display_mode
 from .handle import CellError, JobHandle, NoResult, follow, result_of
-from .sessioncells import run_session_cell
+from .sessioncells import one_shot_asked, run_session_cell
 from .sessionkernel import kernel_sessions
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -241,12 +241,22 @@ class GPUlayerMagics(Magics):
             raise CellError("--session and --fresh contradict each other: pick one")
         if args.out is not None and not args.out.isidentifier():
             raise CellError(f"--out {args.out!r} is not a valid Python variable name")
+        if args.session is None and sessions.current is not None and one_shot_asked(args):
+            sessionlink.say_if_lost(sessions)  # a lost link: the one-shot job it asks for
         if not args.fresh and (args.session is not None or sessions.current is not None):
             if not cell.strip():
                 raise CellError("the cell is empty", hint="write the code to run below %%gpulayer")
             assert self.shell is not None
             session = sessions.handle(args.session)
-            return run_session_cell(session, args, cell, self.ns, _running_count(self.shell))
+            try:
+                return run_session_cell(session, args, cell, self.ns, _running_count(self.shell))
+            except GPUlayerError as exc:
+                lost = sessionlink.lost_cell(sessions, exc) if args.session is None else None
+                if lost is None:
+                    raise
+                raise lost from None
+        if args.session is None and not args.fresh:
+            sessionlink.offer_attach(sessions, notebook_path(self.ns))
         if args.all_ranks:
             raise CellError(
                 "--all-ranks is for session cells",
@@ -315,7 +325,9 @@ class GPUlayerMagics(Magics):
             display(widget)  # type: ignore[no-untyped-call]  # IPython.display is untyped
         view: render.JobView = render.TextView() if widget is None else widget
         final = follow(bridge, job.id, view)
-        value = result_of(final)
+        value = result_of(
+            final, said_why=isinstance(view, render.TextView) and view.said_why(final)
+        )
         shown = Shown.of(value)
         if args.out is not None:
             if shown is not None and isinstance(value.get("artifact"), str):

@@ -27,8 +27,8 @@ from ..contracts import (
     CellState,
     LogRecord,
 )
-from ..errors import GPUlayerError
-from ..sessions import POLL, CellResult, SessionHandle, follow_call
+from ..errors import GPUlayerError, Unavailable
+from ..sessions import POLL, RECONNECT, CellResult, SessionHandle, follow_call
 from .handle import CellError, CellInterrupted
 
 SESSION_HEADER = "# %%gpulayer\n"  # stands for the magic line: tracebacks say the cell's line
@@ -75,6 +75,11 @@ class RankValues(list[Any]):
         for rank, value in enumerate(self):
             text = value.text if isinstance(value, DisplayValue) else repr(value)
             p.text(f"[rank {rank}] {text}\n" if rank < len(self) - 1 else f"[rank {rank}] {text}")
+
+
+def one_shot_asked(args: Any) -> bool:
+    """The cell gives an option only a one-shot job takes (``--gpus`` ...)."""
+    return any(getattr(args, f, d) != d for f, (_, d) in ONE_SHOT_OPTIONS.items())
 
 
 def run_session_cell(
@@ -165,13 +170,36 @@ def drive(
     page: CellPage | None = None
     interrupted_at: float | None = None
     deadline = None if timeout is None else time.monotonic() + timeout
+    lost_at: float | None = None  # when the control plane stopped answering
+    posted = time.time()
     while True:
         try:
-            if page is None:
-                page = handle.bridge.call(lambda s: s.run_cell(handle.id, request, POLL))
-            else:
-                left = POLL if deadline is None else max(0.05, deadline - time.monotonic())
-                page = handle.bridge.call(follow_call(handle.id, page, min(POLL, left)))
+            try:
+                if page is None:
+                    posted = time.time()
+                    page = handle.bridge.call(lambda s: s.run_cell(handle.id, request, POLL))
+                else:
+                    left = POLL if deadline is None else max(0.05, deadline - time.monotonic())
+                    page = handle.bridge.call(follow_call(handle.id, page, min(POLL, left)))
+                lost_at = None
+            except Unavailable:
+                # A control plane that restarts resumes this cell under its own number: follow
+                # that number again once it answers (never another cell's).
+                now = time.monotonic()
+                if lost_at is None:
+                    lost_at = now
+                    which = f"cell {page.cell.number}" if page is not None else "this cell"
+                    print(
+                        f"gpulayer: the control plane does not answer (restarting?): following "
+                        f"{which} again when it is back",
+                        file=sys.stderr,
+                    )
+                if now - lost_at > RECONNECT:
+                    raise
+                time.sleep(1.0)
+                if page is None:
+                    page = _posted(handle, request.code, posted)
+                continue
             if page.records:
                 show(page.records)
             if page.cell.state.done:
@@ -206,6 +234,26 @@ def drive(
                 page = _newest(handle)
                 if page is None:
                     raise CellInterrupted("the cell was interrupted before it started") from None
+
+
+def _posted(handle: SessionHandle, code: str, since: float) -> CellPage | None:
+    """This cell, when its POST's answer was lost: the newest cell with its code posted since
+    ``since`` (None: not taken, or the control plane is still away; the caller retries)."""
+    import hashlib
+
+    digest = hashlib.sha256(code.encode()).hexdigest()
+    try:
+        cells = handle.cells(limit=5)
+    except Unavailable:
+        return None
+    for cell in cells:  # 30 s: the server's clock and this one differ a little
+        if cell.code_sha256 == digest and cell.submitted_at >= since - 30.0:
+            return CellPage(cell=cell, records=[], next_since=cell.first_seq)
+    raise CellError(
+        "the control plane restarted before it took this cell: it did not run",
+        hint="run the cell again",
+        code="cell_not_taken",
+    )
 
 
 def _newest(handle: SessionHandle) -> CellPage | None:

@@ -53,6 +53,7 @@ class KernelSessions:
         self.current: SessionHandle | None = None
         self.started: dict[str, SessionHandle] = {}
         self.restarting = False  # the kernel shuts down to restart: leave sessions running
+        self.offered = False  # the attach hint of sessionlink.offer_attach was looked for
 
     def holder(self, ns: dict[str, Any]) -> SessionHolder:
         from .widget import kernel_id
@@ -235,6 +236,12 @@ def session_command(argv: list[str], ns: dict[str, Any], widget: bool) -> None:
         p.add_argument("--all", action="store_true", help="also sessions that ended")
         every = p.parse_args(rest).all
         infos = get_bridge().call(lambda s: s.list_sessions(include_ended=every))
+        if sessions.current is not None and not any(
+            i.id == sessions.current.id and i.status != SessionStatus.ENDED for i in infos
+        ):
+            from .sessionlink import say_if_lost
+
+            say_if_lost(sessions)  # it ended or went: say so, rather than list without it
         current = sessions.current.id if sessions.current else None
         for info in infos:
             print(("* " if info.id == current else "  ") + render.session_line(info))

@@ -266,9 +266,10 @@ function render({ model, el: root }) {
     place.textContent = p ? "on " + p : "";
     place.style.display = p ? "" : "none";
     const why = model.get("pending");
-    pending.textContent = why
-      ? "waiting: " + why + (model.get("waiting_helps") ? " (waiting helps)" : " (waiting won't help)")
-      : "";
+    // The sentence says per reason whether waiting helps; add it only where it does not.
+    const said = why && /waiting (helps|won't help)/.test(why);
+    const note = model.get("waiting_helps") ? " (waiting helps)" : " (waiting won't help)";
+    pending.textContent = why ? "waiting: " + why + (said ? "" : note) : "";
     pending.style.display = why ? "" : "none";
     cost.textContent = model.get("cost");
     cost.title = "charged so far, ≈ estimated for the attempt in progress";

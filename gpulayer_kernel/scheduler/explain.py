@@ -42,6 +42,7 @@ from ..contracts import (
     ScalingNote,
     SessionHold,
 )
+from ..words import dollars
 from .feasible import Shape
 from .memo import Memo
 
@@ -190,7 +191,7 @@ def render(report: PlacementReport, now: float | None = None) -> str:
 
 
 def _dollars(x: float | None) -> str:
-    return f"${x or 0:,.2f}"
+    return dollars(x or 0.0)
 
 
 def scaling_sentence(note: ScalingNote) -> str:
@@ -218,7 +219,7 @@ def scaling_sentence(note: ScalingNote) -> str:
         need = f"≈ {_dollars(note.estimate)} needed, " if note.estimate else ""
         return (
             f"{could} it would exceed budget `{note.budget}` "
-            f"({need}{_dollars(note.budget_left)} left)"
+            f"({need}{_dollars(max(0.0, note.budget_left or 0.0))} left)"
         )
     if code is ScalingCode.MAX_PRICE:
         running = f" ({note.detail})" if note.detail else ""

@@ -7,8 +7,9 @@ acts with: the user's role, or the lower role the token was made with. A disable
 stop working at once (401 ``user_disabled``) and start again when the user is enabled.
 
 Quotas: ``max_gpus`` (GPUs held at once by running and placed jobs; the scheduler enforces it)
-and ``max_queued`` (jobs waiting at once; ``submit`` enforces it), for ``user:<name>`` or
-``group:<name>``; a job must fit both its user's and its group's.
+and ``max_queued`` (jobs waiting at once; ``submit`` enforces it), for ``user:<name>`` (a user
+who exists: 404 ``user_not_found`` otherwise) or ``group:<name>``; a job must fit both its
+user's and its group's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, replace
 from ..contracts import ADMIN_USER
 from ..errors import Conflict, InvalidInput, NotFound, QuotaExceeded, Unauthorized
 from ..store import MetadataStore, QuotaRecord, TokenRecord, UserRecord
+from ..words import count
 from .roles import Identity, Role, check_user_name
 
 
@@ -184,7 +186,7 @@ class UserService:
                 continue
             if quota.max_gpus is not None and gpus > quota.max_gpus:
                 raise QuotaExceeded(
-                    f"the job needs {gpus} GPUs; the quota of {name} is {quota.max_gpus}",
+                    f"the job needs {count(gpus, 'GPU')}; the quota of {name} is {quota.max_gpus}",
                     hint="ask for fewer GPUs, or ask an admin to raise the quota "
                     "(`gpulayer quota set`)",
                     details={"subject": quota.subject, "max_gpus": quota.max_gpus, "gpus": gpus},
@@ -194,7 +196,7 @@ class UserService:
                 waiting = queued(members)
                 if waiting >= quota.max_queued:
                     raise QuotaExceeded(
-                        f"{name} has {waiting} jobs waiting, the most its quota allows "
+                        f"{name} has {count(waiting, 'job')} waiting, the most its quota allows "
                         f"({quota.max_queued})",
                         hint="wait for some to start, or cancel some (`gpulayer cancel`)",
                         details={"subject": quota.subject, "max_queued": quota.max_queued},
@@ -214,6 +216,17 @@ class UserService:
                     details={"field": field},
                 )
         rec = QuotaRecord(subject_, max_gpus=max_gpus, max_queued=max_queued)
+        kind, _, name = subject_.partition(":")
+        if kind == "user" and name not in self._users and subject_ not in self._quotas:
+            # A quota for a mistyped name would hold back nobody and look as if it did. One kept
+            # from a user since gone may still be removed. (Groups need no members yet.)
+            raise NotFound(
+                f"no user {name!r}: a quota is for a user who exists",
+                hint="list users with `gpulayer user list`; add one with `gpulayer user add "
+                f"{name}`, or set a group's quota with --group",
+                details={"user": name},
+                code="user_not_found",
+            )
         if max_gpus is None and max_queued is None:
             self._quotas.pop(subject_, None)
             await self.store.delete_quota(subject_)

@@ -7,13 +7,22 @@ suite in ``tests/store/conformance.py``.
 from __future__ import annotations
 
 from .artifacts import ArtifactStore, LocalArtifactStore, MemoryArtifactStore
-from .base import JobQuery, MetadataStore, QuotaRecord, SecretRecord, TokenRecord, UserRecord
+from .base import (
+    IdempotencyRecord,
+    JobQuery,
+    MetadataStore,
+    QuotaRecord,
+    SecretRecord,
+    TokenRecord,
+    UserRecord,
+)
 from .factory import open_store
 from .sqlite import LATEST_SCHEMA, SqliteStore
 
 __all__ = [
     "LATEST_SCHEMA",
     "ArtifactStore",
+    "IdempotencyRecord",
     "JobQuery",
     "LocalArtifactStore",
     "MemoryArtifactStore",

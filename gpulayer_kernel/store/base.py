@@ -8,7 +8,7 @@ is given and never sees a plaintext value or the key.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 from ..contracts import (
@@ -72,6 +72,22 @@ class SecretRecord:
     name: str
     value: str
     updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyRecord:
+    """A keyed write (ADR 0003): its request's fingerprint, its answer, the jobs it created.
+
+    Scoped by ``owner`` (the caller's user): another user's same key is another record.
+    """
+
+    owner: str
+    key: str
+    fingerprint: str  # sha256 of method, path and canonical body (the owner is the scope)
+    created_at: float  # the control plane's clock; the key is new again after its window
+    status: int | None = None  # None: not answered yet (in flight, or cut off by a crash)
+    answer: str | None = None  # the answer's body as sent ("" for none)
+    jobs: tuple[str, ...] = ()  # jobs it created, each noted in the commit that stored it
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,3 +265,24 @@ class MetadataStore(abc.ABC):
     @abc.abstractmethod
     async def delete_budget(self, name: str) -> bool:
         """Forget a budget; False if there was none of that name."""
+
+    # idempotency keys (ADR 0003): one record per (owner, key), replayed to a retry
+
+    @abc.abstractmethod
+    def queue_idempotency(self, record: IdempotencyRecord) -> Awaitable[None]:
+        """Upsert ``record``, queued before this returns: it commits no later than any write
+        queued after it (a job it notes). Awaiting the result waits for that commit."""
+
+    @abc.abstractmethod
+    async def save_idempotency(self, record: IdempotencyRecord) -> None:
+        """Upsert ``record`` (keyed by owner and key) and wait for its commit."""
+
+    @abc.abstractmethod
+    async def get_idempotency(self, owner: str, key: str) -> IdempotencyRecord | None: ...
+
+    @abc.abstractmethod
+    async def delete_idempotency(self, owner: str, key: str) -> None: ...
+
+    @abc.abstractmethod
+    async def purge_idempotency(self, before: float) -> None:
+        """Forget every record created before ``before`` (their window is over)."""

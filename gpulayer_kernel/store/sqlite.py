@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import GPUlayerError, SchemaTooNew, StoreError, Unavailable
 from .sql import Run, SqlStore
+from .sql_idempotency import MIGRATION as IDEMPOTENCY_MIGRATION
 from .sql_provisioning import MIGRATION as PROVISIONING_MIGRATION
 from .sqlite_thread import SqliteThread
 
@@ -89,6 +90,7 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         """,
     ),
     PROVISIONING_MIGRATION,
+    IDEMPOTENCY_MIGRATION,
 ]
 LATEST_SCHEMA = MIGRATIONS[-1][0]
 

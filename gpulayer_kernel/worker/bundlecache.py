@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from .. import bundles
+from ..display import human_bytes
 from ..errors import BundleError
 
 log = logging.getLogger("gpulayer.worker")
@@ -180,7 +181,8 @@ def _given(data: bytes) -> Callable[[], Awaitable[bytes]]:
 def _check_size(digest: str, data: bytes) -> None:
     if len(data) > bundles.MAX_BUNDLE_BYTES:  # before hashing or parsing any of it
         raise BundleError(
-            f"bundle {digest[:12]}… is {len(data)} bytes; the limit is {bundles.MAX_BUNDLE_BYTES}",
+            f"bundle {digest[:12]}… is {human_bytes(len(data))}; the limit is "
+            f"{human_bytes(bundles.MAX_BUNDLE_BYTES)}",
             hint="ship large data as artifacts or on the worker's disk, not in the bundle",
             details={"digest": digest, "bytes": len(data)},
         )

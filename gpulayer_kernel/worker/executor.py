@@ -27,6 +27,7 @@ from typing import Any
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import Artifact, CommandWorkload, FinishReport, JobAssignment, PythonWorkload
+from ..display import human_bytes
 from ..errors import BundleError, GPUlayerError
 from ..job import ARGS_ENV, CONTROL_ENV, JOB_ID_ENV, OUTPUT_ENV, RESULT_ENV
 from ..redact import Redactor
@@ -306,6 +307,7 @@ class JobExecutor:
 
     async def _drain(self, pumps: list[asyncio.Task[None]]) -> None:
         """Ship what the pipes still hold, for a while: a grandchild may keep them open."""
+        self.shipper.unblock()  # read it all now, however much still waits to be sent
         await _within(self.clock, asyncio.gather(*pumps, return_exceptions=True), PIPE_DRAIN)
         if isinstance(self.proc, ZygoteChild):
             self.proc.close()  # our own pipe transports (a cold spawn's Process closes its own)
@@ -420,8 +422,9 @@ class JobExecutor:
             return None, None
         if path.stat().st_size > MAX_RESULT_BYTES:
             return None, (
-                f"the job's result is {path.stat().st_size} bytes of JSON, over the "
-                f"{MAX_RESULT_BYTES}-byte limit; write large outputs to $GPULAYER_OUTPUT instead"
+                f"the job's result is {human_bytes(path.stat().st_size)} of JSON, over the "
+                f"{human_bytes(MAX_RESULT_BYTES)} limit; write large outputs to $GPULAYER_OUTPUT "
+                "instead"
             )
         try:
             return json.loads(path.read_text()), None
@@ -438,7 +441,7 @@ class JobExecutor:
             # A gang's ranks each write under rank<R>/ (ADR 0007); others keep their paths.
             name, rank = self.launch.artifact_name(path.relative_to(out).as_posix())
             if size > MAX_ARTIFACT_BYTES:
-                self.system(f"artifact {name} skipped: {size} bytes is over the limit")
+                self.system(f"artifact {name} skipped: {human_bytes(size)} is over the limit")
                 continue
             data = await asyncio.to_thread(path.read_bytes)
             digest = await self.transport.put_blob(data)

@@ -58,18 +58,18 @@ from ..contracts import (
     WorkerInfo,
     WorkerRegistration,
 )
+from ..contracts.limits import LINE_PIECE, MAX_BODY, MAX_LINES
 from ..errors import Conflict, GPUlayerError, Unauthorized, Unavailable, from_json
 from ..failover import Servers
 from ..httpbase import error_from, http_client, unreachable
 from .backoff import backoff
+from .fitting import ENVELOPE, fit_lines, line_json, runs, utf8_len
 from .transport import Transport
 
 log = logging.getLogger("gpulayer.worker")
 T = TypeVar("T")
 
 RETRYABLE_STATUS = (502, 503, 504)
-# Keep each log request well under the server's 8 MiB JSON limit.
-MAX_LOG_REQUEST_BYTES = 2 << 20
 INLINE_KEPT = 64  # bundles that came with work, kept until their job asks
 
 
@@ -260,8 +260,10 @@ class HttpTransport(Transport):
         self, job_id: str, lines: list[LogLine], attempt: int | None = None
     ) -> None:
         named = "" if attempt is None else f'"attempt":{int(attempt)},'
-        for chunk in _chunks(lines, MAX_LOG_REQUEST_BYTES):
-            body = "{" + named + '"lines":[' + ",".join(_line_json(x) for x in chunk) + "]}"
+        # Each request fits the server's limits (contracts/limits.py), measured as sent.
+        jsons = [line_json(x) for x in fit_lines(lines)]
+        for run in runs([utf8_len(j) + 1 for j in jsons], MAX_BODY - ENVELOPE, MAX_LINES):
+            body = "{" + named + '"lines":[' + ",".join(jsons[run.start : run.stop]) + "]}"
             await self._retrying(
                 f"sending logs of job {job_id}",
                 lambda body=body: self._request(  # type: ignore[misc]
@@ -286,8 +288,12 @@ class HttpTransport(Transport):
 
     async def report(self, reports: Sequence[JobReport]) -> list[GPUlayerError | None]:
         """Protocol 1.1: one request for them all (a 1.0 server: one call per kind each)."""
+        # The worker's reporter builds batches that fit (worker/reports.py); one that does not
+        # (another caller's) goes part by part, each part's lines in requests that fit.
         bodies = [r.model_dump_json(exclude_none=True) for r in reports]
-        if not versions.at_least(self.protocol, 1) or sum(map(len, bodies)) > MAX_LOG_REQUEST_BYTES:
+        size = sum(map(utf8_len, bodies)) + len(bodies) + ENVELOPE
+        fits = size <= MAX_BODY and all(len(r.lines) <= MAX_LINES for r in reports)
+        if not versions.at_least(self.protocol, 1) or not fits:
             return await super().report(reports)
         resp = await self._request(
             "POST", "/worker/reports", body='{"reports":[' + ",".join(bodies) + "]}"
@@ -304,8 +310,9 @@ class HttpTransport(Transport):
     async def report_cell(self, job_id: str, report: CellReport) -> None:
         # Not retried here: the session executor retries delivery until it is taken.
         body = report.model_dump_json(exclude_none=True)
-        if len(body) > MAX_LOG_REQUEST_BYTES and report.lines:
-            # Large output (figures) goes first as log batches that fit the server's limit.
+        too_large = utf8_len(body) + ENVELOPE > MAX_BODY or len(report.lines) > MAX_LINES
+        if report.lines and (too_large or any(len(x.text) > LINE_PIECE for x in report.lines)):
+            # Large output goes first as log batches that fit the server's limits, in order.
             await self.append_logs(job_id, report.lines, report.attempt)
             body = report.model_copy(update={"lines": []}).model_dump_json(exclude_none=True)
         await self._request("POST", f"/worker/jobs/{job_id}/cell", body=body)
@@ -371,27 +378,3 @@ class HttpTransport(Transport):
     async def close(self) -> None:
         for http in self._https.values():
             await http.aclose()
-
-
-def _line_json(line: LogLine) -> str:
-    # Unset fields (rank, cell, data) left out: smaller, and what older servers expect.
-    return line.model_dump_json(exclude_none=True)
-
-
-def _chunks(lines: list[LogLine], max_bytes: int) -> list[list[LogLine]]:
-    """Split a batch so no request is near the server's body limit (lines are ≤ 64 KiB)."""
-    out: list[list[LogLine]] = []
-    current: list[LogLine] = []
-    size = 0
-    for line in lines:
-        n = len(line.text) * 2 + 100  # JSON escaping at most doubles most text
-        if line.data is not None:  # a display (≤ display.max_bytes): base64 needs no escaping
-            n += len(json.dumps(line.data))
-        if current and (size + n > max_bytes or len(current) >= 10_000):
-            out.append(current)
-            current, size = [], 0
-        current.append(line)
-        size += n
-    if current:
-        out.append(current)
-    return out

@@ -7,8 +7,16 @@ backoff that starts at ``flush_interval`` and doubles (capped at :data:`MAX_BACK
 and every line's timestamp, comes from the shipper's :class:`~gpulayer_kernel.clock.Clock`.
 
 With ``queue`` (a one-shot job's lines, handed to the worker's reporter: ``worker/reports.py``)
-each line is queued there at once instead: the reporter batches, orders and retries them with the
-rest of the attempt's reports, and ``close`` has nothing left to wait for.
+the lines of each event-loop turn are queued there together instead: the reporter batches,
+orders and retries them with the rest of the attempt's reports, and ``close`` has nothing left
+to wait for.
+
+Volume (``contracts/limits.py``): a line over ``LINE_PIECE`` characters goes out in pieces; a
+job's log keeps ``JOB_LOG_CAP`` bytes and a session cell's output ``CELL_OUTPUT_CAP`` bytes
+(``CELL_OUTPUT_LINES`` lines), past which lines are dropped and counted, and :meth:`note` makes
+the one line that says so. Memory stays bounded: while more than ``BACKLOG_LINES`` lines (or
+``BACKLOG_BYTES``) wait for the control plane, :func:`pump_stream` stops reading the job's pipe,
+so the job's own writes wait instead of the worker's memory growing.
 """
 
 from __future__ import annotations
@@ -16,15 +24,27 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from .. import display
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import LogLine
+from ..contracts.limits import (
+    BACKLOG_BYTES,
+    BACKLOG_LINES,
+    CELL_OUTPUT_CAP,
+    CELL_OUTPUT_LINES,
+    JOB_LOG_CAP,
+    LINE_PIECE,
+    dropped_note,
+)
 from ..errors import Conflict, NotFound
 from ..redact import Redactor
+from .fitting import make_line, pieces, utf8_len
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -32,7 +52,20 @@ MAX_BATCH = 2_000
 Stream = Literal["stdout", "stderr", "system"]
 # Tags a pipe's line with its rank; None holds the line back (a launcher's own noise).
 SplitRank = Callable[[str], "tuple[int | None, str] | None"]
-MAX_LINE = 64 * 1024  # characters of one line before it is shipped in pieces
+MAX_LINE = LINE_PIECE  # characters of one line before it is shipped in pieces
+Queue = Callable[[list[LogLine]], "asyncio.Future[None] | None"]
+
+
+@dataclass
+class Kept:
+    """What one log (a job's, or a cell's output) has kept so far, and dropped past its cap."""
+
+    size: int = 0
+    lines: int = 0
+    dropped_lines: int = 0
+    dropped_size: int = 0
+
+
 SEND_TIMEOUT = 30.0  # seconds one send may take before it counts as failed
 ATTEMPTS = 5  # sends of one batch before its lines are dropped
 MAX_BACKOFF = 2.0  # seconds, at most, between two attempts
@@ -48,10 +81,20 @@ class LogShipper:
         flush_interval: float = 0.1,
         *,
         clock: Clock = SYSTEM_CLOCK,
-        queue: Callable[[list[LogLine]], None] | None = None,
+        queue: Queue | None = None,
+        cap: int = JOB_LOG_CAP,
     ) -> None:
+        """``cap``: bytes of text the job's log keeps (a cell's output: ``CELL_OUTPUT_CAP``)."""
         self._send = send
         self._queue = queue
+        self.cap = cap
+        self.kept: dict[int | None, Kept] = {}  # by cell (None: the job's own lines)
+        self._turn: list[LogLine] = []  # queue mode: this loop turn's lines, handed over together
+        self._turn_size = 0
+        self._backlog = 0  # lines handed on and not yet taken by the control plane
+        self._backlog_size = 0
+        self._roomy: asyncio.Future[None] | None = None
+        self._unblocked = False
         self._clock = clock
         self.redactor = redactor
         self._redact = redactor.redact
@@ -77,24 +120,114 @@ class LogShipper:
         """A line as it goes out: redacted (a display's text entries too) and stamped now."""
         if data is not None:
             data = display.redact(data, self._redact)
-        return LogLine.model_construct(
-            time=self._clock.now(),
-            stream=stream,
-            rank=rank,
-            text=self._redact(text),
-            cell=cell,
-            data=data,
-        )
+        return make_line(self._clock.now(), stream, self._redact(text), rank, cell, data)
 
     def add_line(self, line: LogLine) -> None:
-        """Queue a line made by :meth:`line`; it goes out at once unless a send is in flight."""
+        """Queue a line made by :meth:`line`; it goes out at once unless a send is in flight.
+
+        A long line goes in pieces; past its log's cap it is dropped (and counted)."""
+        if line.data is None and len(line.text) <= LINE_PIECE:  # the common case, quickly
+            size = self._admit(line)
+            if size >= 0:
+                self._enqueue(line, size)
+            return
+        for piece in pieces(line):
+            size = self._admit(piece)
+            if size >= 0:
+                self._enqueue(piece, size)
+
+    def fit(self, lines: list[LogLine]) -> list[LogLine]:
+        """``lines`` cut to ``LINE_PIECE`` and kept within their log's cap (the rest counted)."""
+        out = []
+        for line in lines:
+            for piece in pieces(line):
+                if self._admit(piece) >= 0:
+                    out.append(piece)
+        return out
+
+    def _admit(self, line: LogLine) -> int:
+        """The line's size if its log keeps it, else -1 (counted as dropped)."""
+        size = utf8_len(line.text)
+        if line.data is not None:
+            size += len(json.dumps(line.data, default=str))
+        if line.stream == "system":
+            return size  # the worker's own lines (and the note itself) always go
+        kept = self.kept.get(line.cell)
+        if kept is None:
+            kept = self.kept[line.cell] = Kept()
+        cap, most = (self.cap, None) if line.cell is None else (CELL_OUTPUT_CAP, CELL_OUTPUT_LINES)
+        if kept.dropped_lines or kept.size + size > cap or (most and kept.lines >= most):
+            kept.dropped_lines += 1
+            kept.dropped_size += size
+            return -1
+        kept.size += size
+        kept.lines += 1
+        return size
+
+    def note(self, cell: int | None = None, more: tuple[int, int] = (0, 0)) -> LogLine | None:
+        """The one line saying what a log dropped past its cap (None: nothing was), and the
+        count starts again; ``more``: (lines, bytes) dropped before they reached this worker
+        (a session rank's own cap)."""
+        kept = self.kept.pop(cell, None) or Kept()
+        lines, size = kept.dropped_lines + more[0], kept.dropped_size + more[1]
+        if not lines:
+            return None
+        if cell is None:
+            text = dropped_note(lines, size, self.cap, "this job's log")
+        else:
+            text = dropped_note(lines, size, CELL_OUTPUT_CAP, "a cell's output")
+            text += f" or {CELL_OUTPUT_LINES:,} lines"
+        return self.line("system", text, cell=cell)
+
+    def _enqueue(self, line: LogLine, size: int) -> None:
+        self._backlog += 1
+        self._backlog_size += size
         if self._queue is not None:
-            self._queue([line])
-            self.sent += 1
+            self._turn.append(line)
+            self._turn_size += size
+            if len(self._turn) == 1:
+                asyncio.get_running_loop().call_soon(self._hand_over)
             return
         self._buf.append(line)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._pump())
+
+    def _hand_over(self) -> None:
+        """Queue mode: this turn's lines to the reporter, in one call (one waiter for all)."""
+        lines, self._turn, size, self._turn_size = self._turn, [], self._turn_size, 0
+        if not lines or self._queue is None:
+            return
+        taken = self._queue(lines)
+        self.sent += len(lines)
+        if taken is None:
+            self._taken(len(lines), size)
+        else:
+            taken.add_done_callback(lambda _: self._taken(len(lines), size))
+
+    def _taken(self, lines: int, size: int) -> None:
+        """Lines the control plane took (or that were given up on): room for more."""
+        self._backlog -= lines
+        self._backlog_size -= size
+        if self._roomy is not None and not self._roomy.done() and not self._full():
+            self._roomy.set_result(None)
+
+    def _full(self) -> bool:
+        return self._backlog > BACKLOG_LINES or self._backlog_size > BACKLOG_BYTES
+
+    def unblock(self) -> None:
+        """No more waiting for room: the job's main process is gone, and what its pipes still
+        hold must be read within the drain's few seconds (it is at most a pipe's worth)."""
+        self._unblocked = True
+        if self._roomy is not None and not self._roomy.done():
+            self._roomy.set_result(None)
+
+    async def room(self) -> None:
+        """Wait while too much output waits for the control plane (``BACKLOG_LINES``)."""
+        while self._full() and not self._unblocked:
+            self._hand_over()
+            if self._roomy is None or self._roomy.done():
+                self._roomy = asyncio.get_running_loop().create_future()
+            await self._roomy
 
     async def settle(self) -> list[LogLine]:
         """Wait for the send in flight, then take (and no longer send) what is still queued:
@@ -103,26 +236,33 @@ class LogShipper:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._task)
         lines, self._buf = self._buf, []
+        self._taken(len(lines), sum(utf8_len(x.text) for x in lines))
         return lines
 
     async def _pump(self) -> None:
         while self._buf:
             batch, self._buf = self._buf[:MAX_BATCH], self._buf[MAX_BATCH:]
-            for attempt in range(ATTEMPTS):
-                try:
-                    await self._send_within(batch, SEND_TIMEOUT)
-                    self.sent += len(batch)
-                    break
-                except (Conflict, NotFound):
-                    # The control plane no longer takes lines for this job (it ended, or its
-                    # gang failed elsewhere): retrying cannot succeed.
-                    self.dropped += len(batch)
-                    break
-                except Exception as exc:
-                    log.warning("sending %d log lines failed (%s); retrying", len(batch), exc)
-                    await self._clock.sleep(min(MAX_BACKOFF, self._flush_interval * 2**attempt))
-            else:
+            try:
+                await self._send_batch(batch)
+            finally:
+                self._taken(len(batch), sum(utf8_len(x.text) for x in batch))
+
+    async def _send_batch(self, batch: list[LogLine]) -> None:
+        for attempt in range(ATTEMPTS):
+            try:
+                await self._send_within(batch, SEND_TIMEOUT)
+                self.sent += len(batch)
+                break
+            except (Conflict, NotFound):
+                # The control plane no longer takes lines for this job (it ended, or its
+                # gang failed elsewhere): retrying cannot succeed.
                 self.dropped += len(batch)
+                break
+            except Exception as exc:
+                log.warning("sending %d log lines failed (%s); retrying", len(batch), exc)
+                await self._clock.sleep(min(MAX_BACKOFF, self._flush_interval * 2**attempt))
+        else:
+            self.dropped += len(batch)
 
     async def _send_within(self, batch: list[LogLine], timeout: float) -> None:
         sending = asyncio.ensure_future(self._send(batch))
@@ -134,7 +274,12 @@ class LogShipper:
             sending.cancel()
 
     async def close(self) -> None:
-        """Send everything buffered; returns once the control plane has it."""
+        """Send everything buffered, the note of what was dropped last; returns once the
+        control plane has it."""
+        note = self.note(None)
+        if note is not None:
+            self._enqueue(note, self._admit(note))
+        self._hand_over()
         while self._task is not None and not self._task.done():
             with contextlib.suppress(Exception):
                 await self._task
@@ -148,6 +293,10 @@ class LineSink(Protocol):
     redactor: Redactor
 
     def add(self, stream: Stream, text: str, rank: int | None = None) -> None: ...
+
+
+async def _no_wait() -> None:
+    return None
 
 
 async def pump_stream(
@@ -166,7 +315,11 @@ async def pump_stream(
     redactor = shipper.redactor
     partial = ""
     emit = _Emitter(stream, shipper, split_rank)
+    # Backpressure: a sink that can say "wait" (a LogShipper) stops this read while its backlog
+    # is full; the job's writes then block in the pipe instead of the worker's memory growing.
+    room: Callable[[], Awaitable[None]] = getattr(shipper, "room", _no_wait)
     while True:
+        await room()
         chunk = await reader.read(65536)
         if not chunk:
             break

@@ -16,10 +16,16 @@ arrives at most ``linger`` late, later ones as soon as they are printed.
 The linger is a coalescing window, not a timeout: it runs on the event loop's own clock, so a test's
 ``FakeClock`` never holds a report back (retries and their backoff run on ``clock``).
 
+A batch fits every limit the control plane enforces (``contracts/limits.py``): at most
+``MAX_BATCH`` entries, ``MAX_LINES`` lines an entry and ``MAX_BODY`` bytes in all, measured on the
+lines' JSON. An attempt with more queued sends its first lines now and the rest in the next
+batches, in order; its start goes with its first lines, its progress and end with its last.
+
 Each call returns a future that resolves when its entry was taken, or raises the error the
 control plane refused that entry with (the rest of the batch goes through). A batch the control
-plane could not take (unreachable, restarting: ``Unavailable``) is sent again after a backoff,
-for ``retry_for`` seconds (its waiters then get the error; the agent keeps re-sending an end).
+plane could not take (unreachable, restarting: ``Unavailable``; or sent on a session the worker
+has just replaced: ``Unauthorized``) is sent again after a backoff, for ``retry_for`` seconds
+(its waiters then get the error; the agent keeps re-sending an end).
 """
 
 from __future__ import annotations
@@ -33,9 +39,10 @@ from typing import Any
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import FinishReport, JobReport, LogLine
-from ..contracts.reports import MAX_BATCH
-from ..errors import GPUlayerError, Unavailable
+from ..contracts.limits import MAX_BATCH, MAX_BODY, MAX_LINES
+from ..errors import GPUlayerError, Unauthorized, Unavailable
 from .backoff import backoff
+from .fitting import ENVELOPE, line_size, utf8_len
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -67,6 +74,35 @@ class _Entry:
             progress=self.progress,
             finished=self.finished,
         )
+
+    def overhead(self) -> int:
+        """Bytes of the entry's JSON without its lines (its end's result can be 1 MiB)."""
+        bare = self.report().model_copy(update={"lines": []})
+        return utf8_len(bare.model_dump_json(exclude_none=True)) + 1
+
+    def take(self, budget: int, first: bool) -> tuple[_Entry | None, int]:
+        """Split off what fits ``budget`` bytes and ``MAX_LINES`` lines: (that part, its size).
+
+        The part is this entry itself when all of it fits; otherwise a new entry with the
+        first lines (and the start), this one keeping the rest, its progress, end and waiters.
+        None when not even its first line fits, unless it is the ``first`` of its batch (then
+        it takes one line, so that every batch makes progress).
+        """
+        size = self.overhead()
+        n = 0
+        for line in self.lines[:MAX_LINES]:
+            more = line_size(line)
+            if size + more > budget and not (first and n == 0):
+                break
+            size += more
+            n += 1
+        if n == len(self.lines) and (size <= budget or first):
+            return self, size
+        if n == 0:  # not the first of its batch: it waits for the next
+            return None, 0
+        head = _Entry(self.job_id, self.attempt, self.since, self.started, self.lines[:n])
+        self.started, self.lines = False, self.lines[n:]
+        return head, size
 
     def absorb(self, later: _Entry) -> None:
         """Add what was queued after this entry (it goes out after it, in the same report)."""
@@ -162,8 +198,24 @@ class Reporter:
                 finally:
                     self._nudge = None
                 continue
-            keys = list(self._pending)[:MAX_BATCH]
-            await self._deliver([(k, self._pending.pop(k)) for k in keys])
+            await self._deliver(self._batch())
+
+    def _batch(self) -> list[tuple[Attempt, _Entry]]:
+        """The next batch, fitting every limit; what does not fit stays queued, in order."""
+        budget = MAX_BODY - ENVELOPE
+        batch: list[tuple[Attempt, _Entry]] = []
+        for key in list(self._pending)[:MAX_BATCH]:
+            entry = self._pending[key]
+            part, size = entry.take(budget, first=not batch)
+            if part is None:
+                break
+            batch.append((key, part))
+            budget -= size
+            if part is entry:
+                del self._pending[key]
+            else:
+                break  # the batch is full; the attempt's rest goes first in the next one
+        return batch
 
     async def _deliver(self, batch: list[tuple[Attempt, _Entry]]) -> None:
         reports = [entry.report() for _, entry in batch]
@@ -177,7 +229,11 @@ class Reporter:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                transient = not isinstance(exc, GPUlayerError) or isinstance(exc, Unavailable)
+                # 401: this worker's session was replaced (a re-join, the full probe's
+                # re-registration) while the batch was in flight; sent again on the new one.
+                transient = not isinstance(exc, GPUlayerError) or isinstance(
+                    exc, Unavailable | Unauthorized
+                )
                 if not transient or self.clock.monotonic() >= deadline:
                     for _, entry in batch:
                         _settle(entry.waiters, exc)
@@ -189,6 +245,11 @@ class Reporter:
                 )
                 await self.clock.sleep(delay)
         for (key, entry), outcome in zip(batch, outcomes, strict=True):
+            rest = self._pending.get(key)
+            if outcome is not None and rest is not None and entry is not rest and not entry.waiters:
+                # A first part refused: the rest of the attempt's lines would be too.
+                del self._pending[key]
+                _settle(rest.waiters, outcome)
             if outcome is None and entry.started and entry.finished is None:
                 self._running[key] = None
                 while len(self._running) > RUNNING_KEPT:

@@ -39,6 +39,7 @@ from ..contracts import (
     RankOutcome,
     SessionReport,
 )
+from ..contracts.limits import CELL_OUTPUT_CAP, CELL_OUTPUT_LINES, MAX_LINES
 from ..errors import GPUlayerError
 from ..job import CONTROL_ENV, JOB_ID_ENV, OUTPUT_ENV, RESULT_ENV
 from ..redact import Redactor
@@ -62,6 +63,13 @@ log = logging.getLogger("gpulayer.worker")
 START_TIMEOUT = 120.0  # seconds for every rank to say ready (imports, the process group)
 STOP_GRACE = 5.0  # seconds the other ranks get to stop after one failed, before it is broken
 EXIT_WAIT = 1.0  # seconds a rank gets to leave on its own when the session ends
+# How a cell of the control plane's previous life ends when its result cannot be sent again.
+RESTARTED_WHILE_RAN = (
+    "the control plane restarted while this cell ran; its output up to then is above"
+)
+NEVER_CAME = (
+    "the control plane restarted before this cell reached its session: it did not run; run it again"
+)
 _STOP = "stop"  # queue items besides cells: the session ends, or restarts
 _RESTART = "restart"
 
@@ -127,6 +135,13 @@ class SessionExecutor:
         self._interrupted = False
         self.output = RankOutput(self.shipper, self.redactor)
         self._control: ControlReader | None = None
+        # What a restarted control plane asks about (``CellAssignment.resume``): the cells
+        # queued here, the one being run or reported, every number taken, the last report.
+        self._queued: set[int] = set()
+        self._busy: int | None = None
+        self._seen: set[int] = set()
+        self._last: CellReport | None = None
+        self._resumes: set[asyncio.Task[None]] = set()
 
     # -- the agent's side ------------------------------------------------------------------------
 
@@ -137,7 +152,33 @@ class SessionExecutor:
         self._drop_running_cell()
 
     def submit(self, cell: CellAssignment) -> None:
+        if cell.resume:
+            self._resume(cell)
+            return
+        self._queued.add(cell.number)
         self._queue.put_nowait(cell)
+
+    def _resume(self, cell: CellAssignment) -> None:
+        """A restarted control plane asks how cell ``n`` of its previous life ended. Never
+        runs it: a queued or running one reports when it ends, as always; an ended one sends
+        its report again; one that never came here ends as not run."""
+        n = cell.number
+        if n in self._queued or n == self._busy:
+            return
+        if self._last is not None and self._last.number == n:
+            report = self._last
+        else:
+            now = self.clock.now()
+            report = CellReport(
+                number=n,
+                ranks=[RankOutcome(rank=r, status="aborted") for r in self._rank_ids()],
+                started_at=now,
+                finished_at=now,
+                reason=RESTARTED_WHILE_RAN if n in self._seen else NEVER_CAME,
+            )
+        task = asyncio.ensure_future(self._report_cell(report, remember=False))
+        self._resumes.add(task)
+        task.add_done_callback(self._resumes.discard)
 
     def restart(self) -> None:
         """Kill every rank and start them again (a running cell is aborted; state is lost)."""
@@ -411,6 +452,19 @@ class SessionExecutor:
     # -- cells -----------------------------------------------------------------------------------
 
     async def _run_cell(self, ca: CellAssignment) -> None:
+        n = ca.number
+        self._queued.discard(n)
+        if n in self._seen:  # handed over twice: it ran once; its report goes again
+            self._resume(ca)
+            return
+        self._seen.add(n)
+        self._busy = n
+        try:
+            await self._run_one(ca)
+        finally:
+            self._busy = None
+
+    async def _run_one(self, ca: CellAssignment) -> None:
         n, req = ca.number, ca.request
         started = self.clock.now()
         if self.broken is not None:
@@ -431,6 +485,7 @@ class SessionExecutor:
             "count": req.count,
             "history": req.history,
             "inputs": req.inputs,
+            "cap": [CELL_OUTPUT_CAP, CELL_OUTPUT_LINES],  # the rank drops (and counts) the rest
         }
         reason: str | None = None
         try:
@@ -488,10 +543,13 @@ class SessionExecutor:
         if pending and not (self._cancel.is_set() or self._restarting.is_set()):
             first = _root_cause(frames)
             who = f"rank {first}" if first is not None else "another rank"
+            many = len(pending) > 1
             stuck = ", ".join(str(r) for r in sorted(pending))
+            # Said in the cell that broke it (``CellRun.broken``), not only by the next one.
             self._broke(
-                f"rank{'s' if len(pending) > 1 else ''} {stuck} did not stop within "
-                f"{STOP_GRACE:g}s after {who} failed (waiting in a collective for it?)"
+                f"{who} failed first (the root cause); rank{'s' if many else ''} {stuck} "
+                f"did not stop within {STOP_GRACE:g}s after it: {'they are' if many else 'it is'} "
+                f"stuck in a collective waiting for {who}, so the session is broken"
             )
         for rank in pending:
             frames[rank] = {"status": "aborted"}
@@ -508,10 +566,13 @@ class SessionExecutor:
         outcomes: list[RankOutcome] = []
         outputs: dict[str, Any] = {}
         blob: str | None = None
+        dropped = [0, 0]  # lines and bytes the ranks dropped past the cell's cap
         for rank in sorted(frames):
             f = frames[rank]
             lines += self.output.lines(rank, n, f.get("items") or [])
             lines += self.output.flush(rank, n)
+            for i, count in enumerate(list(f.get("dropped") or ())[:2]):
+                dropped[i] += int(count)
             if f.get("broken"):
                 self._broke(str(f["broken"]))
             if f.get("exited"):
@@ -528,7 +589,14 @@ class SessionExecutor:
                     except (OSError, GPUlayerError) as exc:
                         reason = reason or f"the cell's --out values could not be sent: {exc}"
         # fd-level output still on its way goes first; what is left rides with the report.
-        lines = [*await self.shipper.settle(), *lines]
+        lines = [*await self.shipper.settle(), *self.shipper.fit(lines)]
+        note = self.shipper.note(n, (dropped[0], dropped[1]))
+        if note is not None:
+            lines.append(note)
+        if len(lines) > MAX_LINES:  # more than a report carries: the first ones go ahead
+            with contextlib.suppress(GPUlayerError):
+                await self.transport.append_logs(self.job.id, lines[:-MAX_LINES])
+            lines = lines[-MAX_LINES:]
         return CellReport(
             number=n,
             ranks=outcomes,
@@ -544,14 +612,23 @@ class SessionExecutor:
     def _rank_ids(self) -> list[int]:
         return list(range(self.rank_base, self.rank_base + self.nproc))
 
-    async def _report_cell(self, report: CellReport) -> None:
+    async def _report_cell(self, report: CellReport, *, remember: bool = True) -> None:
         """Deliver a cell's end until the control plane has it (a result is never lost)."""
+        if remember:
+            self._last = report  # sent again if a restarted control plane asks (``resume``)
         tries = 0
         while True:
             try:
                 await self.transport.report_cell(self.job.id, report)
                 return
             except GPUlayerError as exc:
+                if exc.status in (400, 413, 422) and (report.lines or report.outputs):
+                    # Refused for what it carries: its end goes without it (never a frozen cell).
+                    why = f"the cell's output was not taken: {exc.message}"[:20_000]
+                    report = report.model_copy(
+                        update={"lines": [], "outputs": {}, "outputs_blob": None, "reason": why}
+                    )
+                    continue
                 if exc.status < 500 and exc.status != 401:
                     log.info("cell %s of session %s not taken: %s", report.number, self.job.id, exc)
                     return

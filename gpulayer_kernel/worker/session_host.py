@@ -25,17 +25,18 @@ cell is ignored (``SIG_IGN``), inside one it is Python's own handler.
 With ``WORLD_SIZE`` > 1 the ranks join one ``torch.distributed`` process group before they say
 ready (static rendezvous: ``MASTER_ADDR``/``MASTER_PORT`` from the worker), once for the
 session's life.
+
+The socket, its sender thread and the cell's output streams (capped as the worker asks) are in
+``session_channel.py``.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import signal
 import socket
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -44,9 +45,9 @@ from typing import Any
 
 from .. import display, transfer
 from ..errors import MissingExtra
-from .session_wire import recv_frame, send_frame
+from .session_channel import Channel, OutStream
+from .session_wire import recv_frame
 
-FLUSH_EVERY = 0.05  # seconds between two output frames of a running cell
 # What a collective raises when a peer went away: the process group is then broken.
 BROKEN_GROUP = (
     "Connection closed by peer",
@@ -57,108 +58,6 @@ BROKEN_GROUP = (
     "DistNetworkError",
     "ProcessGroupGloo",
 )
-
-
-class Channel:
-    """The worker's socket: frames out through one sender thread, cell output batched."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self._out: collections.deque[dict[str, Any]] = collections.deque()
-        self._wake = threading.Event()
-        self.items: collections.deque[list[Any]] = collections.deque()  # the running cell's
-        self.cell: int | None = None
-        self.lock = threading.Lock()  # taken outside cells only: no interrupt can land in it
-        self._last = 0.0
-        self._thread = threading.Thread(target=self._send_loop, name="gpulayer-session-send")
-        self._thread.daemon = True
-        self._thread.start()
-
-    def send(self, message: dict[str, Any]) -> None:
-        self._out.append(message)  # deque.append is atomic: safe from any thread, any moment
-        self._wake.set()
-
-    def take_items(self) -> list[list[Any]]:
-        """The running cell's output so far, merged (consecutive text of one stream joined)."""
-        out: list[list[Any]] = []
-        while True:
-            try:
-                kind, payload = self.items.popleft()
-            except IndexError:
-                return out
-            if out and kind != "display" and out[-1][0] == kind:
-                out[-1][1] += payload
-            else:
-                out.append([kind, payload])
-
-    def _send_loop(self) -> None:
-        while True:
-            self._wake.wait(FLUSH_EVERY)
-            self._wake.clear()
-            while self._out:
-                send_frame(self.sock, self._out.popleft())
-                self._last = time.monotonic()
-            if self.cell is None or not self.items or time.monotonic() - self._last < FLUSH_EVERY:
-                continue
-            # Under the lock the cell cannot end (``end_cell``): this frame goes out before
-            # its done frame is even made.
-            with self.lock:
-                if self.cell is not None:
-                    items = self.take_items()
-                    if items:
-                        send_frame(self.sock, {"out": self.cell, "items": items})
-                        self._last = time.monotonic()
-
-    def end_cell(self) -> list[list[Any]]:
-        """The cell is over: what it printed since the last frame (for its done frame)."""
-        with self.lock:
-            self.cell = None
-            return self.take_items()
-
-    def close(self) -> None:
-        self._wake.set()
-
-
-class OutStream:
-    """``sys.stdout``/``sys.stderr`` inside a cell: text goes out as the cell's stream output."""
-
-    encoding = "utf-8"
-    errors = "backslashreplace"
-
-    def __init__(self, name: str, channel: Channel, fd: int) -> None:
-        self.name = name
-        self._channel = channel
-        self._fd = fd
-
-    def write(self, text: str) -> int:
-        if not isinstance(text, str):
-            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        if text:
-            self._channel.items.append([self.name, text])
-        return len(text)
-
-    def writelines(self, lines: list[str]) -> None:
-        for line in lines:
-            self.write(line)
-
-    def flush(self) -> None:
-        pass
-
-    def fileno(self) -> int:
-        return self._fd  # the job's pipe: what is written there reaches the cell's log too
-
-    def isatty(self) -> bool:
-        return False
-
-    def readable(self) -> bool:
-        return False
-
-    def writable(self) -> bool:
-        return True
-
-    @property
-    def closed(self) -> bool:
-        return False
 
 
 def make_shell(channel: Channel) -> Any:
@@ -275,8 +174,8 @@ class Host:
         hook = shell.displayhook
         hook.value = None
         shell.error = None
-        self.channel.items.clear()
-        self.channel.cell = n
+        cap = request.get("cap")
+        self.channel.start_cell(n, (int(cap[0]), int(cap[1])) if cap else None)
         started = time.monotonic()
         broken: str | None = None
         last: Any = None  # the value of the cell's last expression (what Out[n] shows)
@@ -319,7 +218,10 @@ class Host:
         self, request: dict[str, Any], outcome: dict[str, Any], duration: float
     ) -> dict[str, Any]:
         items = self.channel.end_cell()
-        return {"done": int(request["n"]), "duration": duration, "items": items, **outcome}
+        done = {"done": int(request["n"]), "duration": duration, "items": items, **outcome}
+        if self.channel.dropped[1]:
+            done["dropped"] = list(self.channel.dropped)
+        return done
 
     def _bind(self, request: dict[str, Any]) -> None:
         """Put the cell's inputs in the namespace (``--in``, push): JSON, then a transfer file."""

@@ -247,11 +247,14 @@ class AttemptTransport(Transport):
         else:
             await self._call(self.inner.append_logs(job_id, lines, self.attempt))
 
-    def queue_logs(self, job_id: str, lines: list[LogLine]) -> None:
+    def queue_logs(self, job_id: str, lines: list[LogLine]) -> asyncio.Future[None]:
         """Queue lines with the worker's reporter without waiting for them to be taken: they go
-        in order, before (or with) the attempt's end. Needs a ``reporter``."""
+        in order, before (or with) the attempt's end. Needs a ``reporter``. The future says
+        when they were taken (the shipper's backlog counts them until then)."""
         assert self.reporter is not None
-        self.reporter.logs(job_id, self.attempt, lines).add_done_callback(self._refused)
+        taken = self.reporter.logs(job_id, self.attempt, lines)
+        taken.add_done_callback(self._refused)
+        return taken
 
     def _refused(self, fut: asyncio.Future[None]) -> None:
         exc = None if fut.cancelled() else fut.exception()

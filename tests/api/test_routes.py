@@ -115,7 +115,7 @@ async def test_unknown_routes_and_methods_are_json(gl_api: Api) -> None:
 async def test_an_unexpected_exception_is_a_500_without_traceback(
     gl_api: Api, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async def boom() -> list[object]:
+    async def boom(**_: object) -> list[object]:
         raise RuntimeError("kaboom at line 42")
 
     monkeypatch.setattr(gl_api.cp, "workers", boom)

@@ -424,7 +424,7 @@ def test_env_progress_and_artifacts(
     saved = handle.download("report.txt", tmp_path)
     assert saved.read_text() == "hi"
     assert "progress: step 5/10 (50%) · loss 0.5" in capsys.readouterr().out
-    assert "artifact: report.txt (2 bytes)" in repr_text(ip, handle.job)  # Job's own repr
+    assert "artifact: report.txt (2 B)" in repr_text(ip, handle.job)  # Job's own repr
 
 
 # -- %gpulayer ---------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from gpulayer_kernel.store import LATEST_SCHEMA
 from gpulayer_kernel.testing.postgres import PostgresServer
 
 from .conformance import Backend, StoreConformance
+from .conformance_idempotency import IdempotencyConformance
 from .conformance_writes import WriteConformance
 
 
@@ -84,5 +85,5 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     return next(b for b in BACKENDS if b.name == request.param)
 
 
-class TestMetadataStore(StoreConformance, WriteConformance):
+class TestMetadataStore(StoreConformance, WriteConformance, IdempotencyConformance):
     pass
