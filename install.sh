@@ -66,16 +66,30 @@ if [ "$dev" = 1 ]; then
   else
     echo "install.sh: Chromium not found and not root: the browser tests will be skipped" >&2
   fi
-  # The PostgreSQL store, its conformance suite and the standby tests run a real server.
-  if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  # The PostgreSQL store, its conformance suite and the standby tests run a real server (and
+  # tests/store/test_deploy_doc.py runs deploy.md's curl commands).
+  if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && command -v curl >/dev/null; then
     :
   elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    step "installing PostgreSQL for the store tests (apt)"
+    step "installing PostgreSQL and curl for the store tests (apt)"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 \
-      postgresql >/dev/null
+      postgresql curl >/dev/null
   else
     echo "install.sh: PostgreSQL not found and not root: the PostgreSQL tests will be skipped" >&2
+  fi
+fi
+if [ "$dev" = 1 ]; then
+  # The metrics test scrapes a served control plane with a real Prometheus (tests/api).
+  if command -v prometheus >/dev/null || [ -x /usr/bin/prometheus ]; then
+    :
+  elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    step "installing Prometheus for the metrics test (apt)"
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+      --no-install-recommends prometheus >/dev/null
+  else
+    echo "install.sh: Prometheus not found and not root: the metrics scrape test will be skipped" >&2
   fi
 fi
 if [ "$dev" = 1 ]; then

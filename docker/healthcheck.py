@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The control-plane image's HEALTHCHECK: exit 0 when ``GET /api/v1/health`` answers ok.
+"""The control-plane image's HEALTHCHECK: exit 0 when ``GET /api/v1/health`` answers ok (or
+degraded: a standby that is alive but says what would stop it taking over).
 
 It asks the server in this container over loopback, so it needs no token (the route takes none)
 and no certificate check: with TLS on, the certificate names the public host, not 127.0.0.1,
@@ -27,10 +28,12 @@ def main() -> int:
     except Exception as exc:  # any failure is "unhealthy", said in one line
         print(f"unhealthy: {url}: {exc}")
         return 1
-    if health.get("status") != "ok":
+    if health.get("status") not in ("ok", "degraded"):
         print(f"unhealthy: {url}: {health}")
         return 1
-    print(f"healthy: gpulayer {health.get('version')}")
+    # A degraded standby is alive (a restart would not fix its key): healthy, with the problem.
+    problem = (health.get("problem") or {}).get("message")
+    print(f"healthy: gpulayer {health.get('version')}" + (f"; {problem}" if problem else ""))
     return 0
 
 

@@ -58,6 +58,10 @@ class AdminCalls:
     def rotate_secrets_key(self) -> Call[str]:
         return str((yield Req("POST", "/secrets/rotate-key")).json()["key_id"])
 
+    def rotate_key_step(self, step: str, key: str | None = None) -> Call[dict[str, Any]]:
+        params = [("step", step), *([("key", key)] if key else [])]
+        return dict((yield Req("POST", "/secrets/rotate-key", params=params)).json())
+
     # -- users, quotas, identity -------------------------------------------------------------
 
     def whoami(self) -> Call[dict[str, Any]]:
@@ -84,6 +88,11 @@ class AdminCalls:
         body = {"max_gpus": max_gpus, "max_queued": max_queued}
         path = f"/quotas/{_pid(kind)}/{_pid(name)}"
         return dict((yield Req("PUT", path, json=body)).json())
+
+    def audit(self, **filters: Any) -> Call[dict[str, Any]]:
+        """A page of the audit log (``user``, ``action``, ``since``, ``before``, ``limit``)."""
+        params = [(k, str(v)) for k, v in filters.items() if v is not None]
+        return dict((yield Req("GET", "/audit", params=params)).json())
 
 
 _CALLS = AdminCalls()
@@ -126,6 +135,10 @@ class AsyncAdmin:
     async def rotate_secrets_key(self) -> str:
         return await self._run(_CALLS.rotate_secrets_key())
 
+    async def rotate_key_step(self, step: str, key: str | None = None) -> dict[str, Any]:
+        """One step of the secrets key rotation: ``KeyRotated`` as a dict."""
+        return await self._run(_CALLS.rotate_key_step(step, key))
+
     # users, quotas and identity (the CLI's `gpulayer user|quota`; async only)
 
     async def whoami(self) -> dict[str, Any]:
@@ -150,6 +163,10 @@ class AsyncAdmin:
     ) -> dict[str, Any]:
         call = _CALLS.set_quota(kind, name, max_gpus=max_gpus, max_queued=max_queued)
         return await self._run(call)
+
+    async def audit(self, **filters: Any) -> dict[str, Any]:
+        """A page of the audit log (admins): ``AuditPage`` as a dict."""
+        return await self._run(_CALLS.audit(**filters))
 
 
 class Admin:

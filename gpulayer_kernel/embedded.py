@@ -51,6 +51,9 @@ class ServeOptions:
     # Serve a moment after start (the first job's end, or SERVE_SOON_WITHIN seconds), off the
     # way to the first result: `gpulayer run` publishes its address for other terminals that late.
     soon: bool = False
+    # Every URL of the cluster's control planes (an active and its standbys): what workers the
+    # autoscaler launches dial, so they follow a failover; empty: this server's own URL.
+    urls: tuple[str, ...] = ()
 
 
 async def follow_probe(agent: WorkerAgent, probed: LocalProbe) -> WorkerCapabilities | None:
@@ -143,7 +146,7 @@ class Embedded:
         try:
             await self.store.open()
             await self.cp.start()
-            self._providers_config = self._providers()
+            self._providers_config = await self._providers()
             if opts is not None and not opts.soon:
                 await self._start_api(opts)
             if self._want_worker:
@@ -155,13 +158,16 @@ class Embedded:
             raise
         return self
 
-    def _providers(self) -> ProvidersConfig | None:
-        """Read the providers config (if any) and hand it to the control plane."""
+    async def _providers(self) -> ProvidersConfig | None:
+        """Read the providers config (if any) and hand it to the control plane, its machines
+        tagged with the cluster's id (any server leading this store owns them, ADR 0010)."""
         from . import providers
 
         config = providers.load(providers.config_path(self.layout.root))
+        await providers.compare_providers(self.store, config, record=True)
         if config is not None:
-            built = providers.build(config, home=self.layout.root, clock=self.cp.clock)
+            owner = await providers.cluster_id(self.store, self.layout.root)
+            built = providers.build(config, home=self.layout.root, owner=owner, clock=self.cp.clock)
             self.cp.provisioning.use(config, built)
         return config
 
@@ -232,7 +238,7 @@ class Embedded:
         self.lock.publish(info)
         config = self._providers_config
         if config is not None and config.autoscale.enabled and config.providers:
-            await self.cp.provisioning.autoscale(tokens, self.url)
+            await self.cp.provisioning.autoscale(tokens, ",".join(opts.urls) or self.url)
 
     async def stop(self) -> None:
         background, self._background = self._background, []

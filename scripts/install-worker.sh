@@ -4,15 +4,19 @@
 #   curl -fsSL https://example.org/install-worker.sh | sh -s -- --server https://head:8470 --join-token glt_j_...
 #   sh install-worker.sh --server URL --join-token TOKEN [OPTIONS]
 #
-# It makes its own venv, installs gpulayer (a package name or a wheel path) and a torch build that
-# fits the machine's driver, checks the server and the token, runs the GPU capability probe, and
-# prints (with --systemd: writes and starts) a systemd unit for `gpulayer worker`. Run it again
-# any time: it reuses what it made. A first install that fails leaves nothing behind.
+# It makes its own venv, installs the gpulayer wheel the control plane itself runs (fetched from
+# it with the join token: versions always match, no package index needed for gpulayer) and a
+# torch build that fits the machine's driver, checks the server and the token, runs the GPU
+# capability probe, and prints (with --systemd: writes and starts) a systemd unit for
+# `gpulayer worker`, which runs as a dedicated user when installed as root. Run it again any
+# time: it reuses what it made. A first install that fails leaves nothing behind.
 #
 # Options:
-#   --server URL        the control plane (or $GPULAYER_URL)
+#   --server URL[,URL]  the control plane (or $GPULAYER_URL); several, comma-separated, for an
+#                       active one and its standby: the first that answers is used
 #   --join-token TOKEN  a join token (or $GPULAYER_JOIN_TOKEN, which `ps` does not show)
-#   --package SPEC      what pip installs: "gpulayer" (default), "gpulayer==0.2.0", a wheel path
+#   --package SPEC      what pip installs: "server" (default: the control plane's own wheel,
+#                       GET /api/v1/dist), "gpulayer==0.2.0" from an index, or a wheel path
 #   --torch CHOICE      auto (default: a CUDA build when nvidia-smi reports a driver, else CPU),
 #                       cpu, cu126, cu128, cu130, none, or a pip requirement taken as written
 #                       (or $GPULAYER_TORCH)
@@ -21,6 +25,8 @@
 #   --name NAME         the worker's name (default: the host name)
 #   --labels K=V,...    labels for job selectors
 #   --ca-cert FILE      the CA that signed the server's certificate (a private CA)
+#   --run-as USER       as root: the user the unit runs the worker as (default gpulayer, made
+#                       if missing, as a system user without a login shell)
 #   --systemd           write the unit and enable it now (a system unit as root, else a user unit)
 #   --unit-file PATH    write the unit to PATH and do nothing else with systemd
 #   --dry-run           print what would be installed (the torch choice) and stop
@@ -40,12 +46,13 @@ fail() {
   exit 1
 }
 usage() {
-  if [ -f "$0" ]; then sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; else echo 'usage: install-worker.sh --server URL --join-token TOKEN [--package SPEC] [--torch auto|cpu|cuXYZ|none|SPEC] [--prefix DIR] [--name NAME] [--labels K=V,...] [--ca-cert FILE] [--systemd | --unit-file PATH] [--dry-run]'; fi
+  if [ -f "$0" ]; then sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; else echo 'usage: install-worker.sh --server URL[,URL] --join-token TOKEN [--package server|SPEC] [--torch auto|cpu|cuXYZ|none|SPEC] [--prefix DIR] [--name NAME] [--labels K=V,...] [--ca-cert FILE] [--run-as USER] [--systemd | --unit-file PATH] [--dry-run]'; fi
 }
 
 server=${GPULAYER_URL:-}
 token=${GPULAYER_JOIN_TOKEN:-}
-package=gpulayer
+package=server
+run_as=gpulayer
 torch=${GPULAYER_TORCH:-auto}
 prefix=
 name=
@@ -56,7 +63,7 @@ unit_file=
 dry_run=0
 while [ $# -gt 0 ]; do
   case $1 in
-    --server | --join-token | --package | --torch | --prefix | --name | --labels | --ca-cert | --unit-file)
+    --server | --join-token | --package | --torch | --prefix | --name | --labels | --ca-cert | --unit-file | --run-as)
       [ $# -ge 2 ] || fail "$1 needs a value" "see --help"
       case $1 in
         --server) server=$2 ;;
@@ -68,6 +75,7 @@ while [ $# -gt 0 ]; do
         --labels) labels=$2 ;;
         --ca-cert) ca_cert=$2 ;;
         --unit-file) unit_file=$2 ;;
+        --run-as) run_as=$2 ;;
       esac
       shift 2
       ;;
@@ -149,13 +157,18 @@ esac
 
 say "python: $python ($("$python" -c 'import platform; print(platform.python_version())'))"
 say "torch: $torch_text"
-say "gpulayer: $package, into $venv"
+if [ "$package" = server ]; then
+  say "gpulayer: the control plane's own wheel (GET /api/v1/dist), into $venv"
+else
+  say "gpulayer: $package, into $venv"
+fi
 if [ "$dry_run" = 1 ]; then
   say "dry run: nothing installed"
   exit 0
 fi
 
 [ -n "$server" ] || fail "no server given" "pass --server https://head:8470 (what 'gpulayer serve' prints), or set GPULAYER_URL"
+server=$(printf '%s' "$server" | tr -d ' ')
 [ -n "$token" ] || fail "no join token given" "create one on the server with 'gpulayer token create --kind join --ttl 1h' and pass --join-token (or set GPULAYER_JOIN_TOKEN)"
 [ -z "$ca_cert" ] || [ -f "$ca_cert" ] || fail "no CA certificate at $ca_cert" "pass --ca-cert with the PEM file of the CA that signed the server's certificate"
 case $ca_cert in "" | /*) ;; *) ca_cert=$(pwd)/$ca_cert ;; esac
@@ -163,16 +176,19 @@ case $ca_cert in "" | /*) ;; *) ca_cert=$(pwd)/$ca_cert ;; esac
 # A wrong URL fails here, before anything is made: /health takes no token, so none is sent.
 "$python" - "$server" "$ca_cert" <<'PY' || fail "no GPUlayer control plane answers at $server" "check --server: the URL 'gpulayer serve' printed (scheme, host and port); --ca-cert for a private CA"
 import json, ssl, sys, urllib.request
-url, ca = sys.argv[1].rstrip("/"), sys.argv[2] or None
-try:
-    ctx = ssl.create_default_context(cafile=ca)
-    with urllib.request.urlopen(f"{url}/api/v1/health", timeout=15, context=ctx) as answer:
-        health = json.load(answer)
-    assert health.get("status") == "ok", health
-except Exception as exc:
-    print(f"install-worker: {url}/api/v1/health: {exc}", file=sys.stderr)
-    sys.exit(1)
-print(f"install-worker: server: {url} answers (gpulayer {health.get('version')})")
+urls, ca = [u.rstrip("/") for u in sys.argv[1].split(",") if u], sys.argv[2] or None
+ctx = ssl.create_default_context(cafile=ca)
+for url in urls:  # an active server and its standby: one answering is enough
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/health", timeout=15, context=ctx) as answer:
+            health = json.load(answer)
+        assert health.get("status") == "ok", health
+    except Exception as exc:
+        print(f"install-worker: {url}/api/v1/health: {exc}", file=sys.stderr)
+        continue
+    print(f"install-worker: server: {url} answers (gpulayer {health.get('version')})")
+    sys.exit(0)
+sys.exit(1)
 PY
 
 # -- the venv (a first install that fails is removed whole) -----------------------------------
@@ -198,8 +214,50 @@ else
   "$python" -m venv "$venv" </dev/null || fail "could not create a venv at $venv"
 fi
 pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@" </dev/null; }
+if [ "$package" = server ]; then
+  # The wheel the control plane runs, checked against the sha256 it states; the join token is
+  # the credential (a wrong or expired one fails here, before anything large is fetched).
+  mkdir -p "$prefix/dist"
+  package=$(GPULAYER_JOIN_TOKEN=$token "$python" - "$server" "$ca_cert" "$prefix/dist" <<'PY'
+import hashlib, json, os, ssl, sys, urllib.error, urllib.request
+urls, ca, folder = [u.rstrip("/") for u in sys.argv[1].split(",") if u], sys.argv[2] or None, sys.argv[3]
+ctx = ssl.create_default_context(cafile=ca)
+auth = {"Authorization": f"Bearer {os.environ['GPULAYER_JOIN_TOKEN']}"}
+def get(url):
+    with urllib.request.urlopen(urllib.request.Request(url, headers=auth), timeout=300, context=ctx) as r:
+        return r.read()
+said = ""
+for url in urls:
+    try:
+        info = json.loads(get(f"{url}/api/v1/dist"))
+        data = get(f"{url}/api/v1/dist/{info['wheel']}")
+    except urllib.error.HTTPError as exc:
+        try:
+            body = json.loads(exc.read())
+            said = f"{body['message']} ({body.get('hint', '')})"
+        except Exception:
+            said = str(exc)
+        print(f"install-worker: {url}/api/v1/dist: {said}", file=sys.stderr)
+        continue
+    except Exception as exc:
+        print(f"install-worker: {url}/api/v1/dist: {exc}", file=sys.stderr)
+        continue
+    if hashlib.sha256(data).hexdigest() != info["sha256"]:
+        print(f"install-worker: {url}: the wheel does not match its sha256", file=sys.stderr)
+        continue
+    path = os.path.join(folder, os.path.basename(info["wheel"]))
+    with open(path, "wb") as f:
+        f.write(data)
+    print(f"install-worker: fetched {info['wheel']} (gpulayer {info['version']}) from {url}", file=sys.stderr)
+    print(path)
+    sys.exit(0)
+sys.exit(1)
+PY
+) || fail "could not fetch gpulayer's wheel from the control plane at $server" \
+    "check the join token ('gpulayer token create --kind join --ttl 1h'); a server run from a checkout needs GPULAYER_DIST (docs/install-worker.md); or pass --package SPEC"
+fi
 say "installing $package"
-pip install "$package" || fail "pip could not install $package" "check the package name or wheel path, and that this machine reaches the package index"
+pip install "$package" || fail "pip could not install $package" "check the package name or wheel path, and that this machine reaches the package index (for gpulayer's dependencies)"
 
 # The server and the token, checked with the installed gpulayer (its TLS and URL rules) before the
 # large part (torch) is fetched. `--check` enrols nothing and spends no instance token.
@@ -234,6 +292,23 @@ if sys.argv[2] and not devices:
           "see the probe lines above (a torch build that does not fit the driver?)")
 PY
 
+# -- who runs the worker: as root, a dedicated user (never root itself; docs/security.md) -------
+unit_user=
+if [ "$(id -u)" = 0 ]; then
+  unit_user=$run_as
+  if ! id -u "$unit_user" >/dev/null 2>&1; then
+    command -v useradd >/dev/null 2>&1 || fail "useradd is missing: cannot create the user $unit_user" \
+      "create a system user $unit_user yourself (no login shell), then run this again"
+    useradd --system --user-group --home-dir "$prefix/home" --no-create-home \
+      --shell /usr/sbin/nologin --comment "GPUlayer worker" "$unit_user" </dev/null \
+      || fail "could not create the user $unit_user" "create it yourself, or pass --run-as USER"
+    say "created the system user $unit_user"
+  fi
+  mkdir -p "$prefix/home"
+  chown "$unit_user:" "$prefix/home"
+  chmod 700 "$prefix/home"
+fi
+
 # -- what runs the worker -----------------------------------------------------------------------
 umask 077
 env_file=$prefix/worker.env
@@ -244,6 +319,10 @@ env_file=$prefix/worker.env
   echo "GPULAYER_HOME=$prefix/home"
 } >"$env_file"
 chmod 600 "$env_file"
+if [ -n "$unit_user" ]; then
+  chgrp "$(id -gn "$unit_user")" "$env_file"  # readable by the worker's user, writable by root
+  chmod 640 "$env_file"
+fi
 umask 022
 set -- worker
 [ -z "$name" ] || set -- "$@" --name "$name"
@@ -269,7 +348,9 @@ Wants=network-online.target
 After=network-online.target
 
 [Service]
-ExecStart=$launcher
+${unit_user:+User=$unit_user
+Group=$(id -gn "$unit_user")
+}ExecStart=$launcher
 Restart=on-failure
 RestartSec=5
 # The worker stops its jobs' process groups itself on SIGTERM; give it time to report them.

@@ -23,6 +23,7 @@ from ..contracts import (
 )
 from ..errors import NotFound
 from ..security import Role, TokenKind, token_state
+from ..security.vault import Rotation
 from ..store import TokenRecord
 from ..store.artifacts import check_digest
 from .mixin import GLMixin
@@ -57,6 +58,7 @@ def token_info(rec: TokenRecord, now: float) -> TokenInfo:
         worker_id=rec.worker_id,
         user=rec.owner,
         role=rec.role,  # a Role value, as stored
+        last_used=rec.last_used,
     )
 
 
@@ -398,9 +400,29 @@ class SecretKeyHandler(GLMixin):
     route = "/secrets/rotate-key"
 
     @op(
-        "re-seal every stored secret with a new key (admins)",
+        "rotate the key sealing secrets: add, reseal, retire, or all three (admins)",
         answer=KeyRotated,
+        query=(
+            Param("step", "string", "all", description="add | reseal | retire | all"),
+            Param("key", "string", None, description="reseal: the key id to seal with"),
+        ),
         role=Role.ADMIN,
     )
-    async def post(self) -> KeyRotated:
-        return KeyRotated(key_id=await self.cp.secrets.rotate(who=self.who))
+    async def post(self, step: str, key: str | None) -> KeyRotated:
+        done = await self.cp.secrets.rotation_step(step, key, who=self.who)
+        # Key ids and the step only, never key material.
+        await self.cp.audit.record(self.who, "secret.rotate_key", done.key_id, step=done.step)
+        return key_rotated(done)
+
+
+def key_rotated(done: Rotation) -> KeyRotated:
+    """The answer for one rotation step (the CLI's in-process path shares it)."""
+    return KeyRotated(
+        key_id=done.key_id,
+        step=done.step,  # one of STEPS: rotation_step refused any other
+        keys=done.keys,
+        source=done.source,
+        writable=done.writable,
+        added=done.added,
+        retired=list(done.retired),
+    )

@@ -1,12 +1,16 @@
-"""``GET /api/v1/health``: the one route that takes no token, for container healthchecks and load
-balancers (docker/control-plane.Dockerfile's ``HEALTHCHECK`` calls it).
+"""``GET /api/v1/health`` (liveness) and ``GET /api/v1/ready`` (readiness): the two routes that
+take no token, for container healthchecks and load balancers (docker/control-plane.Dockerfile's
+``HEALTHCHECK`` calls /health).
 
-It answers 200 ``Health`` (status and version) while the API serves, and 503 ``shutting_down``
-once its host has begun to stop, so an orchestrator stops sending traffic before the socket
-closes. Inside a Jupyter server it is mounted like the worker routes, behind the host's gate, so
-it answers 503 ``starting`` until the control plane there is ready. It tells an anonymous caller
-nothing a token protects: no workers, jobs, tokens or paths; the version only, which ``/status``
-shows every client anyway.
+``/health`` answers 200 ``Health`` (status, version, role) on the leader here and on a standby
+(``standby.py`` answers it there, with ``role: standby`` and any problem that would stop it
+taking over), so a healthcheck never restarts a healthy standby. ``/ready`` answers 200 only
+where requests are served: a standby answers it 503 ``not_leader``, so a load balancer sends
+traffic to the leader alone. Both answer 503 ``shutting_down`` once their host has begun to
+stop, so an orchestrator stops sending traffic before the socket closes. Inside a Jupyter server
+they are mounted like the worker routes, behind the host's gate, so they answer 503 ``starting``
+until the control plane there is ready. They tell an anonymous caller nothing a token protects:
+no workers, jobs, tokens or paths; the version and the role only.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import tornado.web
 
 from ..errors import Unavailable
 from .mixin import GLMixin
-from .models import Health
+from .models import Health, Ready
 from .ops import op
 
 
@@ -25,21 +29,40 @@ class PublicRoute(GLMixin, tornado.web.RequestHandler):
     def check_xsrf_cookie(self) -> None:
         """A GET that changes nothing and reads no cookie: there is nothing to forge."""
 
-
-class HealthHandler(PublicRoute):
-    route = "/health"
-
-    @op(
-        "is this API serving? No token needed; answers the version only",
-        answer=Health,
-        public=True,
-        errors=(503,),
-    )
-    async def get(self) -> Health:
+    def refuse_when_stopping(self) -> None:
         if self.ctx.stopping.is_set():
             raise Unavailable(
                 "the server is shutting down",
                 hint="retry against another replica, or after the restart",
                 code="shutting_down",
             )
-        return Health(version=self.ctx.version)
+
+
+class HealthHandler(PublicRoute):
+    route = "/health"
+
+    @op(
+        "is this control plane alive? No token needed; answers the version and the role "
+        "(leader or standby)",
+        answer=Health,
+        public=True,
+        errors=(503,),
+    )
+    async def get(self) -> Health:
+        self.refuse_when_stopping()
+        return Health(version=self.ctx.version, role="leader")
+
+
+class ReadyHandler(PublicRoute):
+    route = "/ready"
+
+    @op(
+        "does this control plane serve requests? No token needed; a standby answers 503 "
+        "not_leader (for load balancers)",
+        answer=Ready,
+        public=True,
+        errors=(503,),
+    )
+    async def get(self) -> Ready:
+        self.refuse_when_stopping()
+        return Ready()

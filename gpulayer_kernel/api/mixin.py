@@ -173,6 +173,11 @@ class GLMixin(LongPollMixin):
 
     def on_finish(self) -> None:
         self._gl_close_upload()
+        # Every answer, refusals (401, 413) included, timed per route template (a job id in
+        # the label would make a series per job). A dict lookup and a bucket search.
+        self.cp.metrics.request_done(
+            self.route, self.request.method or "", self.get_status(), self.request.request_time()
+        )
         if self._gl_counted:
             self._gl_counted = False
             self.ctx.requests -= 1

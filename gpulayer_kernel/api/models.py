@@ -33,8 +33,23 @@ class Status(Contract):
 class Health(Contract):
     """``GET /health``: this API answers; nothing a token protects (no workers, no jobs)."""
 
-    status: Literal["ok"] = "ok"
+    status: Literal["ok", "degraded"] = Field(
+        "ok", description="degraded: alive, but ``problem`` will matter when it takes over"
+    )
     version: str = Field(description="the gpulayer version of the server")
+    role: Literal["leader", "standby"] = Field(
+        "leader", description="standby: another control plane of the database leads"
+    )
+    problem: dict[str, Any] | None = Field(
+        None, description="{code, message, hint}: what a standby could not take over with"
+    )
+
+
+class Ready(Contract):
+    """``GET /ready``: this control plane serves requests (a standby answers 503 not_leader)."""
+
+    status: Literal["ok"] = "ok"
+    role: Literal["leader"] = "leader"
 
 
 class JoinCheck(Contract):
@@ -107,6 +122,9 @@ class TokenInfo(Contract):
     worker_id: str | None = None
     user: str | None = Field(None, description="client tokens: the user it belongs to")
     role: RoleName | None = Field(None, description="client tokens: a role lower than the user's")
+    last_used: float | None = Field(
+        None, description="when it last authenticated (to the minute); None: never"
+    )
 
 
 class TokenCreated(Contract):
@@ -131,7 +149,13 @@ class SecretNames(Contract):
 
 
 class KeyRotated(Contract):
-    key_id: str = Field(description="the id of the key that seals every secret now")
+    key_id: str = Field(description="the id of the key that seals new values now")
+    step: Literal["all", "add", "reseal", "retire"] = "all"
+    keys: list[str] = Field(default_factory=list, description="the key ids held, sealing first")
+    source: str = Field("", description="where the keys live: the key file to copy, or a source")
+    writable: bool = Field(False, description="the source is a key file GPUlayer writes")
+    added: str | None = Field(None, description="the key the add step made")
+    retired: list[str] = Field(default_factory=list, description="keys the retire step dropped")
 
 
 class UserInfo(Contract):

@@ -109,5 +109,12 @@ class QuotaHandler(GLMixin):
     async def put(self, kind: str, name: str, body: QuotaRequest) -> QuotaInfo:
         who = subject(name if kind == "user" else None, name if kind == "group" else None)
         rec = await self.cp.users.set_quota(who, max_gpus=body.max_gpus, max_queued=body.max_queued)
+        await self.cp.audit.record(
+            self.who,
+            "quota.set",
+            f"{kind}/{name}",
+            max_gpus=body.max_gpus,
+            max_queued=body.max_queued,
+        )
         self.cp.scheduling.kick()  # a raised quota may let a waiting job go
         return quota_info(rec)

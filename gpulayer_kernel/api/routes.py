@@ -21,6 +21,7 @@ from ..contracts import PROTOCOL
 from ..controlplane import ControlPlane
 from ..security import TokenService
 from .context import ApiContext, package_version
+from .dist import DistFileHandler, DistHandler
 from .handlers import (
     ArtifactHandler,
     BundleHandler,
@@ -43,9 +44,10 @@ from .handlers import (
     WorkersHandler,
     WorkerStateHandler,
 )
-from .health import HealthHandler
+from .health import HealthHandler, ReadyHandler
 from .job_runs import JobBatchHandler, JobFollowHandler, JobRunHandler
 from .mixin import GLMixin
+from .observe import AuditHandler, MetricsHandler
 from .openapi import OpenApiHandler
 from .ops import Operation, operations_of
 from .params import ApiLimits, route_pattern
@@ -110,6 +112,8 @@ USER_ROUTES: tuple[type[GLMixin], ...] = (
     UserHandler,
     QuotasHandler,
     QuotaHandler,
+    MetricsHandler,
+    AuditHandler,
 )
 
 WORKER_ROUTES: tuple[type[WorkerRoute], ...] = (
@@ -125,10 +129,12 @@ WORKER_ROUTES: tuple[type[WorkerRoute], ...] = (
     WorkerBlobHandler,
     LeaveHandler,
     *SESSION_WORKER_ROUTES,
+    DistHandler,
+    DistFileHandler,
 )
 
-# No token at all: only GET /health (tests/security/test_route_auth.py holds the list).
-PUBLIC_ROUTES: tuple[type[GLMixin], ...] = (HealthHandler,)
+# No token at all: only GET /health and /ready (tests/security/test_route_auth.py holds the list).
+PUBLIC_ROUTES: tuple[type[GLMixin], ...] = (HealthHandler, ReadyHandler)
 
 # The route table, as jupyter_server ends its handlers modules: (route template, handler).
 default_handlers: list[tuple[str, type[GLMixin]]] = [
@@ -169,6 +175,8 @@ def make_context(
         version = package_version()
     if tokens is not None and tokens.users is None and cp is not None:
         tokens.users = cp.users  # client tokens act as their users (and a disabled one, not)
+    if tokens is not None and tokens.audit is None and cp is not None:
+        tokens.audit = cp.audit.record  # token creation and revocation are audited
     speaks = versions.parse(protocol)
     return ApiContext(
         cp=cp,

@@ -113,7 +113,7 @@ def reconcile(
             continue
         if rep is not None and rep.state in ("ended", "failed"):
             if inst.state == S.DRAINING:
-                changes.append(Change(inst.id, S.TERMINATED, "scaled down"))
+                changes.append(Change(inst.id, S.TERMINATED, inst.reason or "scaled down"))
             else:
                 why = f"its machine ended at {inst.provider}: {rep.detail or rep.state}"
                 changes.append(_failed(inst, why, boot=inst.state != S.JOINED))
@@ -127,6 +127,11 @@ def reconcile(
                 why = "never launched: the control plane stopped before its provider answered"
                 changes.append(_failed(inst, why, boot=False))
                 continue
+            if inst.state == S.DRAINING:
+                # Being ended: a provider stops listing a machine it ended (an SSH host skips a
+                # folder marked ended) a moment before its terminate answers. Gone is done.
+                changes.append(Change(inst.id, S.TERMINATED, inst.reason or "scaled down"))
+                continue
             why = f"{inst.provider} no longer reports its machine ({inst.external_id or '?'})"
             changes.append(_failed(inst, why, boot=inst.state == S.BOOTING))
             if worker:
@@ -139,7 +144,7 @@ def reconcile(
             terminate.append(inst.id)
         elif inst.state in (S.JOINED, S.DRAINING) and worker and not live.get(worker, False):
             if inst.state == S.DRAINING:
-                changes.append(Change(inst.id, S.TERMINATED, "scaled down"))
+                changes.append(Change(inst.id, S.TERMINATED, inst.reason or "scaled down"))
             else:
                 changes.append(_failed(inst, "its worker was lost or left", boot=False))
             terminate.append(inst.id)

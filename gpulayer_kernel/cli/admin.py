@@ -32,6 +32,7 @@ class Admin(Protocol):
     async def secret_names(self, *, user: str | None = None) -> list[str]: ...
     async def delete_secret(self, name: str, *, user: str | None = None) -> bool: ...
     async def rotate_secrets_key(self) -> str: ...
+    async def rotate_key_step(self, step: str, key: str | None = None) -> dict[str, Any]: ...
     async def list_users(self) -> list[dict[str, Any]]: ...
     async def add_user(
         self, name: str, role: str = "user", *, group: str | None = None
@@ -41,6 +42,7 @@ class Admin(Protocol):
     async def set_quota(
         self, kind: str, name: str, *, max_gpus: int | None, max_queued: int | None
     ) -> dict[str, Any]: ...
+    async def audit(self, **filters: Any) -> dict[str, Any]: ...
 
 
 class LocalAdmin:
@@ -77,7 +79,7 @@ class LocalAdmin:
         return [self._info(r) for r in self.tokens.list(include_inactive=include_inactive)]
 
     async def revoke_token(self, token_id: str) -> dict[str, Any]:
-        return self._info(await self.tokens.revoke(token_id))
+        return self._info(await self.tokens.revoke_for(None, token_id))  # audited
 
     async def set_secret(self, name: str, value: str, *, user: str | None = None) -> None:
         await self.cp.set_secret(name, value, user=user)
@@ -90,6 +92,11 @@ class LocalAdmin:
 
     async def rotate_secrets_key(self) -> str:
         return str(await self.cp.secrets.rotate())
+
+    async def rotate_key_step(self, step: str, key: str | None = None) -> dict[str, Any]:
+        from ..api.handlers import key_rotated
+
+        return key_rotated(await self.cp.secrets.rotation_step(step, key)).model_dump(mode="json")
 
     async def list_users(self) -> list[dict[str, Any]]:
         from ..api.people import user_info
@@ -121,7 +128,14 @@ class LocalAdmin:
 
         who = subject(name if kind == "user" else None, name if kind == "group" else None)
         rec = await self.cp.users.set_quota(who, max_gpus=max_gpus, max_queued=max_queued)
+        await self.cp.audit.record(
+            None, "quota.set", f"{kind}/{name}", max_gpus=max_gpus, max_queued=max_queued
+        )
         return quota_info(rec).model_dump(mode="json")
+
+    async def audit(self, **filters: Any) -> dict[str, Any]:
+        page = await self.cp.audit.page(**filters)
+        return dict(page.model_dump(mode="json"))
 
 
 @contextlib.asynccontextmanager
@@ -140,4 +154,6 @@ async def admin_session() -> AsyncIterator[Admin]:
     from ..security import TokenService
 
     async with Embedded(local_worker=False) as emb:
-        yield LocalAdmin(emb.cp, await TokenService(emb.store, users=emb.cp.users).load())
+        tokens = await TokenService(emb.store, users=emb.cp.users).load()
+        tokens.audit = emb.cp.audit.record  # as the server's: token changes are audited
+        yield LocalAdmin(emb.cp, tokens)

@@ -11,11 +11,39 @@ from collections.abc import Sequence
 from .. import __version__
 from ..errors import GPUlayerError
 from ..words import plain
-from . import artifacts, jobs, lab, providers, run, secret, serve, sessions, token, user, worker
+from . import (
+    artifacts,
+    audit,
+    db,
+    jobs,
+    lab,
+    providers,
+    run,
+    secret,
+    serve,
+    sessions,
+    token,
+    user,
+    worker,
+)
 from .common import Handler
 
 # In the order ``gpulayer --help`` lists their commands.
-_MODULES = (run, jobs, sessions, artifacts, lab, serve, worker, token, secret, user, providers)
+_MODULES = (
+    run,
+    jobs,
+    sessions,
+    artifacts,
+    lab,
+    serve,
+    worker,
+    token,
+    secret,
+    user,
+    providers,
+    audit,
+    db,
+)
 COMMANDS: dict[str, Handler] = {name: h for m in _MODULES for name, h in m.COMMANDS.items()}
 
 

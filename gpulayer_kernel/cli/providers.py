@@ -28,6 +28,7 @@ from ..words import dollars
 from .common import Handler
 
 GROUPS = ("job", "user", "project", "provider", "day")
+COSTS_LIMIT = 50  # rows `gpulayer costs` shows unless told: a busy month has thousands of jobs
 
 
 def add_parsers(sub: Any) -> None:
@@ -51,6 +52,13 @@ def add_parsers(sub: Any) -> None:
         default=None,
         metavar="WHEN",
         help='a duration back from now ("7d", "12h"), a date ("2026-11-01", UTC) or epoch seconds',
+    )
+    c.add_argument(
+        "--limit",
+        type=int,
+        default=COSTS_LIMIT,
+        help=f"rows to show, the largest charges first (default {COSTS_LIMIT}; 0: all); "
+        "the totals count every row",
     )
     c.add_argument("--json", action="store_true")
 
@@ -172,9 +180,16 @@ def instances_text(instances: list[Instance], now: float | None = None) -> str:
     return "\n".join(rows)
 
 
-def costs_text(report: CostReport) -> str:
+def costs_text(report: CostReport, limit: int = 0) -> str:
+    """The report as a table: its ``limit`` costliest rows (0: all), the totals of every row,
+    and a "showing N of M" line when rows were left out."""
     if not report.rows:
         return "no costs recorded" + (" since then" if report.since is not None else " yet")
+    every = len(report.rows)
+    if 0 < limit < every:
+        # The costliest first, then shown in the report's own order (a day stays a day).
+        kept = set(map(id, sorted(report.rows, key=lambda r: -(r.charge + r.estimate))[:limit]))
+        report = report.model_copy(update={"rows": [r for r in report.rows if id(r) in kept]})
     key = {"job": "JOB", "day": "DAY (UTC)"}.get(report.by, report.by.upper())
     width = max(len(key), *(len(r.key) for r in report.rows)) + 2
     reported = report.by == "provider"
@@ -189,6 +204,11 @@ def costs_text(report: CostReport) -> str:
     rows.append(
         f"{'total':<{width}}{money(report.total_estimate):>11}{money(report.total_charge):>11}"
     )
+    if len(report.rows) < every:
+        rows.append(
+            f"showing {len(report.rows)} of {every} rows, the costliest (--limit 0: all); "
+            "the totals count all"
+        )
     return "\n".join(rows)
 
 
@@ -253,13 +273,19 @@ async def cmd_providers(args: argparse.Namespace) -> int:
 
 
 async def cmd_costs(args: argparse.Namespace) -> int:
+    if args.limit < 0:
+        raise InvalidInput(
+            f"--limit {args.limit} is negative",
+            hint="a number of rows, or 0 for all of them",
+            code="bad_limit",
+        )
     since = parse_since(args.since)
     async with open_session() as s:
         report = await s.costs(args.by, since)
     if args.json:
         _print_json(report.model_dump(mode="json"))
     else:
-        print(costs_text(report))
+        print(costs_text(report, args.limit))
     return 0
 
 

@@ -23,9 +23,18 @@ def add_parsers(sub: Any) -> None:
     sdel.add_argument("name")
     for p in (sset, slist, sdel):
         p.add_argument("--user", default=None, help="admins: another user's secrets")
-    ssub.add_parser(
-        "rotate-key", help="re-seal every secret with a new key (admins; see docs/security.md)"
+    rot = ssub.add_parser(
+        "rotate-key",
+        help="rotate the key sealing secrets (admins; with a standby: --step add, copy the key "
+        "file, --step reseal, --step retire; see docs/security.md)",
     )
+    rot.add_argument(
+        "--step",
+        choices=("all", "add", "reseal", "retire"),
+        default="all",
+        help="one step of the rotation (default all: for a lone control plane)",
+    )
+    rot.add_argument("--key", default=None, metavar="ID", help="reseal: the key id to seal with")
 
 
 def _read_secret(name: str) -> str:
@@ -51,8 +60,8 @@ async def cmd_secret(args: argparse.Namespace) -> int:
         return 0
     async with admin_session() as admin:
         if args.secret_command == "rotate-key":
-            key_id = await admin.rotate_secrets_key()
-            print(f"every secret is sealed with key {key_id} now", file=sys.stderr)
+            done = await admin.rotate_key_step(args.step, args.key)
+            print(rotation_advice(done), file=sys.stderr)
             return 0
         if args.secret_command == "list":
             for name in await admin.secret_names(user=args.user):
@@ -64,6 +73,40 @@ async def cmd_secret(args: argparse.Namespace) -> int:
             )
         print(f"secret {args.name} deleted", file=sys.stderr)
         return 0
+
+
+def rotation_advice(done: dict[str, Any]) -> str:
+    """What a rotation step did, and what the admin copies where before the next step."""
+    src, keys = done["source"], ", ".join(done["keys"])
+    copy = (
+        f"copy {src} (it holds {keys}) to every standby of this database, to the path its "
+        "--secrets-key names (mode 0600); a standby re-reads it within seconds and says in its "
+        "log and /api/v1/health whether it can open every key"
+        if done["writable"]
+        else f"the keys live in {src}: change that source on every control plane"
+    )
+    if done["step"] == "add":
+        return (
+            f"step 1 of 3: key {done['added']} added to {src}; it seals nothing yet.\n"
+            f"Now {copy}.\nThen: gpulayer secret rotate-key --step reseal --key {done['added']}"
+        )
+    if done["step"] == "reseal":
+        return (
+            f"step 2 of 3: every secret is sealed with key {done['key_id']} now; the old keys "
+            f"stay in {src} until retired.\nThen: gpulayer secret rotate-key --step retire"
+        )
+    if done["step"] == "retire":
+        gone = ", ".join(done["retired"]) or "none"
+        if not done["writable"]:
+            return f"step 3 of 3: no secret is sealed with {gone}: {copy} (drop those keys)."
+        return (
+            f"step 3 of 3: keys retired: {gone}; every secret is sealed with key "
+            f"{done['key_id']}.\nNow {copy}."
+        )
+    return (
+        f"every secret is sealed with key {done['key_id']} now.\nIf standbys share this "
+        f"database, {copy} now (next time, rotate in steps: --step add, reseal, retire)."
+    )
 
 
 COMMANDS: dict[str, Handler] = {"secret": cmd_secret}

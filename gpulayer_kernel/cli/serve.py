@@ -82,10 +82,26 @@ def add_parsers(sub: Any) -> None:
         "$GPULAYER_SECRETS_KEY_COMMAND, else secrets.key in the home)",
     )
     serve.add_argument(
+        "--key-check-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="a standby checks that its secrets key opens every stored secret this often "
+        "(default 5)",
+    )
+    serve.add_argument(
         "--advertise-url",
         default=None,
         metavar="URL",
         help="the URL clients reach this server at (standbys name the leader by it)",
+    )
+    serve.add_argument(
+        "--cluster-urls",
+        default=None,
+        metavar="URL1,URL2",
+        help="every control plane of this cluster (the active and its standbys): workers the "
+        "autoscaler launches are given them all, to follow a failover (default: "
+        "--advertise-url, else this server's URL)",
     )
     serve.add_argument(
         "--max-wait",
@@ -110,23 +126,42 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         tls_key=args.tls_key,
         ca_cert=args.ca_cert,
         limits=ApiLimits(max_wait=args.max_wait),
+        urls=_cluster_urls(args),
     )
     if args.db and args.db.split("://", 1)[0].lower() in ("postgresql", "postgres"):
         return await _serve_leading(args, opts)
     return await _serve(args, opts, None)
 
 
+def _cluster_urls(args: argparse.Namespace) -> tuple[str, ...]:
+    """The URLs launched workers dial (``--cluster-urls``, else ``--advertise-url``)."""
+    from ..failover import split_urls
+
+    given = args.cluster_urls or args.advertise_url
+    return tuple(split_urls(given)) if given else ()
+
+
 async def _serve_leading(args: argparse.Namespace, opts: Any) -> int:
     """Stand by until this process leads the database, then serve on the same port."""
     from dataclasses import replace
 
+    from ..home import home_dir
     from ..security import server_context
-    from ..standby import StandbyServer
+    from ..security.vault import key_source
+    from ..standby import KeyWatch, StandbyServer, sealing_keys
     from ..store.leadership import Leadership
 
     ssl_ctx = server_context(opts.tls_cert, opts.tls_key or "") if opts.tls_cert else None
+    # The key is checked before standing by: a standby that could not open the secrets would
+    # take over only to exit, a total outage (issue 24).
+    source = key_source(home_dir(args.home), args.secrets_key)
+    watch = KeyWatch(source, lambda: sealing_keys(args.db), max(0.1, args.key_check_interval))
+    problem = await watch.check()
+    if problem is not None:
+        problem.message = f"refusing to stand by: {problem.message}"
+        raise problem
     leadership = Leadership(args.db, "")
-    standby = StandbyServer(leadership)
+    standby = StandbyServer(leadership, watch)
     url = await standby.start(opts.host, opts.port, ssl_ctx)
     leadership.advertise = args.advertise_url or url
     print(f"{STANDBY} on {url}/api/v1 (leader: {await leadership.leader_url()})", flush=True)

@@ -57,14 +57,17 @@ async def cmd_token(args: argparse.Namespace) -> int:
             return 0
         if args.token_command == "list":
             tokens = await admin.list_tokens(include_inactive=args.all)
-            print(f"{'ID':<14}{'KIND':<10}{'STATE':<9}{'CREATED':<18}{'EXPIRES':<18}NAME")
+            print(
+                f"{'ID':<14}{'KIND':<10}{'STATE':<9}{'CREATED':<18}{'EXPIRES':<18}"
+                f"{'LAST USED':<18}NAME"
+            )
             for t in tokens:
                 note = t["name"] + (f" (worker {t['worker_id']})" if t["worker_id"] else "")
                 if t.get("user"):
                     note += f" (user {t['user']}" + (f", {t['role']})" if t.get("role") else ")")
                 print(
                     f"{t['id']:<14}{t['kind']:<10}{t['state']:<9}{_when(t['created_at']):<18}"
-                    f"{_when(t['expires_at']):<18}{note}"
+                    f"{_when(t['expires_at']):<18}{_when(t.get('last_used')):<18}{note}"
                 )
             return 0
         info = await admin.revoke_token(args.id)

@@ -369,11 +369,16 @@ class Autoscaler:
                 # A job landed on it after the decision: it stays.
                 await self.registry.set_state(w.id, WorkerState.READY)
                 self.instances.change(
-                    iid, S.JOINED if inst.state == S.DRAINING else None, idle_since=None
+                    iid,
+                    S.JOINED if inst.state == S.DRAINING else None,
+                    idle_since=None,
+                    reason=None,
                 )
                 return
             if inst.state != S.DRAINING:
-                self.instances.change(iid, S.DRAINING)
+                # Why it drains rides on it: a reconciler round that sees it end before the
+                # provider's terminate answers (its worker, told to stop, left) says that too.
+                self.instances.change(iid, S.DRAINING, reason=why)
             await self.instances.save([iid])
             provider = self.providers[inst.provider]
             await self.bounded(

@@ -34,6 +34,7 @@ from ..contracts import (
     CellReport,
     CellRequest,
     CellRun,
+    CostEntry,
     CostReport,
     Event,
     EventPage,
@@ -77,6 +78,8 @@ from ..security.roles import (
 from ..security.users import UserService
 from ..security.vault import MEMORY_KEYS, KeySource
 from ..store import ArtifactStore, MetadataStore, UserRecord
+from ..store.group import GroupCommit
+from .audit import AuditLog
 from .blobs import Blobs
 from .dispatch import Dispatcher
 from .events import EventLog
@@ -85,6 +88,7 @@ from .idempotency import CLAIM
 from .inline import InlineBundles
 from .jobs import Change, JobTable, artifact_named, new_id
 from .logs import LogTails
+from .metrics import Metrics
 from .outcomes import Outcomes
 from .people import end_work_of
 from .provisioning import Provisioning
@@ -176,6 +180,19 @@ class ControlPlane:
         self.sessions.submit, self.sessions.cancel = self.enqueue, self.cancel
         self.scheduling.session_holds = self._session_holds
         self.registry.on_change = self.scheduling.kick  # a worker under suspicion, or back
+        self.audit = AuditLog(store, clock=clock)  # who did what (ADR 0020)
+        self.metrics = Metrics(self)  # its own registry: several control planes share a process
+        self.scheduling.on_pass = self.metrics.passes.observe
+        if isinstance(store, GroupCommit):
+            store.on_commit = self.metrics.commits.observe
+        ledger = self.provisioning.ledger
+        budget_rows = ledger.on_rows
+
+        def on_rows(rows: Sequence[CostEntry]) -> None:
+            budget_rows(rows)
+            self.metrics.ledger_rows_written(rows)
+
+        ledger.on_rows = on_rows
 
     # Settings live in the part that uses them; tests and hosts read (and tune) them here.
     @property
@@ -202,6 +219,7 @@ class ControlPlane:
         await self.users.load()
         await self.users.ensure_admin()
         await self.jobs.load()
+        await self.audit.load()
         await self.sessions.load()
         await self.usage.load(self.store)
         await self.provisioning.start()
@@ -226,6 +244,7 @@ class ControlPlane:
         """Wiring: what other parts do when a job changes (called by the job table's commit)."""
         before, after = change
         self.dispatch.job_changed(after)
+        self.metrics.job_changed(before, after)
         if after.spec.is_session:
             self.sessions.job_changed(change)
         self.provisioning.job_changed(after)
@@ -320,6 +339,8 @@ class ControlPlane:
         self.provisioning.submitted(change.after, budgets, estimate)
         self.tails.open(change.after.id)  # before any await: its first line is numbered 1
         self.scheduling.fresh.add(change.after.id)  # its first pass decides if it can ever fit
+        # Queued before the job's row: one group commit carries both (no extra round trip).
+        self.audit.record(who, "job.submit", change.after.id, name=spec.name)
         try:
             await self.jobs.flush([change])
         except Unavailable:
@@ -356,6 +377,7 @@ class ControlPlane:
     ) -> Job:
         job = await self.get(job_id, who=who)
         check_act(who, job.owner, f"job {job_id}")
+        self.audit.record(who, "job.cancel", job.id, name=job.spec.name, owner=job.owner)
         return await self.outcomes.cancel(job, reason)
 
     async def wait(
@@ -495,7 +517,9 @@ class ControlPlane:
     async def set_secret(
         self, name: str, value: str, *, who: Identity | None = None, user: str | None = None
     ) -> None:
-        await self.secrets.set(self.secrets.owner_for(who, user), check_secret_name(name), value)
+        owner = self.secrets.owner_for(who, user)
+        await self.secrets.set(owner, check_secret_name(name), value)
+        await self.audit.record(who, "secret.set", name, owner=owner)  # the name, never the value
 
     async def secret_names(
         self, *, who: Identity | None = None, user: str | None = None
@@ -505,7 +529,11 @@ class ControlPlane:
     async def delete_secret(
         self, name: str, *, who: Identity | None = None, user: str | None = None
     ) -> bool:
-        return await self.secrets.delete(self.secrets.owner_for(who, user), name)
+        owner = self.secrets.owner_for(who, user)
+        deleted = await self.secrets.delete(owner, name)
+        if deleted:
+            await self.audit.record(who, "secret.delete", name, owner=owner)
+        return deleted
 
     # -- users (the records are ``users``'; what disabling one does to their work: people.py) --
 
@@ -523,6 +551,9 @@ class ControlPlane:
         check_role(who, Role.ADMIN, "change users")
         was = self.users.get(name).disabled
         rec = await self.users.update(name, role=role, group=group, disabled=disabled)
+        await self.audit.record(
+            who, "user.update", name, role=rec.role, group=rec.group, disabled=rec.disabled
+        )
         if rec.disabled and not was:
             await end_work_of(
                 name,
@@ -593,12 +624,16 @@ class ControlPlane:
         self, ref: str, reason: str = "stopped by the user", *, who: Identity | None = None
     ) -> SessionInfo:
         """End a session and free its GPUs; ``reason`` is what its job and cells say."""
-        return await self.sessions.stop(ref, reason, who)
+        info = await self.sessions.stop(ref, reason, who)
+        await self.audit.record(who, "session.stop", info.id, name=info.name)
+        return info
 
     async def attach_session(
         self, ref: str, holder: SessionHolder, *, who: Identity | None = None
     ) -> SessionInfo:
-        return await self.sessions.attach(ref, holder, who)
+        info = await self.sessions.attach(ref, holder, who)
+        await self.audit.record(who, "session.attach", info.id, name=info.name)
+        return info
 
     # -- worker side -----------------------------------------------------------------------------
 
@@ -806,11 +841,14 @@ class ControlPlane:
 
     async def set_budget(self, budget: Budget, *, who: Identity | None = None) -> BudgetStatus:
         check_role(who, Role.ADMIN, "set budgets")
-        return await self.provisioning.set_budget(budget)
+        status = await self.provisioning.set_budget(budget)
+        await self.audit.record(who, "budget.set", budget.name, limit=budget.limit)
+        return status
 
     async def delete_budget(self, name: str, *, who: Identity | None = None) -> None:
         check_role(who, Role.ADMIN, "delete budgets")
         await self.provisioning.delete_budget(name)
+        await self.audit.record(who, "budget.delete", name)
 
 
 def _owned_by(event: Event, user: str) -> bool:

@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 from ..autoscale import reconcile
 from ..clock import Clock
-from ..contracts import Instance
+from ..contracts import Instance, InstanceState
 from ..errors import GPUlayerError
 from ..providers import Census, Provider
 from ..providers.config import AutoscaleSettings
@@ -60,6 +60,7 @@ class Scaler(Protocol):
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
 
 
+S = InstanceState
 log = logging.getLogger("gpulayer.autoscaler")
 LEAVE_GRACE = 60.0  # seconds the worker of an ended machine has to leave by itself
 
@@ -162,7 +163,10 @@ class Reconciler:
                 fields["reason"] = ch.reason
             if ch.state is not None and ch.state.ended:
                 fields["ended_at"] = now
-                log.warning("instance %s (%s): %s", inst.id, inst.offer.id, ch.reason)
+                # A drained machine's end is the plan's doing (its reason: "idle for 30s"): no
+                # warning. Its worker, told to stop, may leave before terminate answers.
+                level = logging.INFO if ch.state == S.TERMINATED else logging.WARNING
+                log.log(level, "instance %s (%s): %s", inst.id, inst.offer.id, ch.reason)
                 await self.a.revoke(inst)
             self.a.instances.change(inst.id, ch.state, **fields)
             if ch.boot_failure:

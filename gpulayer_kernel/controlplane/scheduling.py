@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
@@ -114,6 +115,7 @@ class SchedulingLoop:
         self.fresh: set[str] = set()  # jobs submitted since the last pass: never-fit is decided
         # The autoscaler's word on the waiting jobs of a pass (None: no providers here).
         self.annotate: Callable[[Snapshot, Plan], Mapping[str, PlacementReport]] | None = None
+        self.on_pass: Callable[[float], None] | None = None  # seconds a pass took (metrics)
         self._pending = False
         self._timer: Timer | None = None
         self.running = False
@@ -214,6 +216,14 @@ class SchedulingLoop:
         self._pending = False
         if not self.running:
             return
+        began = time.perf_counter()
+        try:
+            await self._run_pass()
+        finally:
+            if self.on_pass is not None:
+                self.on_pass(time.perf_counter() - began)
+
+    async def _run_pass(self) -> None:
         fresh, self.fresh = self.fresh, set()  # before the snapshot: each is in this pass
         plan, snapshot = await self.plan()
         reports = plan.pending

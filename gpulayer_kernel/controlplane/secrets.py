@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from ..contracts import Job, check_secret_name
 from ..redact import Redactor
 from ..security.roles import Identity, Role, check_role, resolved
-from ..security.vault import KeySource, Vault
+from ..security.vault import KeySource, Rotation, Vault, rotation_step
 from ..store import MetadataStore, SecretRecord
 
 
@@ -82,5 +82,11 @@ class SecretTable:
 
     async def rotate(self, *, who: Identity | None = None) -> str:
         """Re-seal every secret with a new key; the new key's id (admins only)."""
+        return (await self.rotation_step("all", who=who)).key_id
+
+    async def rotation_step(
+        self, step: str, key: str | None = None, *, who: Identity | None = None
+    ) -> Rotation:
+        """One step of the key rotation (add, reseal, retire, or all; admins only)."""
         check_role(who, Role.ADMIN, "rotate the secrets key")
-        return await self.vault.rotate(self.store)
+        return await rotation_step(self.vault, self.store, step, key)

@@ -268,8 +268,8 @@ function render({ model, el: root }) {
     const why = model.get("pending");
     // The sentence says per reason whether waiting helps; add it only where it does not.
     const said = why && /waiting (helps|won't help)/.test(why);
-    const note = model.get("waiting_helps") ? " (waiting helps)" : " (waiting won't help)";
-    pending.textContent = why ? "waiting: " + why + (said ? "" : note) : "";
+    const helps = model.get("waiting_helps") ? " (waiting helps)" : " (waiting won't help)";
+    pending.textContent = why ? "waiting: " + why + (said ? "" : helps) : "";
     pending.style.display = why ? "" : "none";
     cost.textContent = model.get("cost");
     cost.title = "charged so far, ≈ estimated for the attempt in progress";

@@ -5,18 +5,18 @@
 - ``fake``: ``FakeProvider``, a simulated cloud of real ``gpulayer worker`` processes
 - ``slurm``: ``SlurmProvider``, workers as batch jobs (sbatch, squeue --json, scancel)
 - ``sshfleet``: ``SSHFleetProvider``, workers on hosts listed in the config, over asyncssh
+- ``cluster``: the cluster id (the owner tag of every machine) and the providers config compared
 
-``build(config, ...)`` makes one provider per ``[providers.NAME]`` table.
+``build(config, owner=...)`` makes one provider per ``[providers.NAME]`` table.
 """
 
 from __future__ import annotations
 
-import hashlib
-import socket
 from pathlib import Path
 
 from ..clock import SYSTEM_CLOCK, Clock
 from .base import Census, Check, LaunchSpec, Provider, Reported, worker_argv
+from .cluster import cluster_id, compare_providers, legacy_tag
 from .config import ProvidersConfig, config_path, load, parse_config
 from .fake import FakeProvider
 from .slurm import SlurmProvider
@@ -33,6 +33,8 @@ __all__ = [
     "SSHFleetProvider",
     "SlurmProvider",
     "build",
+    "cluster_id",
+    "compare_providers",
     "config_path",
     "load",
     "owner_tag",
@@ -41,23 +43,21 @@ __all__ = [
 ]
 
 
-def owner_tag(home: Path) -> str:
-    """Six hex digits naming this control plane on a shared cluster: its host and state dir.
-    Machines tagged with another control plane's are never touched by this one."""
-    key = f"{socket.gethostname()}:{home.resolve()}"
-    return hashlib.sha256(key.encode()).hexdigest()[:6]
+owner_tag = legacy_tag  # the name before the cluster id; kept for callers
 
 
 def build(
-    config: ProvidersConfig, *, home: Path, clock: Clock = SYSTEM_CLOCK
+    config: ProvidersConfig, *, home: Path, owner: str | None = None, clock: Clock = SYSTEM_CLOCK
 ) -> dict[str, Provider]:
-    """One provider per configured table, in name order."""
-    owner = owner_tag(home)
+    """One provider per configured table, in name order. ``owner``: the tag of this cluster's
+    machines (``cluster.cluster_id``; default: the legacy tag of this host and home)."""
+    owner = owner or legacy_tag(home)
     timeout = config.autoscale.launch_timeout
     out: dict[str, Provider] = {}
     for name, s in sorted(config.providers.items()):
         if s.kind == "fake":
-            out[name] = FakeProvider(s, clock=clock, home=home / "providers")
+            state = Path(s.state_dir) if s.state_dir else home / "providers"
+            out[name] = FakeProvider(s, clock=clock, home=state)
         elif s.kind == "slurm":
             out[name] = SlurmProvider(s, owner=owner, timeout=timeout)
         else:

@@ -10,9 +10,10 @@
 
 Providers never decide anything: the pure ``autoscale.plan_scaling`` decides, the control plane's
 autoscaler calls them (with timeouts) and records every launch before it is made. A provider
-tags each machine with this control plane's ``owner`` tag and the GPUlayer instance id
-(``gpulayer-<owner>-<instance>``: a Slurm job name, a directory on a host), so ``instances()``
-names exactly this control plane's machines, and among them the ones it does not know, to end.
+tags each machine with its ``owner`` tag, the cluster id (``cluster.py``: the same for every
+server leading one database), and the GPUlayer instance id (``gpulayer-<owner>-<instance>``: a
+Slurm job name, a directory on a host), so ``instances()`` names exactly this cluster's
+machines (whichever server launched them), and among them the ones it does not know, to end.
 
 The worker a provider starts is a real ``gpulayer worker`` (``worker_argv``): the token travels
 in its environment (``GPULAYER_JOIN_TOKEN``), never on a command line that ``ps`` shows.
@@ -37,7 +38,7 @@ class LaunchSpec:
 
     instance_id: str
     worker_name: str
-    server_url: str
+    server_url: str  # every control-plane URL, comma-separated: the worker follows a failover
     max_seconds: float | None = None  # the machine's time limit, when the offer has one
     ca_cert: str | None = None  # what the worker trusts for an https server
 

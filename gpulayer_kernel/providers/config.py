@@ -85,8 +85,16 @@ class FakeSettings(Common):
     launch_hangs: bool = Field(False, description="launch never answers (tests timeouts)")
     launch_delay: float = Field(0.0, ge=0, description="seconds before a launch is recorded")
     answer_delay: float = Field(0.0, ge=0, description="seconds after, before launch answers")
+    terminate_delay: float = Field(
+        0.0, ge=0, description="seconds terminate takes to answer once the machine stopped"
+    )
     preempt_after: float | None = Field(None, gt=0, description="seconds after boot")
     seed: int | None = None
+    state_dir: str | None = Field(
+        None,
+        description="where the simulated cloud keeps its machines (a standby pair shares "
+        "one, as it shares a real cloud); default: the home's providers folder",
+    )
 
 
 class SlurmPartition(Settings):
@@ -133,7 +141,9 @@ class SSHHost(Settings):
     venv: str = Field("~/.gpulayer/venv", description="where GPUlayer lives on the host")
     python: str = "python3"
     install: str | None = Field(
-        None, description="command that installs GPUlayer {version} into {venv} (default: pip)"
+        None,
+        description="command that installs GPUlayer {version} into {venv} (default: pip "
+        "install {wheel}, the control plane's own wheel copied to the host)",
     )
     work_dir: str = "~/.gpulayer/work"
     server_url: str | None = Field(None, description="what this host dials (default: global)")

@@ -169,6 +169,8 @@ class FakeProvider:
                 self._end(rec, "ended", "terminated")
             rec.acknowledged = True
         self._save()
+        if self.settings.terminate_delay:  # an SSH host waits for its worker to exit
+            await self.clock.sleep(self.settings.terminate_delay)
 
     async def instances(self) -> Census:
         if not self._resumed:

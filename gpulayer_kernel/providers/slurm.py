@@ -70,7 +70,7 @@ class SlurmProvider:
         self.settings = settings
         self.name = settings.name
         self.max_instances = settings.max_instances
-        self.owner = owner  # tells this control plane's batch jobs from another's
+        self.owner = owner  # the cluster id: tells this cluster's batch jobs from another's
         self.timeout = timeout
 
     def job_name(self, instance_id: str) -> str:

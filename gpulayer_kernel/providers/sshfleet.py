@@ -6,8 +6,8 @@ so estimates and budgets mean something). Launching on a host:
 1. connect, verifying its host key against the config's ``known_hosts`` (no blind trust: an
    unknown key and a *changed* key are both refused, saying which, and how to check it);
 2. read the GPUlayer version in its venv; when it differs from ours (or is missing), run the
-   host's ``install`` command (default: ``python3 -m venv VENV && VENV/bin/pip install
-   gpulayer==VERSION``) and read it again;
+   host's ``install`` command (default: this control plane's own wheel, copied over the
+   connection, ``python3 -m venv VENV && VENV/bin/pip install WHEEL``) and read it again;
 3. write the single-use instance token to a 0600 file in the instance's directory, and start
    ``gpulayer worker`` under ``setsid`` (it reads the file, deletes it, and so never carries the
    token on a command line); its pid file names the instance.
@@ -183,7 +183,7 @@ class SSHFleetProvider:
         conn = await self._connect(host)
         async with conn:
             venv, work = await self._paths(conn, host)
-            await self._ensure_gpulayer(conn, host, venv)
+            await self._ensure_gpulayer(conn, host, venv, work)
             d = self._dir(work, how.instance_id)
             spec = LaunchSpec(
                 how.instance_id,
@@ -226,14 +226,19 @@ class SSHFleetProvider:
         code, out = await self._sh(conn, probe, check=False)
         return out.strip() if code == 0 else None
 
-    async def _ensure_gpulayer(self, conn: Any, host: SSHHost, venv: str) -> None:
-        """Our GPUlayer version in the host's venv: installed or updated when it differs."""
+    async def _ensure_gpulayer(self, conn: Any, host: SSHHost, venv: str, work: str) -> None:
+        """Our GPUlayer version in the host's venv: installed or updated when it differs.
+
+        By default from the wheel this control plane runs (``selfwheel.py``), copied over the
+        SSH connection: the versions match and the host needs no package index for GPUlayer.
+        """
         if await self._version(conn, venv) == self.version:
             return
-        install = host.install or (
-            "{python} -m venv {venv} && {venv}/bin/pip install -q 'gpulayer=={version}'"
+        wheel = "" if host.install else await self._put_wheel(conn, work)
+        install = host.install or "{python} -m venv {venv} && {venv}/bin/pip install -q {wheel}"
+        command = install.format(
+            python=host.python, venv=shlex.quote(venv), version=self.version, wheel=wheel
         )
-        command = install.format(python=host.python, venv=shlex.quote(venv), version=self.version)
         code, said = await self._sh(conn, command, check=False)
         if code != 0:
             raise ProviderError(
@@ -250,6 +255,36 @@ class SSHFleetProvider:
                 f"{found or 'missing'} in {venv}, not {self.version}",
                 hint="check the host's install command",
             )
+
+    async def _put_wheel(self, conn: Any, work: str) -> str:
+        """Copy this control plane's wheel to ``work/dist`` on the host; its quoted path there."""
+        from ..errors import NotFound
+        from ..selfwheel import served_wheel
+
+        try:
+            wheel = await asyncio.to_thread(served_wheel)
+        except NotFound as exc:
+            raise ProviderError(
+                f"{self.name}: no wheel to install GPUlayer from: {exc.message}",
+                hint=f"{exc.hint}; or set providers.{self.name}.hosts install",
+                details={"provider": self.name},
+                code="dist_unavailable",
+            ) from None
+        data = await asyncio.to_thread(wheel.path.read_bytes)
+        folder = shlex.quote(f"{work}/dist")
+        path = shlex.quote(f"{work}/dist/{wheel.name}")
+        command = f"mkdir -p {folder} && cat > {path}.part && mv -f {path}.part {path}"
+        result = await asyncio.wait_for(
+            conn.run(command, input=data, encoding=None, check=False), self.timeout
+        )
+        if result.exit_status != 0:
+            said = (result.stderr or b"").decode(errors="replace").strip()[-400:]
+            raise ProviderError(
+                f"{self.name}: copying {wheel.name} to the host failed: {said}",
+                hint="check the host's disk space and that its work folder is writable",
+                details={"provider": self.name},
+            )
+        return path
 
     async def terminate(self, instance_id: str, external_id: str | None) -> None:
         host = self._host_of(instance_id, external_id)

@@ -33,7 +33,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpulayer.security")
 
 PREFIX = "glt"
+# A token's last use is written at most this often (seconds): one row a minute per token.
+LAST_USED_EVERY = 60.0
 _ID_RE = re.compile(r"^[0-9a-f]{12}$")
 # Compared against when a token id is unknown, so both paths cost one hash and one compare.
 _DUMMY_HASH = hashlib.sha256(b"gpulayer-unknown-token").hexdigest()
@@ -145,10 +147,16 @@ class TokenService:
         # Who client tokens belong to (the control plane's ``users``; ``api.make_context`` wires
         # it). Without: a client token acts as its recorded owner and role (default admin).
         self.users = users
+        # The control plane's ``AuditLog.record`` (``api.make_context`` wires it): token
+        # creation and revocation are audited, with ids and names, never the secret.
+        self.audit: Callable[..., Awaitable[None]] | None = None
         self._records: dict[str, TokenRecord] = {}
 
     async def load(self) -> TokenService:
-        self._records = {r.id: r for r in await self.store.list_tokens()}
+        uses = await self.store.token_uses()
+        self._records = {
+            r.id: replace(r, last_used=uses.get(r.id)) for r in await self.store.list_tokens()
+        }
         return self
 
     # -- issuing ---------------------------------------------------------------------------------
@@ -265,9 +273,19 @@ class TokenService:
         identity = None
         if kind == TokenKind.CLIENT:
             identity = self.identity_of(rec)
+        self._used(rec)
         return Principal(
             kind=kind, token_id=token_id, worker_id=rec.worker_id, name=rec.name, identity=identity
         )
+
+    def _used(self, rec: TokenRecord) -> None:
+        """Note a use: in memory every time, in the store at most once a ``LAST_USED_EVERY``
+        per token (queued, no await: a busy worker's token costs one row a minute, not one
+        a request)."""
+        now = self.clock()
+        if rec.last_used is None or now - rec.last_used >= LAST_USED_EVERY:
+            self._records[rec.id] = replace(rec, last_used=now)
+            self.store.queue_token_use(rec.id, now)
 
     def identity_of(self, rec: TokenRecord) -> Identity:
         if self.users is not None:
@@ -356,7 +374,7 @@ class TokenService:
         kind = TokenKind(kind)
         if kind != TokenKind.CLIENT:
             check_role(who, Role.ADMIN, f"create {kind.value} tokens")
-            return await self.create(kind, ttl=ttl, name=name)
+            return await self._audited(who, await self.create(kind, ttl=ttl, name=name))
         check_role(who, Role.USER, "create tokens")
         owner = owner or me.user
         if owner != me.user:
@@ -372,7 +390,18 @@ class TokenService:
                 "role first (`gpulayer user set NAME --role ROLE`)",
                 code="role_too_high",
             )
-        return await self.create(kind, ttl=ttl, name=name, owner=owner, role=role)
+        made = await self.create(kind, ttl=ttl, name=name, owner=owner, role=role)
+        return await self._audited(who, made)
+
+    async def _audited(
+        self, who: Identity | None, made: tuple[TokenRecord, str]
+    ) -> tuple[TokenRecord, str]:
+        rec = made[0]
+        if self.audit is not None:
+            await self.audit(
+                who, "token.create", rec.id, kind=rec.kind, name=rec.name, user=rec.owner
+            )
+        return made
 
     def _user_role(self, name: str) -> Role:
         if self.users is None or (name == ADMIN_USER and self.users.find(name) is None):
@@ -397,4 +426,7 @@ class TokenService:
             check_role(who, Role.USER, "revoke tokens")
             if rec.kind != TokenKind.CLIENT or rec.owner != me.user:
                 raise not_yours(f"token {token_id}", code="not_your_token")
-        return await self.revoke(token_id)
+        revoked = await self.revoke(token_id)
+        if self.audit is not None:
+            await self.audit(who, "token.revoke", token_id, kind=rec.kind, user=rec.owner)
+        return revoked

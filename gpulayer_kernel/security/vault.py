@@ -12,9 +12,13 @@ Where the key comes from (``key_source``), first match wins:
 - ``GPULAYER_SECRETS_KEY_COMMAND``: a command that prints them, one per line (a KMS, a vault);
 - a key file, by default ``secrets.key`` in the state directory (mode 0600), made on first use.
 
-Several keys: the first seals, every one opens (a rotation in progress). ``rotate`` re-seals every
-stored secret with a new key in one transaction; a file source keeps the old key beside the new
-until that transaction is done, so a crash at any point leaves every value openable.
+A source holds several keys: one per line, each ``ID KEY`` (the id checked against the key, so a
+garbled copy is named as such) or a bare ``KEY``; ``#`` starts a comment. The first seals, every
+one opens. Rotation has three steps, so that a standby holding a copy of the file keeps working
+throughout (docs/security.md): ``add_key`` appends a new key (nothing re-sealed: copy the file to
+every standby now), ``reseal`` makes it the first and re-seals every stored secret with it in one
+transaction, ``retire`` drops the keys no stored secret needs. ``rotate`` does all three at once,
+for a lone server. A crash at any point leaves every value openable.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import os
 import secrets
 import shlex
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +75,26 @@ def _decode(text: str, where: str) -> bytes:
     return key
 
 
+def parse_keys(text: str, where: str) -> list[bytes]:
+    """The keys in ``text``: one per line or comma, each ``ID KEY`` or ``KEY``; ``#`` comments."""
+    keys: list[bytes] = []
+    entries = [e for line in text.splitlines() for e in line.split("#", 1)[0].split(",")]
+    for n, entry in enumerate(entries, 1):
+        parts = entry.split()
+        if not parts:
+            continue
+        key = _decode(parts[-1], where)
+        if len(parts) > 2 or (len(parts) == 2 and parts[0] != key_id(key)):
+            raise SecretsKeyError(
+                f"{where}, entry {n}: the key is labelled {parts[0]!r}, but its id is "
+                f"{key_id(key)}: the copy is garbled",
+                hint="copy the key file again from the control plane that rotated the key",
+                details={"source": where, "entry": n},
+            )
+        keys.append(key)
+    return keys
+
+
 def is_sealed(value: str) -> bool:
     return value.startswith(PREFIX + ":")
 
@@ -93,10 +117,9 @@ class KeySource:
     def read(self, *, create: bool) -> list[bytes] | None:
         """The keys; None when a file source has no file (and ``create`` is false)."""
         if self.kind == "env":
-            text = os.environ.get(self.where, "")
-            return [_decode(k, f"${self.where}") for k in text.split(",") if k.strip()]
+            return parse_keys(os.environ.get(self.where, ""), f"${self.where}")
         if self.kind == "command":
-            return [_decode(k, f"${KEY_COMMAND_ENV}") for k in self._run().splitlines() if k]
+            return parse_keys(self._run(), f"${KEY_COMMAND_ENV}")
         if self.kind == "memory":
             return [_PROCESS_KEY]
         path = Path(self.where)
@@ -104,8 +127,7 @@ class KeySource:
             if not create:
                 return None
             self.write([new_key()])
-        text = path.read_text()
-        return [_decode(k, str(path)) for k in text.splitlines() if k.strip()]
+        return parse_keys(path.read_text(), str(path))
 
     def _run(self) -> str:
         try:
@@ -133,7 +155,7 @@ class KeySource:
         tmp = path.with_name(path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.write(fd, "".join(_encode(k) + "\n" for k in keys).encode())
+            os.write(fd, (_HEADER + "".join(f"{key_id(k)} {_encode(k)}\n" for k in keys)).encode())
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -146,6 +168,11 @@ class KeySource:
             "memory": "this process's key",
         }.get(self.kind, f"the key file {self.where}")
 
+
+_HEADER = (
+    "# GPUlayer secrets keys (docs/security.md): the first seals, every one opens.\n"
+    "# Every control plane of the database needs a copy of this whole file.\n"
+)
 
 #: A key made when the process starts and gone when it ends: for tests, and for a ControlPlane
 #: given no key source (its sealed secrets cannot be opened by another process).
@@ -176,9 +203,7 @@ class Vault:
                 "no secrets key was given", hint=f"set {KEY_ENV} to a key (base64 of 32 bytes)"
             )
         self.source = source
-        self.keys = list(keys)
-        self._by_id = {key_id(k): AESGCM(k) for k in self.keys}
-        self.current = key_id(self.keys[0])
+        self._use(keys)
 
     @classmethod
     async def open(cls, source: KeySource, store: MetadataStore) -> Vault:
@@ -239,24 +264,151 @@ class Vault:
                 details={"secret": rec.name, "owner": rec.owner},
             ) from None
 
-    async def rotate(self, store: MetadataStore) -> str:
-        """Re-seal every stored secret with a new key (or, for a source GPUlayer cannot write,
-        with the source's first key); returns the id of the key now in use."""
+    def _use(self, keys: Sequence[bytes]) -> None:
+        self.keys = list(keys)
+        self._by_id = {key_id(k): AESGCM(k) for k in self.keys}
+        self.current = key_id(self.keys[0])
+
+    def _reread(self) -> list[bytes]:
+        """The source's keys now (an admin may have changed it since the start)."""
+        if self.source is None or self.source.kind == "memory":
+            return self.keys
+        return self.source.read(create=False) or self.keys
+
+    def add_key(self) -> str:
+        """Rotation step 1: append a new key to the key file; it seals nothing yet, so a standby
+        without it keeps working until step 2. Returns the new key's id."""
+        if self.source is None or not self.source.writable:
+            raise InvalidInput(
+                "the secrets keys come from "
+                f"{self.source.describe() if self.source else 'memory'}, which GPUlayer cannot "
+                "add a key to",
+                hint="add the new key after the current one in that source on every control "
+                "plane, restart them, then run `gpulayer secret rotate-key --step reseal "
+                "--key ID`",
+                code="key_not_writable",
+            )
+        keys = self._reread()
+        fresh = new_key()
+        self.source.write([*keys, fresh])
+        self._use([*keys, fresh])
+        return key_id(fresh)
+
+    async def reseal(self, store: MetadataStore, key: str | None = None) -> str:
+        """Rotation step 2: re-seal every stored secret with ``key`` (which must be named when
+        the source holds several), which seals new values from now on; its id."""
+        keys = self._reread()
+        ids = [key_id(k) for k in keys]
+        where = self.source.describe() if self.source else "memory"
+        if key is None and len(ids) > 1 and not (self.source and not self.source.writable):
+            raise InvalidInput(
+                f"{where} holds several keys ({', '.join(ids)}): which one should seal?",
+                hint="name it: `gpulayer secret rotate-key --step reseal --key ID` (the id "
+                "`--step add` printed)",
+                code="unknown_key",
+                details={"held": ids},
+            )
+        target = key or ids[0]
+        if target not in ids:
+            raise InvalidInput(
+                f"no key {target!r} in {where} (it holds {', '.join(ids)})",
+                hint="name a key the source holds, or add one first: "
+                "`gpulayer secret rotate-key --step add`",
+                code="unknown_key",
+                details={"key": target, "held": ids},
+            )
+        self._use(keys)  # opens every value sealed with any key the source holds
         stored = await store.list_secrets()
         plain = [SecretRecord(s.owner, s.name, self.unseal(s), s.updated_at) for s in stored]
+        order = [keys[ids.index(target)], *(k for k in keys if key_id(k) != target)]
         if self.source is not None and self.source.writable:
-            fresh = new_key()
-            self.source.write([fresh, *self.keys])  # both open while the database changes
-            target = Vault([fresh, *self.keys], self.source)
-        else:
-            keys = self.source.read(create=False) if self.source else self.keys
-            target = Vault(keys or self.keys, self.source)
-        await store.replace_secrets([target.sealed(s) for s in plain])
-        if target.source is not None and target.source.writable:
-            target.source.write(target.keys[:1])
-            target = Vault(target.keys[:1], target.source)
-        self.keys, self._by_id, self.current = target.keys, target._by_id, target.current
+            self.source.write(order)  # every key still there: a crash now leaves all openable
+        target_vault = Vault(order, self.source)
+        await store.replace_secrets([target_vault.sealed(s) for s in plain])
+        self._use(order)
         return self.current
+
+    async def retire(self, store: MetadataStore) -> list[str]:
+        """Rotation step 3: drop from the key file every key that seals nothing stored (never
+        the first); the ids dropped. A source GPUlayer cannot write is only checked."""
+        keys = self._reread()
+        used = {_kid(s.value) for s in await store.list_secrets() if is_sealed(s.value)}
+        keep = [k for i, k in enumerate(keys) if i == 0 or key_id(k) in used]
+        dropped = [key_id(k) for k in keys if k not in keep]
+        if dropped and self.source is not None and self.source.writable:
+            self.source.write(keep)
+        self._use(keep if self.source is None or self.source.writable else keys)
+        return dropped
+
+    async def rotate(self, store: MetadataStore) -> str:
+        """All three steps at once, for a lone control plane (or, for a source GPUlayer cannot
+        write, a re-seal with its first key); the id of the key now in use."""
+        if self.source is not None and self.source.writable:
+            current = await self.reseal(store, self.add_key())
+            await self.retire(store)
+            return current
+        return await self.reseal(store)
+
+
+STEPS = ("all", "add", "reseal", "retire")
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """What one rotation step did: the key sealing now, the keys held, the key added or retired."""
+
+    step: str
+    key_id: str
+    keys: list[str]
+    source: str  # where the keys live (the key file's path), for "copy it to every standby"
+    writable: bool
+    added: str | None = None
+    retired: tuple[str, ...] = ()
+
+
+async def rotation_step(vault: Vault, store: MetadataStore, step: str, key: str | None) -> Rotation:
+    """Run one step of the rotation (``STEPS``) and say what it did."""
+    if step not in STEPS:
+        raise InvalidInput(
+            f"no rotation step {step!r}",
+            hint=f"one of: {', '.join(STEPS)} (docs/security.md)",
+            code="invalid_step",
+            details={"step": step},
+        )
+    if key is not None and step != "reseal":
+        raise InvalidInput(
+            f"a key is named only with the reseal step, not {step}",
+            hint="gpulayer secret rotate-key --step reseal --key ID",
+            code="invalid_step",
+        )
+    added: str | None = None
+    retired: tuple[str, ...] = ()
+    if step == "add":
+        added = vault.add_key()
+    elif step == "reseal":
+        await vault.reseal(store, key)
+    elif step == "retire":
+        retired = tuple(await vault.retire(store))
+    else:
+        await vault.rotate(store)
+    src = vault.source
+    return Rotation(
+        step=step,
+        key_id=vault.current,
+        keys=[key_id(k) for k in vault.keys],
+        source=src.where
+        if src is not None and src.kind == "file"
+        else (src.describe() if src else "memory"),
+        writable=src is not None and src.writable,
+        added=added,
+        retired=retired,
+    )
+
+
+def missing_keys(keys: Sequence[bytes], needed: Iterable[str]) -> list[str]:
+    """The key ids among ``needed`` (those sealing stored secrets) that ``keys`` cannot open."""
+    held = {key_id(k) for k in keys}
+    return sorted(set(needed) - held)
 
 
 def _aad(owner: str, name: str) -> bytes:

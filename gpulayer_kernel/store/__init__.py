@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from .artifacts import ArtifactStore, LocalArtifactStore, MemoryArtifactStore
 from .base import (
+    AuditEntry,
+    AuditQuery,
     IdempotencyRecord,
     JobQuery,
     MetadataStore,
@@ -22,6 +24,8 @@ from .sqlite import LATEST_SCHEMA, SqliteStore
 __all__ = [
     "LATEST_SCHEMA",
     "ArtifactStore",
+    "AuditEntry",
+    "AuditQuery",
     "IdempotencyRecord",
     "JobQuery",
     "LocalArtifactStore",

@@ -42,6 +42,7 @@ class TokenRecord:
     # (``role``; None: the user's own). Other kinds belong to no user.
     owner: str | None = None
     role: str | None = None
+    last_used: float | None = None  # when it last authenticated (to the minute: migration 8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,30 @@ class IdempotencyRecord:
     status: int | None = None  # None: not answered yet (in flight, or cut off by a crash)
     answer: str | None = None  # the answer's body as sent ("" for none)
     jobs: tuple[str, ...] = ()  # jobs it created, each noted in the commit that stored it
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One audit log row (migration 8): who did what to which thing; names and ids only."""
+
+    seq: int
+    at: float
+    actor: str  # the user (or "worker:<name>", "system")
+    role: str | None
+    action: str  # e.g. "job.submit", "token.create" (controlplane/audit.py lists them)
+    target: str  # the id or name acted on
+    detail: dict[str, object]  # small facts: names, ids, counts; never a secret's value
+
+
+@dataclass(frozen=True, slots=True)
+class AuditQuery:
+    """Which audit rows to read: newest first, ``limit`` of them, older than ``before``."""
+
+    actor: str | None = None
+    action: str | None = None
+    since: float | None = None
+    before: int | None = None
+    limit: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +291,18 @@ class MetadataStore(abc.ABC):
     async def delete_budget(self, name: str) -> bool:
         """Forget a budget; False if there was none of that name."""
 
+    # the cluster's facts (migration 7): its id, the providers config its leader runs
+
+    @abc.abstractmethod
+    async def claim_cluster_value(self, name: str, value: str) -> str:
+        """The fact ``name``, stored as ``value`` if it was not yet: the first claim wins."""
+
+    @abc.abstractmethod
+    async def get_cluster_value(self, name: str) -> str | None: ...
+
+    @abc.abstractmethod
+    async def set_cluster_value(self, name: str, value: str) -> None: ...
+
     # idempotency keys (ADR 0003): one record per (owner, key), replayed to a retry
 
     @abc.abstractmethod
@@ -286,3 +323,24 @@ class MetadataStore(abc.ABC):
     @abc.abstractmethod
     async def purge_idempotency(self, before: float) -> None:
         """Forget every record created before ``before`` (their window is over)."""
+
+    # the audit log and tokens' last use (migration 8, ADR 0020)
+
+    @abc.abstractmethod
+    def queue_audit(self, entry: AuditEntry) -> Awaitable[None]:
+        """Append ``entry``, queued before this returns: it commits with the next group."""
+
+    @abc.abstractmethod
+    async def max_audit_seq(self) -> int: ...
+
+    @abc.abstractmethod
+    async def list_audit(self, query: AuditQuery) -> tuple[list[AuditEntry], int]:
+        """The page of entries ``query`` asks for (newest first), and how many match in all."""
+
+    @abc.abstractmethod
+    def queue_token_use(self, token_id: str, at: float) -> Awaitable[None]:
+        """Record that a token was used at ``at`` (queued: commits with the next group)."""
+
+    @abc.abstractmethod
+    async def token_uses(self) -> dict[str, float]:
+        """Each token's last recorded use."""

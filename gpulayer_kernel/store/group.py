@@ -17,7 +17,8 @@ from __future__ import annotations
 import abc
 import asyncio
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,9 @@ class GroupCommit(abc.ABC):
         self._waiters: list[asyncio.Future[None]] = []
         self._flusher: asyncio.Task[None] | None = None
         self.commits = 0  # transactions committed (tests count them: N writers, one commit)
+        # Seconds each transaction took (the control plane's metrics histogram); one
+        # perf_counter pair a group, not a write.
+        self.on_commit: Callable[[float], None] | None = None
 
     @abc.abstractmethod
     async def _commit(self, queue: Sequence[Run]) -> None:
@@ -105,6 +109,7 @@ class GroupCommit(abc.ABC):
             while self._queue:
                 queue, waiters = self._queue, self._waiters
                 self._queue, self._waiters = [], []
+                began = time.perf_counter()
                 try:
                     await self._commit(queue)
                 except Exception as exc:
@@ -114,6 +119,8 @@ class GroupCommit(abc.ABC):
                             w.set_exception(err)
                     continue
                 self.commits += 1
+                if self.on_commit is not None:
+                    self.on_commit(time.perf_counter() - began)
                 for w in waiters:
                     if not w.done():
                         w.set_result(None)

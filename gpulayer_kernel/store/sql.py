@@ -41,6 +41,7 @@ from .base import (
 )
 from .encoding import JobEncoder
 from .group import GroupCommit, Run, table_of
+from .sql_audit import AuditRows
 from .sql_idempotency import IdempotencyRows
 from .sql_provisioning import UPSERT_COST, ProvisioningRows, cost_row
 
@@ -94,7 +95,7 @@ _UPSERT_SECRET = (
 )
 
 
-class SqlStore(ProvisioningRows, IdempotencyRows, GroupCommit, MetadataStore):
+class SqlStore(ProvisioningRows, IdempotencyRows, AuditRows, GroupCommit, MetadataStore):
     """A MetadataStore over SQL: subclasses connect, migrate, read and run one transaction
     (``_commit``, from ``GroupCommit``)."""
 

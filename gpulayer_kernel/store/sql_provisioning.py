@@ -1,4 +1,5 @@
-"""The rows of provisioning and accounting (store migration 5): instances, costs, budgets.
+"""The rows of provisioning and accounting (store migrations 5, 7): instances, costs, budgets,
+and the cluster's own facts (its id, the providers config its leader runs).
 
 A mixin of ``SqlStore`` (it uses its group commit, ``_write``, and its reads), so SQLite and
 PostgreSQL share it (the migration is portable SQL: PostgreSQL widens its types): the tables keep
@@ -28,6 +29,16 @@ MIGRATION = (
         WITHOUT ROWID;
     CREATE INDEX costs_at ON costs(at);
     CREATE TABLE budgets (name TEXT PRIMARY KEY, body TEXT NOT NULL);
+    """,
+)
+# The cluster's facts, one row each, written once (``claim``) or by the leader: the cluster id
+# that tags every machine GPUlayer launches (so whichever server leads finds them all, ADR 0010),
+# and the providers config the last leader ran (a server given another one is told, not silent).
+CLUSTER_MIGRATION = (
+    7,
+    "the cluster: its id, the providers config its leader runs",
+    """
+    CREATE TABLE cluster (name TEXT PRIMARY KEY, value TEXT NOT NULL);
     """,
 )
 ENDED = ("terminated", "failed", "preempted")
@@ -74,6 +85,27 @@ class ProvisioningRows:
         sql += " ORDER BY requested_at DESC LIMIT ?"
         params.append(limit)
         return [Instance.model_validate_json(r[0]) for r in await self._fetchall(sql, params)]
+
+    async def claim_cluster_value(self, name: str, value: str) -> str:
+        """The cluster fact ``name``: ``value`` if none was stored, else the one stored first
+        (two servers claiming at once agree: the insert that lost changes nothing)."""
+        await self._write(
+            "INSERT INTO cluster (name, value) VALUES (?, ?) ON CONFLICT(name) DO NOTHING",
+            [(name, value)],
+        )
+        rows = await self._fetchall("SELECT value FROM cluster WHERE name = ?", (name,))
+        return str(rows[0][0])
+
+    async def get_cluster_value(self, name: str) -> str | None:
+        rows = await self._fetchall("SELECT value FROM cluster WHERE name = ?", (name,))
+        return str(rows[0][0]) if rows else None
+
+    async def set_cluster_value(self, name: str, value: str) -> None:
+        await self._write(
+            "INSERT INTO cluster (name, value) VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET value=excluded.value",
+            [(name, value)],
+        )
 
     async def save_costs(self, entries: Sequence[CostEntry]) -> None:
         await self._write(UPSERT_COST, [cost_row(e) for e in entries])

@@ -18,7 +18,9 @@ from typing import Any
 
 from ..errors import GPUlayerError, SchemaTooNew, StoreError, Unavailable
 from .sql import Run, SqlStore
+from .sql_audit import MIGRATION as AUDIT_MIGRATION
 from .sql_idempotency import MIGRATION as IDEMPOTENCY_MIGRATION
+from .sql_provisioning import CLUSTER_MIGRATION
 from .sql_provisioning import MIGRATION as PROVISIONING_MIGRATION
 from .sqlite_thread import SqliteThread
 
@@ -91,6 +93,8 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     ),
     PROVISIONING_MIGRATION,
     IDEMPOTENCY_MIGRATION,
+    CLUSTER_MIGRATION,
+    AUDIT_MIGRATION,
 ]
 LATEST_SCHEMA = MIGRATIONS[-1][0]
 

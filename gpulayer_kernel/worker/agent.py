@@ -55,6 +55,11 @@ SHUTDOWN_SIGNALS = frozenset(
     128 + s for s in (signal.SIGTERM, signal.SIGKILL, signal.SIGHUP, signal.SIGINT)
 )
 SIGNAL_GRACE = 2.0
+# Leaving is a courtesy (the server counts a silent worker lost at its heartbeat timeout): the
+# last reports get this long to go out, the goodbye this long, so SIGTERM ends an idle worker
+# within a few seconds even when its server is unreachable.
+REPORTS_GRACE = 10.0
+LEAVE_GRACE = 2.0
 
 
 class WorkerAgent:
@@ -132,11 +137,23 @@ class WorkerAgent:
         finally:
             self.warm_runner.close()  # the warm runners go with their worker
             self.session_runner.close()
-        with contextlib.suppress(Exception):
-            await self.clock.wait_for(asyncio.ensure_future(self.reporter.close()), 10.0)
-        with contextlib.suppress(Exception):
-            await self.transport.deregister()
+        await self._at_most(self.reporter.close(), REPORTS_GRACE)
+        await self._at_most(self.transport.deregister(), LEAVE_GRACE)
         await self.transport.close()
+
+    async def _at_most(self, step: Awaitable[None], seconds: float) -> None:
+        """Run one step of leaving for at most ``seconds``; cancelled after, errors dropped.
+
+        A server that is gone or hung would otherwise hold the stopping worker for a whole
+        request timeout (30 s) or failover window.
+        """
+        task = asyncio.ensure_future(step)
+        with contextlib.suppress(Exception):
+            await self.clock.wait_for(task, seconds)
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
 
     async def _rejoin(self) -> None:
         self.info = await self.transport.register(self.registration)

@@ -259,6 +259,10 @@ export interface ICellRun {
   all_ranks: boolean;
   api_version: 'gpulayer/v1';
   /**
+   * the session broke during this cell (why): it needs a restart
+   */
+  broken: string | null;
+  /**
    * the cell's source (redacted)
    */
   code: string;
@@ -405,6 +409,9 @@ export interface ILogLine {
   } | null;
   rank: number | null;
   stream: 'stdout' | 'stderr' | 'system' | 'display';
+  /**
+   * the line, without its newline (a longer one is sent in pieces)
+   */
   text: string;
   time: number;
 }
@@ -1459,6 +1466,10 @@ export interface ICellAssignment {
   api_version: 'gpulayer/v1';
   number: number;
   request: ICellRequest;
+  /**
+   * a cell of the control plane's previous life: do not run it; report it (again) if it ran here, as not run if it never came (left out when false)
+   */
+  resume: boolean;
   session_id: string;
 }
 /**

@@ -1,5 +1,6 @@
-"""``GET /api/v1/health``: no token, the version, 503 once the server stops; in openapi.json as
-the one operation without security (the route-auth matrix declares it public)."""
+"""``GET /api/v1/health`` and ``/ready``: no token, the version and the role, 503 once the server
+stops; in openapi.json as the only operations without security (the route-auth matrix declares
+them public). A standby's answers: tests/store/test_standby_keys.py, on real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -12,15 +13,28 @@ from .conftest import Api
 async def test_health_answers_without_a_token(gl_api: Api) -> None:
     r = await gl_api.call("GET", "/health", None)
     assert r.status_code == 200
-    assert r.json() == {"api_version": "gpulayer/v1", "status": "ok", "version": __version__}
+    assert r.json() == {
+        "api_version": "gpulayer/v1",
+        "status": "ok",
+        "version": __version__,
+        "role": "leader",
+        "problem": None,
+    }
     assert r.headers["cache-control"] == "no-store"
+
+
+async def test_ready_answers_the_leader_without_a_token(gl_api: Api) -> None:
+    r = await gl_api.call("GET", "/ready", None)
+    assert r.status_code == 200
+    assert r.json() == {"api_version": "gpulayer/v1", "status": "ok", "role": "leader"}
 
 
 async def test_health_is_503_once_the_server_is_stopping(gl_api: Api) -> None:
     gl_api.server.context.stopping.set()
-    r = await gl_api.call("GET", "/health", None)
-    assert r.status_code == 503
-    assert r.json()["code"] == "shutting_down" and r.json()["hint"]
+    for route in ("/health", "/ready"):
+        r = await gl_api.call("GET", route, None)
+        assert r.status_code == 503
+        assert r.json()["code"] == "shutting_down" and r.json()["hint"]
 
 
 def test_openapi_marks_health_as_the_only_public_operation() -> None:
@@ -31,7 +45,7 @@ def test_openapi_marks_health_as_the_only_public_operation() -> None:
         for method, operation in ops.items()
         if operation["security"] == []
     ]
-    assert public == [("/health", "get")]
+    assert sorted(public) == [("/health", "get"), ("/ready", "get")]
     health = paths["/health"]["get"]
     assert health["tags"] == ["public"]
     assert set(health["responses"]) == {"200", "503"}

@@ -24,6 +24,7 @@ from gpulayer_kernel.session import Session
 
 GL = [sys.executable, "-m", "gpulayer_kernel.cli"]
 AUTHENTICATED_CODE = tornado.web.authenticated(lambda self: None).__code__
+HTTP = ("who", "idempotency_key")  # keywords of one side only (in process; over HTTP)
 
 
 def test_user_mixins_compose_with_jupyter_s_api_handler() -> None:
@@ -70,8 +71,8 @@ def test_the_client_offers_exactly_the_session_calls() -> None:
             got = getattr(cls, name)
             assert inspect.iscoroutinefunction(got), (cls, name)
             # In process the caller's identity is a keyword (None: the embedded admin); over
-            # HTTP it is the token's.
-            params = [p for p in inspect.signature(got).parameters.values() if p.name != "who"]
+            # HTTP it is the token's. An HTTP write may also take its own Idempotency-Key.
+            params = [p for p in inspect.signature(got).parameters.values() if p.name not in HTTP]
             expected = list(want.parameters.values())
             assert [(p.name, p.kind) for p in params] == [(p.name, p.kind) for p in expected], (
                 cls,
@@ -79,7 +80,9 @@ def test_the_client_offers_exactly_the_session_calls() -> None:
             )
         sync = getattr(Client, name)
         assert not inspect.iscoroutinefunction(sync)
-        assert list(inspect.signature(sync).parameters) == list(want.parameters)
+        assert [p for p in inspect.signature(sync).parameters if p not in HTTP] == list(
+            want.parameters
+        )
     for extra in ("set_secret", "secret_names", "delete_secret", "set_worker_state"):
         assert inspect.iscoroutinefunction(getattr(AsyncClient, extra))
         assert list(inspect.signature(getattr(AsyncClient, extra)).parameters) == [

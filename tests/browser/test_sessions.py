@@ -88,6 +88,10 @@ def test_a_session_from_a_notebook_keeps_state_plots_survives_an_interrupt_and_s
         expect(output(page, 4)).to_contain_text("ticking", timeout=60 * SECOND)
         page.evaluate("window.jupyterapp.commands.execute('notebook:interrupt-kernel')")
         expect(output(page, 4)).to_contain_text("KeyboardInterrupt", timeout=60 * SECOND)
+        # The cell's own end (its traceback names the line it stopped in), not only the note
+        # that the interrupt was sent: a cell run before the error reply would be aborted by
+        # ipykernel (stop_on_error), as in any notebook.
+        expect(output(page, 4)).to_contain_text("time.sleep(600)", timeout=60 * SECOND)
         run_next(page)
         expect(output(page, 5)).to_contain_text("41", timeout=60 * SECOND)
 

@@ -120,8 +120,10 @@ def test_without_python_311_it_says_how_to_get_one(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    with ServeProcess(tmp_path_factory.mktemp("serve") / "home") as server:
+def served(tmp_path_factory: pytest.TempPathFactory, gl_dist: Dist) -> Iterator[ServeProcess]:
+    """A control plane serving the release's wheel (GET /api/v1/dist), as a release runs."""
+    env = {**os.environ, "GPULAYER_DIST": str(gl_dist.wheel)}
+    with ServeProcess(tmp_path_factory.mktemp("serve") / "home", env=env) as server:
         yield server
 
 
@@ -156,23 +158,48 @@ def test_install_join_run_a_job_and_install_again(
 ) -> None:
     prefix = tmp_path / "worker"
     join = served.create_token("join")
+    # A list, the first URL dead (a failed-over active): the standby that answers is used. No
+    # --package: the wheel comes from the control plane itself.
+    as_root = os.geteuid() == 0
+    run_as = f"gl-test-{os.getpid()}"  # as root the script makes this user; removed below
     args = (
-        "--server", served.url,
-        "--package", str(gl_dist.wheel),
+        "--server", f"http://127.0.0.1:9,{served.url}",
+        *(("--run-as", run_as) if as_root else ()),
         "--torch", "none",
         "--prefix", str(prefix),
         "--name", "far-away",
         "--labels", "zone=b",
     )  # fmt: skip
     env = no_node_env(gl_no_node_bin, Path(sys.executable).parent, GPULAYER_JOIN_TOKEN=join)
+    try:
+        _install_join_run_again(args, env, join, prefix, served, tmp_path, gl_dist, run_as)
+    finally:
+        if as_root:
+            subprocess.run(["userdel", run_as], capture_output=True, check=False)
+
+
+def _install_join_run_again(
+    args: tuple[str, ...],
+    env: dict[str, str],
+    join: str,
+    prefix: Path,
+    served: ServeProcess,
+    tmp_path: Path,
+    gl_dist: Dist,
+    run_as: str,
+) -> None:
     r = install(*args, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
+    assert (
+        f"fetched {gl_dist.wheel.name} (gpulayer {gl_dist.version}) from {served.url}" in r.stderr
+    )
+    assert f"server: {served.url} answers" in out  # after 127.0.0.1:9 refused
     assert f"accepts this join token {join.split('_')[2]}" in out
     assert "install-worker: GPUs: none; torch: not installed" in out
     assert f"ExecStart={prefix}/run-worker" in out and "WantedBy=" in out
     settings = prefix / "worker.env"
-    assert stat.S_IMODE(settings.stat().st_mode) == 0o600
+    assert stat.S_IMODE(settings.stat().st_mode) == (0o640 if os.geteuid() == 0 else 0o600)
     assert f"GPULAYER_JOIN_TOKEN={join}" in settings.read_text()
     assert join not in (prefix / "run-worker").read_text()  # only the 0600 file holds it
 
@@ -216,6 +243,13 @@ def test_install_join_run_a_job_and_install_again(
     unit = tmp_path / "gpulayer-worker.service"
     r = install(*args, "--unit-file", str(unit), env=env)
     assert r.returncode == 0 and f"ExecStart={prefix}/run-worker" in unit.read_text()
+    assert f"GPULAYER_URL=http://127.0.0.1:9,{served.url}" in settings.read_text()
+    if os.geteuid() == 0:  # never root itself: a dedicated system user, made once
+        assert f"User={run_as}\n" in unit.read_text()
+        assert f"created the system user {run_as}" in out and "created" not in r.stdout
+        home = prefix / "home"
+        assert home.stat().st_uid == int(subprocess.check_output(["id", "-u", run_as]))
+        assert stat.S_IMODE(settings.stat().st_mode) == 0o640
 
 
 def test_the_script_passes_shellcheck() -> None:

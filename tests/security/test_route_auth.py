@@ -23,9 +23,10 @@ from gpulayer_kernel.testing import until
 
 from ..api.conftest import Api, sha, start_api, stop_api
 
-# Deliberately unauthenticated: the container healthcheck's route, and nothing else. A new
-# ``@op(public=True)`` fails test_only_the_declared_routes_are_public until it is added here.
-PUBLIC = {("/health", "get")}
+# Deliberately unauthenticated: the container healthcheck's and the load balancer's routes, and
+# nothing else. A new ``@op(public=True)`` fails test_only_the_declared_routes_are_public until
+# it is added here.
+PUBLIC = {("/health", "get"), ("/ready", "get")}
 OPS = [o for o in operations() if (o.template, o.method) not in PUBLIC]
 ALL_KINDS = tuple(TokenKind)
 
@@ -227,14 +228,19 @@ async def test_the_public_route_ignores_every_credential_and_shows_nothing_prote
 ) -> None:
     world = shared_world
     before = await snapshot(world.api)
-    for token in (None, "not-a-token", *world.tokens.values()):
-        r = await world.api.call("GET", "/health", token)
-        assert r.status_code == 200, f"{token}: {r.status_code} {r.text}"
-        assert set(r.json()) == {"api_version", "status", "version"}
-        assert "www-authenticate" not in r.headers
-    for method in ("POST", "PUT", "DELETE"):
-        r = await world.api.call(method, "/health", None, json={})
-        assert r.status_code == 405, method
+    shown = {
+        "/health": {"api_version", "status", "version", "role", "problem"},
+        "/ready": {"api_version", "status", "role"},
+    }
+    for route, fields in shown.items():
+        for token in (None, "not-a-token", *world.tokens.values()):
+            r = await world.api.call("GET", route, token)
+            assert r.status_code == 200, f"{route} {token}: {r.status_code} {r.text}"
+            assert set(r.json()) == fields
+            assert "www-authenticate" not in r.headers
+        for method in ("POST", "PUT", "DELETE"):
+            r = await world.api.call(method, route, None, json={})
+            assert r.status_code == 405, (route, method)
     assert await snapshot(world.api) == before
 
 

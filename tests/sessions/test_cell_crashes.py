@@ -140,14 +140,16 @@ def test_a_kill_at_each_step_of_a_cells_life(gl_session: ServeProcess) -> None:
     after.start()
     after.join()
     assert after.page.cell.number == 3 and check_own(after.page.cell) == "own value"
-    # Before its POST is answered (the POST long-polls for the end): the client sees the
-    # connection drop; the cell is stored, and ends with its own value.
+    # Before its POST is answered (the POST long-polls for the end): the connection drops; the
+    # cell is stored, the client sends its keyed POST again once the server is back (ADR 0003),
+    # and that retry follows the same cell to its own value, never a second cell.
     unanswered = Poster(server.url, server.admin_token, code_for(4, sleep=1.5), 30)
     unanswered.start()
     wait_until(lambda: any(c.number == 4 for c in all_cells(server)), 10)
     kill_and_restart(server)
     unanswered.join()
-    assert unanswered.page is None and unanswered.error is not None
+    assert unanswered.error is None and unanswered.page is not None
+    assert unanswered.page.cell.number == 4 and check_own(unanswered.page.cell) == "own value"
     assert check_own(settled(server, 4)) == "own value"
     # Just after it ends: it stays as it was.
     done = Poster(server.url, server.admin_token, code_for(5), 30)

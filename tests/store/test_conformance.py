@@ -16,6 +16,7 @@ from gpulayer_kernel.store import LATEST_SCHEMA
 from gpulayer_kernel.testing.postgres import PostgresServer
 
 from .conformance import Backend, StoreConformance
+from .conformance_audit import AuditConformance
 from .conformance_idempotency import IdempotencyConformance
 from .conformance_writes import WriteConformance
 
@@ -85,5 +86,7 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     return next(b for b in BACKENDS if b.name == request.param)
 
 
-class TestMetadataStore(StoreConformance, WriteConformance, IdempotencyConformance):
+class TestMetadataStore(
+    StoreConformance, WriteConformance, IdempotencyConformance, AuditConformance
+):
     pass

@@ -1,0 +1,353 @@
+"""Back up and restore a control plane's state: its metadata store and its blobs (ADR 0008).
+
+A backup is a folder (mode 0700: it holds token hashes and sealed secrets)::
+
+    backup.json        what it is: store kind, schema version, GPUlayer version, blob count
+    gpulayer.db        SQLite: the online backup API's copy, consistent while the server runs
+    gpulayer.pgdump    PostgreSQL: ``pg_dump --format=custom`` (``backup_pg.py``)
+    artifacts/ab/ab…   the content-addressed blobs, each verified against its name on copy
+
+Order matters: the database is copied first, the blobs after. A blob is written before any row
+names it, so every blob the copied database names is already on disk when the blob copy runs;
+the copy may carry a few newer, unnamed blobs too, which cost space and nothing else.
+
+A restore refuses a target database that holds data (``restore_not_empty``) unless forced, and a
+backup made by a newer schema than this GPUlayer (``schema_too_new``); an older backup is
+migrated by the next ``gpulayer serve``, as any older database is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sqlite3
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._version import __version__
+from ..contracts._base import SHA256_RE
+from ..errors import Conflict, InvalidInput, SchemaTooNew, StoreError
+from .sqlite import LATEST_SCHEMA
+from .urls import shown
+
+MANIFEST = "backup.json"
+SQLITE_FILE = "gpulayer.db"
+PG_FILE = "gpulayer.pgdump"
+BLOBS = "artifacts"
+FORMAT = 1  # of backup.json; a reader refuses a format it does not know
+_CHUNK = 1 << 20
+# Tables whose rows mean "this database is in use" (each exists from the migration named).
+_DATA_TABLES = ("jobs", "workers", "tokens", "sessions", "users")
+
+
+@dataclass(frozen=True)
+class BackupReport:
+    """What a backup or restore did, for the command to print."""
+
+    path: Path
+    kind: str  # "sqlite" | "postgresql"
+    schema: int
+    blobs: int
+    blob_bytes: int
+    seconds: float
+
+
+def is_postgres(url: str) -> bool:
+    return url.split("://", 1)[0].lower() in ("postgresql", "postgres")
+
+
+def sqlite_path(url: str) -> Path:
+    """The file a ``sqlite:///path`` URL names (``:memory:`` has nothing to back up)."""
+    rest = url.split("://", 1)[1] if "://" in url else url
+    if rest in ("", "/", "/:memory:"):
+        raise InvalidInput(
+            f"store URL {shown(url)} names no database file to back up or restore",
+            hint="name a file: sqlite:///abs/path/gpulayer.db",
+            code="store_url",
+        )
+    return Path(rest)
+
+
+# -- the folder ---------------------------------------------------------------------------------
+
+
+def new_backup_folder(dest: Path) -> None:
+    """Make ``dest`` (mode 0700), refusing one that already holds files."""
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise InvalidInput(
+            f"{dest} already exists and is not an empty folder",
+            hint="back up into a new folder, e.g. one named by the date",
+            details={"path": str(dest)},
+            code="backup_exists",
+        )
+    dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(dest, 0o700)
+
+
+def write_manifest(dest: Path, **fields: Any) -> None:
+    body = {"format": FORMAT, "gpulayer": __version__, "created_at": time.time(), **fields}
+    (dest / MANIFEST).write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
+
+
+def read_manifest(src: Path) -> dict[str, Any]:
+    """The backup's ``backup.json``, checked: a folder without one is not a backup."""
+    try:
+        body = json.loads((src / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise InvalidInput(
+            f"{src} is not a GPUlayer backup (no {MANIFEST} in it)",
+            hint="give the folder `gpulayer db backup PATH` made",
+            details={"path": str(src)},
+            code="backup_invalid",
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise InvalidInput(
+            f"{src / MANIFEST} cannot be read: {exc}", code="backup_invalid"
+        ) from None
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        raise InvalidInput(
+            f"{src / MANIFEST} has a format this GPUlayer does not read",
+            hint="restore it with the GPUlayer version that made it",
+            details={"format": body.get("format") if isinstance(body, dict) else None},
+            code="backup_invalid",
+        )
+    schema = int(body.get("schema", 0))
+    if schema > LATEST_SCHEMA:
+        raise SchemaTooNew(
+            f"the backup {src} has schema version {schema}, newer than the {LATEST_SCHEMA} "
+            "this GPUlayer understands",
+            hint=f"restore it with GPUlayer {body.get('gpulayer', '?')} or newer; nothing was "
+            "changed",
+            details={"schema": schema, "supported": LATEST_SCHEMA, "path": str(src)},
+        )
+    return body
+
+
+def not_empty(target: str, rows: dict[str, int]) -> Conflict:
+    counts = ", ".join(f"{n} {t}" for t, n in rows.items() if n)
+    return Conflict(
+        f"the database {target} is not empty ({counts}); a restore would replace it",
+        hint="restore into a new database, or add --force to replace this one (stop every "
+        "control plane on it first)",
+        details={"target": target, "rows": rows},
+        code="restore_not_empty",
+    )
+
+
+# -- SQLite -------------------------------------------------------------------------------------
+
+
+def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
+    uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+    # A serving control plane commits in short groups; wait those out rather than fail.
+    conn.execute("PRAGMA busy_timeout = 10000")
+    return conn
+
+
+def _schema(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def _row_counts(conn: sqlite3.Connection) -> dict[str, int]:
+    have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    return {
+        t: int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])
+        for t in _DATA_TABLES
+        if t in have
+    }
+
+
+def sqlite_schema(db: Path) -> int:
+    """The schema version of the SQLite file at ``db`` (0: no file, or not ours yet)."""
+    if not db.is_file():
+        return 0
+    conn = _connect(db, readonly=True)
+    try:
+        return _schema(conn)
+    finally:
+        conn.close()
+
+
+def backup_sqlite(db: Path, dest: Path) -> int:
+    """Copy ``db`` to ``dest/gpulayer.db`` with the online backup API; returns its schema.
+
+    The copy is one read transaction: under WAL it sees one committed state and never blocks
+    the server's writers (they append to the WAL meanwhile).
+    """
+    if not db.is_file():
+        raise InvalidInput(
+            f"there is no database at {db}",
+            hint="name the control plane's home (--home) or its store (--db sqlite:///PATH)",
+            details={"path": str(db)},
+            code="backup_source",
+        )
+    target = dest / SQLITE_FILE
+    src = _connect(db, readonly=True)
+    try:
+        out = sqlite3.connect(str(target))
+        try:
+            src.backup(out)  # pages=-1: the whole file in one step, so one snapshot
+            schema = _schema(out)
+            _check_integrity(out, target)
+        finally:
+            out.close()
+    except sqlite3.Error as exc:
+        raise StoreError(f"backing up {db} failed: {exc}") from None
+    finally:
+        src.close()
+    os.chmod(target, 0o600)
+    return schema
+
+
+def restore_sqlite(src: Path, db: Path, *, force: bool) -> int:
+    """Replace the database at ``db`` with the backup's copy; returns the schema restored."""
+    copy = src / SQLITE_FILE
+    if not copy.is_file():
+        raise InvalidInput(
+            f"the backup {src} holds no SQLite database ({SQLITE_FILE})",
+            hint="a PostgreSQL backup restores into a postgresql:// store (--db)",
+            code="backup_invalid",
+        )
+    db.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        backup = _connect(copy, readonly=True)
+        try:
+            _check_integrity(backup, copy)
+            out = _connect(db, readonly=False)
+            try:
+                rows = _row_counts(out)
+                if any(rows.values()) and not force:
+                    raise not_empty(str(db), rows)
+                # The backup API writes every page of the destination under its lock, WAL
+                # included: unlike copying the file over, no stale -wal is left to replay.
+                backup.backup(out)
+                schema = _schema(out)
+            finally:
+                out.close()
+        finally:
+            backup.close()
+    except sqlite3.Error as exc:
+        raise StoreError(f"restoring {copy} into {db} failed: {exc}") from None
+    return schema
+
+
+def _check_integrity(conn: sqlite3.Connection, path: Path) -> None:
+    result = conn.execute("PRAGMA quick_check").fetchone()[0]
+    if result != "ok":
+        raise StoreError(
+            f"{path} failed SQLite's integrity check: {result}",
+            hint="take the backup again; a damaged copy is never restored",
+            code="backup_corrupt",
+        )
+
+
+# -- blobs --------------------------------------------------------------------------------------
+
+
+def copy_blobs(src: Path, dest: Path) -> tuple[int, int]:
+    """Copy every blob under ``src`` that ``dest`` lacks, verified; returns (count, bytes).
+
+    Only finished blobs are copied (``ab/abcdef…``): an upload's temp file is not one yet.
+    """
+    count = size = 0
+    if not src.is_dir():
+        return 0, 0
+    for shard in sorted(src.iterdir()):
+        if not shard.is_dir() or len(shard.name) != 2:
+            continue
+        for blob in sorted(shard.iterdir()):
+            if not SHA256_RE.match(blob.name) or blob.name[:2] != shard.name:
+                continue
+            target = dest / shard.name / blob.name
+            if target.exists():
+                continue  # content-addressed: the same name holds the same bytes
+            size += _copy_verified(blob, target)
+            count += 1
+    return count, size
+
+
+def _copy_verified(blob: Path, target: Path) -> int:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as out, blob.open("rb") as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        if digest.hexdigest() != blob.name:
+            raise StoreError(
+                f"the blob {blob} does not match its name (damaged on disk)",
+                hint="it was not copied; jobs that name it will report it missing",
+                details={"path": str(blob)},
+                code="blob_corrupt",
+            )
+        os.replace(tmp, target)
+        return target.stat().st_size
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+# -- the two operations -------------------------------------------------------------------------
+
+
+async def take_backup(url: str, artifacts: Path | None, dest: Path) -> BackupReport:
+    """Back up the store at ``url`` and the blobs in ``artifacts`` (None: none) to ``dest``."""
+    import asyncio
+
+    started = time.monotonic()
+    new_backup_folder(dest)
+    if is_postgres(url):
+        from .backup_pg import backup_postgres
+
+        kind, schema = "postgresql", await backup_postgres(url, dest)
+    else:
+        kind = "sqlite"
+        schema = await asyncio.to_thread(backup_sqlite, sqlite_path(url), dest)
+    blobs, size = 0, 0
+    if artifacts is not None:
+        blobs, size = await asyncio.to_thread(copy_blobs, artifacts, dest / BLOBS)
+    write_manifest(dest, kind=kind, schema=schema, blobs=blobs, blob_bytes=size)
+    return BackupReport(dest, kind, schema, blobs, size, time.monotonic() - started)
+
+
+async def restore_backup(
+    src: Path, url: str, artifacts: Path | None, *, force: bool = False
+) -> BackupReport:
+    """Restore the backup in ``src`` into the store at ``url`` and the blob folder ``artifacts``.
+
+    Blobs are restored after the database: a refused or failed database restore copies none.
+    """
+    import asyncio
+
+    started = time.monotonic()
+    manifest = read_manifest(src)
+    kind = "postgresql" if is_postgres(url) else "sqlite"
+    if manifest.get("kind") != kind:
+        raise InvalidInput(
+            f"the backup {src} is of a {manifest.get('kind')} store, and {shown(url)} is {kind}",
+            hint="restore into a store of the same kind (--home or --db sqlite:///PATH for "
+            "SQLite, --db postgresql://… for PostgreSQL)",
+            details={"backup": manifest.get("kind"), "target": kind},
+            code="backup_kind",
+        )
+    if kind == "postgresql":
+        from .backup_pg import restore_postgres
+
+        await restore_postgres(src, url, force=force)
+    else:
+        await asyncio.to_thread(restore_sqlite, src, sqlite_path(url), force=force)
+    blobs, size = 0, 0
+    if artifacts is not None:
+        blobs, size = await asyncio.to_thread(copy_blobs, src / BLOBS, artifacts)
+    schema = int(manifest.get("schema", 0))
+    return BackupReport(src, kind, schema, blobs, size, time.monotonic() - started)
