@@ -111,36 +111,41 @@ class Mix:
         )
 
 
-async def chatty(client: AsyncClient, mix: Mix, until: float, give_up: float) -> None:
+async def _python_jobs(
+    mix: Mix,
+    until: float,
+    give_up: float,
+    kind: str,
+    lines: int,
+    send: Callable[[JobSpec, str], Awaitable[str]],
+) -> None:
+    """One Python job of ``kind`` every ``mix.every`` s, each through ``send`` (its job id)."""
     i = 0
     while time.monotonic() < until:
-        e = Expect("chatty", f"mix-chatty-{i:04d}", f"chatty-{mix.run_id}-{i}")
+        e = Expect(kind, f"mix-{kind}-{i:04d}", f"{kind}-{mix.run_id}-{i}")
         mix.expects.append(e)
-        spec = mix.spec(e.name, e.expected, mix.chatty_lines)
+        spec = mix.spec(e.name, e.expected, lines)
         try:
-            job = await through(partial(client.submit, spec, idempotency_key=e.key), give_up)
-            e.job_id = job.id
+            e.job_id = await through(partial(send, spec, e.key), give_up)
         except GPUlayerError as exc:
             e.refused = f"{type(exc).__name__}: {exc.message}"
         i += 1
         await asyncio.sleep(mix.every)
+
+
+async def chatty(client: AsyncClient, mix: Mix, until: float, give_up: float) -> None:
+    async def send(spec: JobSpec, key: str) -> str:
+        return (await client.submit(spec, idempotency_key=key)).id
+
+    await _python_jobs(mix, until, give_up, "chatty", mix.chatty_lines, send)
 
 
 async def runs(client: AsyncClient, mix: Mix, until: float, give_up: float) -> None:
-    i = 0
-    while time.monotonic() < until:
-        e = Expect("run", f"mix-run-{i:04d}", f"run-{mix.run_id}-{i}")
-        mix.expects.append(e)
-        spec = mix.spec(e.name, e.expected, 3)
-        try:
-            followed = await through(
-                partial(client.run, spec, CELL_BUNDLE, wait=5.0, idempotency_key=e.key), give_up
-            )
-            e.job_id = followed.job.id
-        except GPUlayerError as exc:
-            e.refused = f"{type(exc).__name__}: {exc.message}"
-        i += 1
-        await asyncio.sleep(mix.every)
+    async def send(spec: JobSpec, key: str) -> str:
+        followed = await client.run(spec, CELL_BUNDLE, wait=5.0, idempotency_key=key)
+        return followed.job.id
+
+    await _python_jobs(mix, until, give_up, "run", 3, send)
 
 
 async def batches(client: AsyncClient, mix: Mix, until: float, give_up: float) -> None:
@@ -195,7 +200,7 @@ async def cells(client: AsyncClient, mix: Mix, until: float, give_up: float) -> 
         await asyncio.sleep(0.2)
         info = await through(lambda: client.get_session(mix.session), give_up)
     n = 0
-    while time.monotonic() < until:
+    while n == 0 or time.monotonic() < until:  # one cell at least, however slow the start
         n += 1
         e = Expect("cell", f"soak-cell-{mix.run_id}-{n}", str(n * 7919 + 13))
         mix.expects.append(e)

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from gpulayer_kernel import render
+from gpulayer_kernel import render, textview
 from gpulayer_kernel.artifacts import find_artifact
 from gpulayer_kernel.contracts import (
     Artifact,
@@ -90,7 +90,7 @@ def test_duration() -> None:
 
 def test_text_view_streams_logs_in_order_with_rank_prefixes() -> None:
     out, err = io.StringIO(), io.StringIO()
-    view = render.TextView(out, err)
+    view = textview.TextView(out, err)
     job = make_job(2, state=JobState.RUNNING, placement=gang_placement())
     view.update(job)
     view.add_logs(
@@ -116,7 +116,7 @@ def test_text_view_streams_logs_in_order_with_rank_prefixes() -> None:
 
 def test_text_view_says_why_a_job_waits_once() -> None:
     out = io.StringIO()
-    view = render.TextView(out, io.StringIO())
+    view = textview.TextView(out, io.StringIO())
     report = PlacementReport(
         job_id="3f2a1b2c3d4e",
         sentence="0/1 workers can run job 3f2a1b",
@@ -159,7 +159,7 @@ def test_progress_leaves_out_validation_figures_that_did_not_change() -> None:
 def test_text_view_does_not_repeat_a_stale_val_loss(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(render, "PROGRESS_EVERY", 0.0)
     out = io.StringIO()
-    view = render.TextView(out, io.StringIO())
+    view = textview.TextView(out, io.StringIO())
     for step, loss in ((500, 2.1), (550, 2.0), (600, 1.9)):
         view.update(
             make_job(
@@ -178,7 +178,7 @@ def test_carriage_return_progress_shows_as_its_last_redraw() -> None:
     record = LogRecord(seq=1, time=1.0, stream="stderr", rank=0, text="1/20\r2/20\r3/20")
     assert render.log_text(record) == "[rank 0] 3/20"
     out, err = io.StringIO(), io.StringIO()
-    render.TextView(out, err).add_logs([record])
+    textview.TextView(out, err).add_logs([record])
     assert err.getvalue() == "[rank 0] 3/20\n"
 
 
@@ -206,7 +206,7 @@ def test_artifacts_table_and_finding_one_by_name() -> None:
 
 def test_the_waiting_line_says_whether_waiting_helps_once() -> None:
     out = io.StringIO()
-    view = render.TextView(out, io.StringIO())
+    view = textview.TextView(out, io.StringIO())
     report = PlacementReport(
         job_id="3f2a1b2c3d4e",
         sentence="0/1 workers can run job 3f2a1b: 1 has too few free GPUs (need 2; waiting helps)",
@@ -221,7 +221,7 @@ def test_the_waiting_line_says_whether_waiting_helps_once() -> None:
 
 def test_a_reason_the_log_said_is_not_said_again_and_marks_are_plain() -> None:
     out = io.StringIO()
-    view = render.TextView(out, io.StringIO())
+    view = textview.TextView(out, io.StringIO())
     why = "job 3f2a1b2c can never run on the workers here: see `gpulayer workers`"
     view.add_logs([LogRecord(seq=1, time=1.0, stream="system", text=why)])
     job = make_job(64)
@@ -234,7 +234,7 @@ def test_a_reason_the_log_said_is_not_said_again_and_marks_are_plain() -> None:
     assert "`" not in text and "see gpulayer workers" in text
     assert text.splitlines()[-1] == "gpulayer: job 3f2a1b2c3d4e (cell) failed"
     # Said nowhere else: the closing line says it.
-    other = render.TextView(io.StringIO(), io.StringIO())
+    other = textview.TextView(io.StringIO(), io.StringIO())
     assert not other.said_why(failed)
     assert render.state_line(failed).endswith(f"failed: {why}")
 

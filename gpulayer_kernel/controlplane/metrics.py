@@ -17,16 +17,35 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..contracts import CostEntry, CostKind, Job, JobState, SessionStatus, WorkerState
+from ..store.group import GroupCommit
 
 if TYPE_CHECKING:
-    from .core import ControlPlane
+    from ..clock import Clock
+    from .jobs import JobTable
+    from .ledger import Ledger
+    from .provisioning import Provisioning
+    from .scheduling import SchedulingLoop
+    from .sessions import SessionTable
+    from .workers import WorkerRegistry
+
+
+class Observed(Protocol):
+    """The parts of a control plane its series are read from at scrape time (the ControlPlane
+    is one; a protocol, so this module sits below ``core`` and imports nothing back)."""
+
+    clock: Clock
+    jobs: JobTable
+    sessions: SessionTable
+    registry: WorkerRegistry
+    provisioning: Provisioning
+
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -59,7 +78,7 @@ def wait_class(job: Job, now: float) -> str:
 class Metrics:
     """The registry of one control plane and its hot-path instruments."""
 
-    def __init__(self, cp: ControlPlane) -> None:
+    def __init__(self, cp: Observed) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.requests = Histogram(
             "gpulayer_http_request_duration_seconds",
@@ -120,6 +139,20 @@ class Metrics:
         if after.state != before.state and after.state.terminal:
             self.finished.labels(after.state.value).inc()
 
+    def instrument(self, scheduling: SchedulingLoop, store: object, ledger: Ledger) -> None:
+        """Hook the hot paths' timers: scheduling passes, the store's group commits (a store
+        that commits in groups), and the ledger's rows (after the budgets have seen them)."""
+        scheduling.on_pass = self.passes.observe
+        if isinstance(store, GroupCommit):
+            store.on_commit = self.commits.observe
+        budget_rows = ledger.on_rows
+
+        def on_rows(rows: Sequence[CostEntry]) -> None:
+            budget_rows(rows)
+            self.ledger_rows_written(rows)
+
+        ledger.on_rows = on_rows
+
     def ledger_rows_written(self, rows: Sequence[CostEntry]) -> None:
         for row in rows:
             kind = row.kind.value
@@ -134,7 +167,7 @@ class Metrics:
 class _StateCollector(Collector):
     """Series read from the control plane's memory at scrape time (no store query)."""
 
-    def __init__(self, cp: ControlPlane) -> None:
+    def __init__(self, cp: Observed) -> None:
         self.cp = cp
 
     def collect(self) -> Iterator[Metric]:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import render
+from .. import render, textview
 from ..artifacts import find_artifact
 from ..contracts import Artifact, Job, JobState
 from ..errors import GPUlayerError
@@ -125,9 +125,9 @@ class JobHandle:
             raise TimeoutError(f"job {self.id} is still {job.state.value} after {timeout:g}s")
         return result_of(job)
 
-    def follow(self, view: render.JobView | None = None) -> Job:
+    def follow(self, view: textview.JobView | None = None) -> Job:
         """Show the job's logs and state in this cell until it ends (Ctrl-C stops following)."""
-        shown: render.JobView = render.TextView() if view is None else view
+        shown: textview.JobView = textview.TextView() if view is None else view
         return follow(self._bridge, self.id, shown, cancel_on_interrupt=False)
 
     def logs(self) -> LogText:
@@ -212,7 +212,7 @@ def result_of(job: Job, *, said_why: bool = False) -> Any:
 def follow(
     bridge: Bridge,
     job_id: str,
-    view: render.JobView,
+    view: textview.JobView,
     *,
     cancel_on_interrupt: bool = True,
 ) -> Job:
@@ -244,7 +244,7 @@ def follow(
 
 
 def _drain(
-    updates: queue.Queue[Update], view: render.JobView, deadline: float | None
+    updates: queue.Queue[Update], view: textview.JobView, deadline: float | None
 ) -> Job | None:
     while True:
         left = None if deadline is None else deadline - time.monotonic()

@@ -26,7 +26,7 @@ try:
 except ImportError as exc:  # a wheel installed without the jupyter extra
     raise MissingExtra.of("jupyter", "the %%gpulayer magics", exc) from None
 
-from .. import render, transfer
+from .. import render, textview, transfer
 from ..contracts import Job, JobSpec, parse, parse_pairs
 from ..runner import LAST_VALUE, SHOWN_KEY
 from ..sessions import SessionCellError
@@ -323,10 +323,10 @@ class GPUlayerMagics(Magics):
             from IPython.display import display
 
             display(widget)  # type: ignore[no-untyped-call]  # IPython.display is untyped
-        view: render.JobView = render.TextView() if widget is None else widget
+        view: textview.JobView = textview.TextView() if widget is None else widget
         final = follow(bridge, job.id, view)
         value = result_of(
-            final, said_why=isinstance(view, render.TextView) and view.said_why(final)
+            final, said_why=isinstance(view, textview.TextView) and view.said_why(final)
         )
         shown = Shown.of(value)
         if args.out is not None:

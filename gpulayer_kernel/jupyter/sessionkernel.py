@@ -21,10 +21,11 @@ from typing import Any, cast
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
-from .. import render
+from .. import render, textview
 from ..contracts import Job, JobState, SessionHolder, SessionInfo, SessionStatus, parse_duration
 from ..errors import GPUlayerError
 from ..sessions import SessionHandle, client_id, session_spec
+from . import sessionlink
 from .bridge import Bridge, get_bridge
 from .cellspec import NOTEBOOK_LABEL, env_values, notebook_path
 from .handle import CellError, CellInterrupted
@@ -81,7 +82,7 @@ class KernelSessions:
 
     # -- starting and stopping -------------------------------------------------------------------
 
-    def start(self, args: Any, ns: dict[str, Any], view: render.JobView) -> SessionHandle:
+    def start(self, args: Any, ns: dict[str, Any], view: textview.JobView) -> SessionHandle:
         bridge = get_bridge()
         holder = self.holder(ns)
         name = args.name or default_name(holder.notebook)
@@ -156,7 +157,7 @@ def _hook_restart(sessions: KernelSessions) -> None:
     kernel.do_shutdown = do_shutdown
 
 
-def wait_until_up(bridge: Bridge, info: SessionInfo, view: render.JobView) -> SessionInfo:
+def wait_until_up(bridge: Bridge, info: SessionInfo, view: textview.JobView) -> SessionInfo:
     """Show the session's job while it waits and starts (queue, placement), until it is up."""
     import queue
 
@@ -223,7 +224,7 @@ def session_command(argv: list[str], ns: dict[str, Any], widget: bool) -> None:
     if action == "start":
         a = _session_start_parser().parse_args(rest)
         bridge = get_bridge()
-        view = _LazyWidget(bridge) if widget else render.TextView()
+        view = _LazyWidget(bridge) if widget else textview.TextView()
         handle = sessions.start(a, ns, view)
         info = handle.info
         print(
@@ -239,9 +240,8 @@ def session_command(argv: list[str], ns: dict[str, Any], widget: bool) -> None:
         if sessions.current is not None and not any(
             i.id == sessions.current.id and i.status != SessionStatus.ENDED for i in infos
         ):
-            from .sessionlink import say_if_lost
-
-            say_if_lost(sessions)  # it ended or went: say so, rather than list without it
+            # It ended or went: say so, rather than list without it.
+            sessionlink.say_if_lost(sessions)
         current = sessions.current.id if sessions.current else None
         for info in infos:
             print(("* " if info.id == current else "  ") + render.session_line(info))

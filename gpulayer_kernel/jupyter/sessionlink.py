@@ -11,14 +11,24 @@ one-shot job's options; the hint is looked for once per kernel, at its first one
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..contracts import SessionStatus
 from ..errors import GPUlayerError
+from ..sessions import SessionHandle
 from .handle import CellError
 
-if TYPE_CHECKING:
-    from .sessionkernel import KernelSessions
+
+class KernelSessions(Protocol):
+    """What this module reads and clears of a kernel's sessions (``sessionkernel``'s, which
+    calls in here: a protocol, so the link sits below it and imports nothing back)."""
+
+    client: str
+    current: SessionHandle | None
+    offered: bool
+
+    def forget(self, handle: SessionHandle) -> None: ...
+
 
 # A session cell refused with one of these: the kernel's link to its session may no longer
 # hold (``cell_aborted``: a cell taken just as its session was being stopped).

@@ -85,7 +85,7 @@ def rest_cancel_path(bridge: Bridge, job_id: str) -> str:
 
 
 class JobWidget(anywidget.AnyWidget):
-    """One job, live. Implements ``render.JobView``."""
+    """One job, live. Implements ``textview.JobView``."""
 
     _esm = _esm()
     _css = _css()

@@ -31,18 +31,12 @@ from typing import Any
 
 from .._version import __version__
 from ..contracts._base import SHA256_RE
-from ..errors import Conflict, InvalidInput, SchemaTooNew, StoreError
+from ..errors import InvalidInput, SchemaTooNew, StoreError
+from .backup_format import BLOBS, DATA_TABLES, FORMAT, MANIFEST, SQLITE_FILE, not_empty
 from .sqlite import LATEST_SCHEMA
 from .urls import shown
 
-MANIFEST = "backup.json"
-SQLITE_FILE = "gpulayer.db"
-PG_FILE = "gpulayer.pgdump"
-BLOBS = "artifacts"
-FORMAT = 1  # of backup.json; a reader refuses a format it does not know
 _CHUNK = 1 << 20
-# Tables whose rows mean "this database is in use" (each exists from the migration named).
-_DATA_TABLES = ("jobs", "workers", "tokens", "sessions", "users")
 
 
 @dataclass(frozen=True)
@@ -128,17 +122,6 @@ def read_manifest(src: Path) -> dict[str, Any]:
     return body
 
 
-def not_empty(target: str, rows: dict[str, int]) -> Conflict:
-    counts = ", ".join(f"{n} {t}" for t, n in rows.items() if n)
-    return Conflict(
-        f"the database {target} is not empty ({counts}); a restore would replace it",
-        hint="restore into a new database, or add --force to replace this one (stop every "
-        "control plane on it first)",
-        details={"target": target, "rows": rows},
-        code="restore_not_empty",
-    )
-
-
 # -- SQLite -------------------------------------------------------------------------------------
 
 
@@ -158,7 +141,7 @@ def _row_counts(conn: sqlite3.Connection) -> dict[str, int]:
     have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     return {
         t: int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])
-        for t in _DATA_TABLES
+        for t in DATA_TABLES
         if t in have
     }
 

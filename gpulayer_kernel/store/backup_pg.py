@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from ..errors import InvalidInput, StoreError
-from .backup import PG_FILE, not_empty
+from .backup_format import DATA_TABLES, PG_FILE, not_empty
 from .urls import shown
 
 _DEBIAN_BINS = "/usr/lib/postgresql"  # Debian keeps versioned client tools out of PATH
@@ -55,7 +55,6 @@ def _run(argv: list[str], url: str, what: str) -> None:
 
 async def schema_and_rows(url: str) -> tuple[int, dict[str, int]]:
     """The database's schema version and row counts of the tables that mean "in use"."""
-    from .backup import _DATA_TABLES
     from .postgres import _asyncpg
 
     asyncpg = _asyncpg()
@@ -74,7 +73,7 @@ async def schema_and_rows(url: str) -> tuple[int, dict[str, int]]:
                 await con.fetchval("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")
             )
         rows: dict[str, int] = {}
-        for table in _DATA_TABLES:
+        for table in DATA_TABLES:
             if await con.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
                 rows[table] = int(await con.fetchval(f"SELECT COUNT(*) FROM {table}"))
         return schema, rows

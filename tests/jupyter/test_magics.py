@@ -19,7 +19,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from gpulayer_kernel import render
+from gpulayer_kernel import textview
 from gpulayer_kernel.contracts import Job, JobState
 from gpulayer_kernel.jupyter import bridge as bridge_mod
 from gpulayer_kernel.jupyter import magics
@@ -369,14 +369,14 @@ def test_blocking_gpu_cell_says_why_it_waits_until_cancelled(
 ) -> None:
     bridge = bridge_mod.get_bridge()
     said: list[str] = []  # the id of the job once the cell has printed why it waits
-    real_update = render.TextView.update
+    real_update = textview.TextView.update
 
-    def update(view: render.TextView, job: Job) -> None:
+    def update(view: textview.TextView, job: Job) -> None:
         real_update(view, job)
         if job.state == JobState.QUEUED and job.pending is not None:
             said.append(job.id)
 
-    monkeypatch.setattr(render.TextView, "update", update)
+    monkeypatch.setattr(textview.TextView, "update", update)
 
     def cancel_when_waiting() -> None:
         try:
