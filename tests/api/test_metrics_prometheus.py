@@ -107,8 +107,10 @@ def test_prometheus_scrapes_with_a_viewer_token_and_answers_promql(tmp_path: Pat
                 targets = http.get("/api/v1/targets").json()["data"]["activeTargets"]
                 refused = [t for t in targets if t["labels"]["job"] == "no-token"]
                 assert "401" in refused[0]["lastError"]
-                latency = query(
-                    http, 'gpulayer_http_request_duration_seconds_count{route="/metrics"}'
+                # A scrape's own latency is recorded after its answer: a later scrape carries
+                # it, so wait for one rather than read once.
+                latency = eventually(
+                    http, 'gpulayer_http_request_duration_seconds_count{route="/metrics"} >= 1'
                 )
                 assert latency and float(latency[0]["value"][1]) >= 1
         finally:

@@ -145,7 +145,11 @@ def test_a_kill_at_each_step_of_a_cells_life(gl_session: ServeProcess) -> None:
     # and that retry follows the same cell to its own value, never a second cell.
     unanswered = Poster(server.url, server.admin_token, code_for(4, sleep=1.5), 30)
     unanswered.start()
-    wait_until(lambda: any(c.number == 4 for c in all_cells(server)), 10)
+    # Killed while it runs on the worker (stored but not yet handed over, it would end "did not
+    # run": the case of the queued cell above).
+    wait_until(
+        lambda: any(c.number == 4 and c.state == CellState.RUNNING for c in all_cells(server)), 10
+    )
     kill_and_restart(server)
     unanswered.join()
     assert unanswered.error is None and unanswered.page is not None
