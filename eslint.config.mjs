@@ -43,5 +43,32 @@ export default tseslint.config(
       'prefer-arrow-callback': 'error'
     }
   },
+  // The panel's layers, as on the Python side (labextension/src/index.ts): api/ (contracts,
+  // HTTP) <- model/ (state and words, no DOM) <- views/ (React) <- index.ts (the plugin).
+  // A layer imports only those before it, so the model stays testable in Node.
+  {
+    files: ['labextension/src/api/**/*.ts', 'labextension/src/model/**/*.ts'],
+    rules: {
+      'no-restricted-imports': [
+        'error',
+        {
+          patterns: [
+            {
+              group: ['../model', '../model/*', '../views', '../views/*'],
+              message: 'api/ and model/ do not import later layers'
+            },
+            {
+              group: [
+                'react',
+                '@jupyterlab/apputils',
+                '@jupyterlab/ui-components'
+              ],
+              message: 'api/ and model/ do not render: that is views/'
+            }
+          ]
+        }
+      ]
+    }
+  },
   prettierRecommended
 );

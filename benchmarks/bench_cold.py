@@ -53,7 +53,7 @@ GPULAYER_SCRIPT = f"""
 import asyncio
 from gpulayer_kernel import bundles
 from gpulayer_kernel.contracts import JobSpec, PythonWorkload
-from gpulayer_kernel.session import open_session
+from gpulayer_kernel.client.connect import open_session
 
 async def main():
     digest, data = bundles.build({{"cell.py": b"1 + 1"}})

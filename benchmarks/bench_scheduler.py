@@ -3,6 +3,7 @@
     python benchmarks/bench_scheduler.py            # 10,000 jobs x 1,000 workers, growth 1k/10k
     python benchmarks/bench_scheduler.py --big      # growth up to 100,000 jobs too
     python benchmarks/bench_scheduler.py --quick    # CI smoke size (seconds)
+    python benchmarks/bench_scheduler.py --against /tmp/before/scheduler   # before vs after
 
 Workers have 0-8 GPUs of several kinds (some simulated, a few cordoned or draining), about half
 of their devices busy; jobs mix CPU and 1/2/4/8-GPU jobs, kinds, memory floors, priorities, CPU
@@ -18,11 +19,17 @@ the ratio printed is the median of per-round ratios. One new job is measured thr
 same cluster as the last pass (the standing cluster reused whole), after a job started or ended on
 one worker (the standing cluster patched: what the ControlPlane's passes see) and without a cache
 (everything built again). The last line is the one-new-job figure.
+
+``--against DIR``: DIR is a copy of ``gpulayer_kernel/scheduler`` from before a change (``cp -r``
+it first). The full pass then also runs through that copy, in the same process, alternating
+pass by pass with this one, each with its own warm cache; the last line gives both CPU medians
+and the median of per-round ratios, and says whether the two gave the same plan.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import random
 import statistics
 import sys
@@ -31,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from types import ModuleType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -304,12 +312,64 @@ def paired(
     )
 
 
+def paired_cpu(
+    new: Callable[[], object], old: Callable[[], object], rounds: int
+) -> tuple[float, float, float]:
+    """Interleaved rounds on the CPU clock: each one's median and the median per-round ratio
+    old/new (CPU time: what a shared machine's load bends least)."""
+    timed(new)
+    timed(old)
+    news, olds, ratios = [], [], []
+    for _ in range(rounds):
+        _, a = timed(new)
+        _, b = timed(old)
+        news.append(a)
+        olds.append(b)
+        ratios.append(b / a)
+    return statistics.median(news), statistics.median(olds), statistics.median(ratios)
+
+
+def load_before(path: Path) -> ModuleType:
+    """The scheduler package copied to ``path``, importable beside this one (its relative
+    imports of ``..contracts`` and the like resolve to this tree's)."""
+    name = "gpulayer_kernel._scheduler_before"
+    spec = importlib.util.spec_from_file_location(
+        name, path / "__init__.py", submodule_search_locations=[str(path)]
+    )
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--against: no scheduler package at {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def same_plan(a: Plan, b: Plan) -> bool:
+    """Equal by value (the two packages' dataclasses are different classes)."""
+
+    def value(p: Plan) -> object:
+        return (
+            [(x.job_id, x.placement) for x in p.assignments],
+            dict(p.pending),
+            {k: (r.devices, r.since, r.starts_by) for k, r in p.reservations.items()},
+        )
+
+    return value(a) == value(b)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="CI smoke size")
     parser.add_argument("--big", action="store_true", help="also measure 100,000 jobs")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        help="a copy of gpulayer_kernel/scheduler from before a change: full passes interleaved",
+    )
     args = parser.parse_args(argv)
+    before = load_before(args.against) if args.against else None
     rng = random.Random(20261129)
     n_workers = 100 if args.quick else 1000
     n_jobs = 1000 if args.quick else 10_000
@@ -413,6 +473,23 @@ def main(argv: list[str] | None = None) -> int:
         f"one new job: {new_ms:.2f} ms (workers={n_workers}, 90% of GPUs busy, {outcome}; "
         f"cpu {cpu:.2f} ms)"
     )
+    if before is not None:
+        old_cache = before.SchedulerCache()
+
+        def run_before(s: Snapshot) -> Plan:
+            with gc_paused():
+                plan: Plan = before.schedule(s, old_cache)
+                return plan
+
+        same = same_plan(run(snap), run_before(snap))
+        new_cpu, old_cpu, ratio = paired_cpu(
+            partial(run, snap), partial(run_before, snap), max(rounds, 9)
+        )
+        print(
+            f"full pass against {args.against}, interleaved: cpu {new_cpu:.0f} ms vs "
+            f"{old_cpu:.0f} ms before (median per-round ratio before / this: {ratio:.2f}; "
+            f"{'the same plan' if same else 'PLANS DIFFER'})"
+        )
     return 0
 
 

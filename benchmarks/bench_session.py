@@ -39,7 +39,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from _machine import describe  # benchmarks/_machine.py (scripts run from benchmarks/)
+from _cpu import BlockCpu, children_of  # benchmarks/_cpu.py (scripts run from benchmarks/)
+from _machine import describe
 
 CELL = "%%gpulayer\nx += 1; x"
 FLOOR = "x = 1"
@@ -175,10 +176,17 @@ def python_api(rounds: int, calls: int, anchors: bool) -> None:
     from gpulayer_kernel.sessions import start_session
 
     home = tempfile.mkdtemp(prefix="gl-bench-session-")
+    me = os.getpid()
+    before = children_of(me)
     bridge = Bridge(Target(local=True, home=home))
     session = start_session("api", bridge=bridge)
     session.run("x = 0")
+    # The trees each side's CPU is read from: the session's zygote and ranks; Ray's processes.
+    gl_roots = {f"gl{i}": p for i, p in enumerate(children_of(me) - before)}
+    before = children_of(me)
     ray_call, ray_stop = ray_actor() if anchors else (None, None)
+    ray_roots = {f"ray{i}": p for i, p in enumerate(children_of(me) - before)}
+    cpu = BlockCpu()
     ours, theirs, ratios = [], [], []
     try:
         for _ in range(3):
@@ -186,17 +194,23 @@ def python_api(rounds: int, calls: int, anchors: bool) -> None:
         for i in range(rounds):
 
             def gl() -> float:
+                at = cpu.before(gl_roots)
                 start = time.perf_counter()
                 for _ in range(calls):
                     session.run("x += 1; x")
-                return (time.perf_counter() - start) / calls
+                wall = (time.perf_counter() - start) / calls
+                cpu.after("gl", gl_roots, at, calls)
+                return wall
 
             def ray_round() -> float:
                 assert ray_call is not None
+                at = cpu.before(ray_roots)
                 start = time.perf_counter()
                 for _ in range(calls):
                     ray_call()
-                return (time.perf_counter() - start) / calls
+                wall = (time.perf_counter() - start) / calls
+                cpu.after("ray", ray_roots, at, calls)
+                return wall
 
             if ray_call is None:
                 ours.append(gl())
@@ -210,10 +224,20 @@ def python_api(rounds: int, calls: int, anchors: bool) -> None:
             ours.append(a)
             theirs.append(b)
             ratios.append(a / b)
-        print(f"Python API, session call:   p50 {median_ms(ours):.3f} ms (target <= 1 ms)")
+        print(
+            f"Python API, session call:   p50 {median_ms(ours):.3f} ms, "
+            f"{cpu.per_call_ms('gl'):.2f} ms CPU (this process + the session's processes)"
+        )
         if theirs:
-            print(f"Ray actor method call:      p50 {median_ms(theirs):.3f} ms")
-            print(f"  session call / Ray actor: {statistics.median(ratios):.2f}x")
+            print(
+                f"Ray actor method call:      p50 {median_ms(theirs):.3f} ms, "
+                f"{cpu.per_call_ms('ray'):.2f} ms CPU (this process + Ray's processes)"
+            )
+            c = cpu.per_call_ms("gl") / max(cpu.per_call_ms("ray"), 1e-9)
+            print(
+                f"  session call / Ray actor: {statistics.median(ratios):.2f}x wall "
+                f"(target <= 1.2x), {c:.2f}x CPU"
+            )
     finally:
         session.stop()
         bridge.close()
@@ -239,6 +263,8 @@ def kernel_cells(rounds: int, anchors: bool, root: Path) -> float:
             served.run("%%gpulayer\nx = 0")
             embedded.run("%gpulayer session start --name two --gpus 2")
             embedded.run("%%gpulayer --session two\nx = 0")
+            kernel = embedded.km.provisioner.pid
+            before = children_of(kernel)
             if anchors:
                 embedded.run(
                     "import ipyparallel as ipp\n"
@@ -246,6 +272,12 @@ def kernel_cells(rounds: int, anchors: bool, root: Path) -> float:
                     "rc.wait_for_engines(1)\nrc[:].activate()\n"
                     "%px x = 0"
                 )
+            # CPU per cell: this process (the frontend), the kernel's own, and the trees of
+            # the way measured: GPUlayer's worker zygotes and ranks, or ipyparallel's processes.
+            ipp_roots = {f"ipp{i}": p for i, p in enumerate(children_of(kernel) - before)}
+            gl_roots = {f"gl{i}": p for i, p in enumerate(before)}
+            roots = {"floor": {}, "session": gl_roots, "two": gl_roots, "px": ipp_roots}
+            cpu = BlockCpu()
             for _ in range(3):
                 embedded.run(FLOOR)
                 embedded.run(CELL)
@@ -256,6 +288,7 @@ def kernel_cells(rounds: int, anchors: bool, root: Path) -> float:
                     order.reverse()
                 got: dict[str, float] = {}
                 for what in order:
+                    at = cpu.before(roots.get(what, {}), alone=[kernel])
                     if what == "floor":
                         got[what] = embedded.run(FLOOR)
                     elif what == "session":
@@ -266,11 +299,16 @@ def kernel_cells(rounds: int, anchors: bool, root: Path) -> float:
                         got[what] = embedded.run("%%gpulayer --session two\nx += 1; x")
                     else:
                         got[what] = embedded.run(PX)
+                    if what != "served":  # the served kernel's server: not measured here
+                        cpu.after(what, roots.get(what, {}), at, alone=[kernel])
                 for key, value in got.items():
                     (px if key == "px" else results[key]).append(value)
                 ratios.append(got["session"] / (got["px"] if anchors else got["floor"]))
             floor = median_ms(results["floor"])
-            print(f"kernel floor (x = 1):             p50 {floor:.2f} ms")
+            print(
+                f"kernel floor (x = 1):             p50 {floor:.2f} ms, "
+                f"{cpu.per_call_ms('floor'):.2f} ms CPU (frontend + kernel)"
+            )
             for key, label, target in (
                 ("session", "session cell, embedded:        ", 3.0),
                 ("served", "session cell, server extension:", 5.0),
@@ -279,12 +317,16 @@ def kernel_cells(rounds: int, anchors: bool, root: Path) -> float:
                 value = median_ms(results[key])
                 added = value - floor
                 met = "met" if added <= target else "MISSED"
+                used = f", {cpu.per_call_ms(key):.2f} ms CPU" if key in cpu.calls else ""
                 print(
-                    f"{label}   p50 {value:.2f} ms (+{added:.2f} ms over the floor; "
+                    f"{label}   p50 {value:.2f} ms{used} (+{added:.2f} ms over the floor; "
                     f"target +{target:g} ms: {met})"
                 )
             if anchors:
-                print(f"ipyparallel %%px --block, 1 engine: p50 {median_ms(px):.2f} ms")
+                print(
+                    f"ipyparallel %%px --block, 1 engine: p50 {median_ms(px):.2f} ms, "
+                    f"{cpu.per_call_ms('px'):.2f} ms CPU (frontend + kernel + its engine's)"
+                )
         finally:
             if anchors:  # the engine and controller are processes of their own
                 with contextlib.suppress(Exception):

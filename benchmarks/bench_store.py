@@ -232,7 +232,7 @@ def profile(url: str, jobs: int, clock: str, top: int = 15) -> None:
 
 
 def failover_seconds(pg: PostgresServer, folder: Path, rounds: int) -> list[float]:
-    from gpulayer_kernel.client import Client
+    from gpulayer_kernel.client.clients import Client
     from gpulayer_kernel.errors import Unavailable
     from gpulayer_kernel.testing import ServeProcess
 

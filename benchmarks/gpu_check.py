@@ -79,8 +79,8 @@ def probe() -> None:
 async def _run_job(spec_data: dict[str, Any], files: dict[str, bytes] | None = None) -> Any:
     """Submit one job to the embedded control plane; return (job, stdout lines)."""
     from gpulayer_kernel import bundles
+    from gpulayer_kernel.client.connect import open_session
     from gpulayer_kernel.contracts import JobSpec, parse
-    from gpulayer_kernel.session import open_session
 
     async with open_session(local_worker=True) as s:
         if files is not None:

@@ -64,7 +64,7 @@ sys.path.insert(0, str(ROOT))
 
 from soak_mix import POOL, Mix, Verdicts, drive, judge  # noqa: E402
 
-from gpulayer_kernel.client import AsyncClient  # noqa: E402
+from gpulayer_kernel.client.clients import AsyncClient  # noqa: E402
 from gpulayer_kernel.contracts import (  # noqa: E402
     CommandWorkload,
     FinishReport,

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpulayer_kernel import bundles
-from gpulayer_kernel.client import AsyncClient
+from gpulayer_kernel.client.clients import AsyncClient
 from gpulayer_kernel.contracts import (
     CellRequest,
     CommandWorkload,

@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .client.connect import open_session
     from .contracts import CommandWorkload, Job, JobSpec, JobState, PythonWorkload, Resources
     from .controlplane import ControlPlane
     from .embedded import Embedded
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
         Unavailable,
         ValidationFailed,
     )
-    from .session import open_session
 
 # Imported on first use: every job process imports this package (the runner, the in-job API), and
 # pydantic + the control plane cost ~300 ms of start-up that a job never needs.
@@ -38,7 +38,7 @@ _LAZY = {
     ),
     "ControlPlane": "controlplane",
     "Embedded": "embedded",
-    "open_session": "session",
+    "open_session": "client.connect",
     **dict.fromkeys(
         [
             "BundleError",

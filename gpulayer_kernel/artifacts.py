@@ -14,7 +14,7 @@ from .contracts import Artifact, Job
 from .errors import BundleError, NotFound
 
 if TYPE_CHECKING:
-    from .session import Session
+    from .client.connect import Session
 
 
 def find_artifact(job: Job, name: str) -> Artifact:
@@ -40,7 +40,7 @@ def find_artifact(job: Job, name: str) -> Artifact:
 
 async def download(s: Session, artifact: Artifact, out: BinaryIO) -> None:
     """Write ``artifact`` to ``out``, checking its digest; streamed from a served control plane."""
-    from .client import AsyncClient  # here: httpx loads only for callers that need it
+    from .client.clients import AsyncClient  # here: httpx loads only for callers that need it
 
     sha = hashlib.sha256()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import socket
 from dataclasses import dataclass
@@ -102,7 +103,7 @@ class Embedded:
         """``db``: a store URL (default: SQLite in the home); ``artifacts``: the blob folder
         (default: in the home; a standby shares it); ``secrets_key``: a key file (default: the
         environment's key, else ``secrets.key`` in the home)."""
-        # Imported here, not at the top: `session.py` imports this module for every command,
+        # Imported here, not at the top: `client/connect.py` imports this module for every command,
         # and one that talks to a served control plane needs none of this (issue 14, item 5).
         from .controlplane import ControlPlane
         from .security.vault import key_source
@@ -156,6 +157,12 @@ class Embedded:
         except BaseException:
             await self.stop()
             raise
+        if self.cp.scheduling.pause_gc:
+            # The control plane's own process (serve, the Jupyter server): what start-up loaded
+            # (modules, contracts, the jobs and workers read back) lives as long as the process,
+            # so the collector's full passes need not walk it again (issue 25).
+            gc.collect()
+            gc.freeze()
         return self
 
     async def _providers(self) -> ProvidersConfig | None:

@@ -9,7 +9,7 @@ Nothing in this module touches CUDA at import time: ``import gpulayer_kernel.tor
 that will fork workers must not create a CUDA context (a forked child cannot use it).
 
 It stands below the Trainer (``gpulayer_kernel.torch`` re-exports every helper) because the
-worker's session ranks use it too (``worker/session_host.py`` joins the process group with it)
+worker's session ranks use it too (``worker/sessions/host.py`` joins the process group with it)
 and must not import the Trainer to do so.
 """
 

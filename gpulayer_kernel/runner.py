@@ -3,7 +3,7 @@
 Modes by entrypoint shape: ``pkg.mod:func`` (called with the job's JSON args; its return value is
 the result), ``script.py`` (run as ``__main__``), ``cell:cell.py`` (a notebook cell: the ``--in``
 values are bound as variables, and the value of the last expression is the result), and
-``session:`` (a rank of a session: ``worker/session_host.py``). The result is
+``session:`` (a rank of a session: ``worker/sessions/host.py``). The result is
 JSON or the job fails with an error that says so; nothing is pickled.
 
 Start-up cost matters here: every cell pays it. This module imports nothing heavy on the common
@@ -61,7 +61,7 @@ def main(argv: list[str], sources: Mapping[str, str] | None = None) -> int:
     entry = argv[0]
     if entry == SESSION_ENTRYPOINT:
         # A rank of a session (ADR 0019): IPython's shell, served over stdin's socket.
-        from .worker import session_host
+        from .worker.sessions import host as session_host
 
         return session_host.main()
     sys.path.insert(0, os.getcwd())

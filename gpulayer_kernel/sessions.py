@@ -11,8 +11,8 @@
 A :class:`SessionHandle` is a thin view over the control plane, through a
 :class:`~gpulayer_kernel.jupyter.bridge.Bridge` (the embedded default, or ``GPULAYER_URL``): it
 holds the session's id and this client's identity, nothing else. The ``%gpulayer session`` magics
-use the same handle and render its output into the notebook. (Not to be confused with
-``gpulayer_kernel.session``, the connection to a control plane, whose name predates sessions.)
+use the same handle and render its output into the notebook. (``gpulayer_kernel.client.connect``
+is the connection to a control plane.)
 """
 
 from __future__ import annotations

@@ -45,9 +45,9 @@ PYTHON_API = {
     ),
     "reference/client.md": (
         "Client API",
-        "`gpulayer_kernel.client`: `Client` and `AsyncClient` for a served control plane, with "
-        "the same calls as an in-process `ControlPlane`.",
-        "gpulayer_kernel.client",
+        "`gpulayer_kernel.client`: `Client` and `AsyncClient` for a served control plane, with the "
+        "same calls as an in-process `ControlPlane`.",
+        "gpulayer_kernel.client.clients",
     ),
 }
 

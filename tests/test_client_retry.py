@@ -1,4 +1,4 @@
-"""The client's retries of keyed writes (ADR 0003, ``failover.py``), against a real server.
+"""The client's retries of keyed writes (ADR 0003, ``ha/failover.py``), against a real server.
 
 THE crash case: a real ``gpulayer serve`` is SIGKILLed at random moments while clients submit
 (one job a call, and batches) with their keys, and restarted on the same port and home; each
@@ -18,10 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpulayer_kernel.client import Client
+from gpulayer_kernel.client.clients import Client
 from gpulayer_kernel.contracts import CommandWorkload, Job, JobSpec
 from gpulayer_kernel.errors import GPUlayerError
-from gpulayer_kernel.failover import Servers
+from gpulayer_kernel.ha.failover import Servers
 from gpulayer_kernel.testing.processes import ServeProcess
 
 

@@ -50,7 +50,7 @@ NEVER_BEFORE_SUBMIT = (
     "ipykernel",
     "jupyter_server",
     "gpulayer_kernel.api",
-    "gpulayer_kernel.client",
+    "gpulayer_kernel.client.clients",
     "gpulayer_kernel.jupyter",
     "gpulayer_kernel.render",
     "gpulayer_kernel.capabilities.readers",

@@ -1,5 +1,5 @@
-"""The JupyterLab panel's own checks (prettier, eslint, strict tsc, vitest), its generated
-contract types, and its built bundle.
+"""The JupyterLab panel's own checks (prettier, eslint, strict tsc, vitest) and its built bundle;
+its contract types are checked against schema.json in test_panel_contracts.py.
 
 They run here so that the README's one test command covers the TypeScript side too. Without
 Node.js/jlpm they skip on a developer machine and fail in CI (``CI`` set), where install.sh
@@ -15,6 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+# jlpm builds, lints and type-checks the panel: past 120 s when xdist workers share the cores.
+pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = str(Path(sys.executable).parent)
@@ -55,21 +58,6 @@ def test_typescript_unit_tests(node_modules: None) -> None:
     r = _run("test")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout
-
-
-def test_the_panels_contract_types_are_generated_from_the_current_schema(
-    node_modules: None, tmp_path: Path
-) -> None:
-    # The panel's types come from contracts/schema.json (itself checked by test_contracts), so
-    # a contract change that skips the TypeScript side fails here, not in a browser.
-    fresh = tmp_path / "contracts.generated.ts"
-    r = _run("build:contracts", "--out", str(fresh))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    checked_in = ROOT / "labextension" / "src" / "contracts.generated.ts"
-    assert fresh.read_text() == checked_in.read_text(), (
-        "labextension/src/contracts.generated.ts is stale: run "
-        "`python -m gpulayer_kernel.contracts.schema && jlpm build:contracts`"
-    )
 
 
 def test_the_built_panel_ships_in_the_package() -> None:

@@ -3,7 +3,7 @@ take no token, for container healthchecks and load balancers (docker/control-pla
 ``HEALTHCHECK`` calls /health).
 
 ``/health`` answers 200 ``Health`` (status, version, role) on the leader here and on a standby
-(``standby.py`` answers it there, with ``role: standby`` and any problem that would stop it
+(``ha/standby.py`` answers it there, with ``role: standby`` and any problem that would stop it
 taking over), so a healthcheck never restarts a healthy standby. ``/ready`` answers 200 only
 where requests are served: a standby answers it 503 ``not_leader``, so a load balancer sends
 traffic to the leader alone. Both answer 503 ``shutting_down`` once their host has begun to

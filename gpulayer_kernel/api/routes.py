@@ -46,6 +46,8 @@ from .handlers import (
 )
 from .health import HealthHandler, ReadyHandler
 from .job_runs import JobBatchHandler, JobFollowHandler, JobRunHandler
+from .kernels import USER_ROUTES as KERNEL_ROUTES
+from .kernels import WORKER_ROUTES as KERNEL_WORKER_ROUTES
 from .mixin import GLMixin
 from .observe import AuditHandler, MetricsHandler
 from .openapi import OpenApiHandler
@@ -101,6 +103,7 @@ USER_ROUTES: tuple[type[GLMixin], ...] = (
     SecretKeyHandler,  # before SecretHandler: "rotate-key" is no secret name, and matches first
     SecretHandler,
     *SESSION_ROUTES,
+    *KERNEL_ROUTES,
     ProvidersHandler,
     InstancesHandler,
     CostsHandler,
@@ -129,6 +132,7 @@ WORKER_ROUTES: tuple[type[WorkerRoute], ...] = (
     WorkerBlobHandler,
     LeaveHandler,
     *SESSION_WORKER_ROUTES,
+    *KERNEL_WORKER_ROUTES,
     DistHandler,
     DistFileHandler,
 )

@@ -141,11 +141,11 @@ class LocalAdmin:
 @contextlib.asynccontextmanager
 async def admin_session() -> AsyncIterator[Admin]:
     """Yield the admin calls of the live control plane, or of the state directory opened here."""
-    from ..session import find_remote
+    from ..client.connect import find_remote
 
     remote = find_remote()
     if remote is not None:
-        from ..client import AsyncClient
+        from ..client.clients import AsyncClient
 
         async with AsyncClient(remote[0], remote[1]) as client:
             yield client

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import download, find_artifact
+from ..client.connect import Session, open_session
 from ..contracts import Artifact
 from ..errors import Conflict
-from ..session import Session, open_session
 from .common import Handler
 
 

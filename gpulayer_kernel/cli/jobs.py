@@ -11,9 +11,9 @@ import json
 import sys
 from typing import Any
 
+from ..client.connect import Session, open_session
 from ..contracts import Job, JobState
 from ..errors import Unavailable
-from ..session import Session, open_session
 from ..words import plain
 from .common import Handler
 from .live import LiveLine

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TextIO
 
+from ..client.connect import Session, job_changes
 from ..contracts import Job
-from ..session import Session, job_changes
 
 ERASE = "\r\x1b[K"  # back to column 0, clear to the end of the line
 

@@ -16,6 +16,7 @@ from . import (
     audit,
     db,
     jobs,
+    kernelspec,
     lab,
     providers,
     run,
@@ -33,6 +34,7 @@ _MODULES = (
     run,
     jobs,
     sessions,
+    kernelspec,
     artifacts,
     lab,
     serve,
@@ -72,7 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         args = parser.parse_args(words)
     try:
-        return asyncio.run(COMMANDS[args.command](args))
+        # A command may bring its own event loop (``serve``: uvloop where installed).
+        with asyncio.Runner(loop_factory=getattr(args, "loop_factory", None)) as runner:
+            return runner.run(COMMANDS[args.command](args))
     except GPUlayerError as exc:
         print(f"gpulayer: error: {plain(exc.message)}", file=sys.stderr)
         if exc.hint:

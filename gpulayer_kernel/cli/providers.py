@@ -12,6 +12,7 @@ import json
 import time
 from typing import Any
 
+from ..client.connect import open_session
 from ..contracts import (
     Budget,
     BudgetStatus,
@@ -23,7 +24,6 @@ from ..contracts import (
 )
 from ..errors import InvalidInput
 from ..security import parse_ttl
-from ..session import open_session
 from ..words import dollars
 from .common import Handler
 

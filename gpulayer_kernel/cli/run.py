@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..client.connect import Session, open_session
 from ..contracts import JobSpec, JobState, parse, parse_pairs
 from ..errors import GPUlayerError, InvalidInput
 from ..jobenv import env_option
-from ..session import Session, open_session
 from ..words import plain
 from .common import Handler
 from .jobs import exit_code_of, follow

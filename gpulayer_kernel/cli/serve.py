@@ -1,8 +1,8 @@
 """``gpulayer serve``: the control plane over HTTP (/api/v1), optionally with a local worker.
 
 On SQLite (the default, in the home) it serves at once. On PostgreSQL (``--db postgresql://…``)
-it first takes the leadership (``store/leadership.py``): while another ``gpulayer serve`` leads
-that database it is a standby (``standby.py``: every request answered 503 ``not_leader``, naming
+it first takes the leadership (``ha/leadership.py``): while another ``gpulayer serve`` leads
+that database it is a standby (``ha/standby.py``: every request answered 503 ``not_leader``, naming
 the leader), and it takes over on the same port the moment the leader is gone. A leader that
 finds it lost the leadership (paused past its lease) steps down before writing and exits with
 status 3, for its supervisor to start it again (as a standby).
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from typing import Any
 
 from .common import Handler, setup_logging, until_signalled
@@ -103,6 +104,7 @@ def add_parsers(sub: Any) -> None:
         "autoscaler launches are given them all, to follow a failover (default: "
         "--advertise-url, else this server's URL)",
     )
+    serve.set_defaults(loop_factory=serve_loop)
     serve.add_argument(
         "--max-wait",
         type=float,
@@ -110,6 +112,20 @@ def add_parsers(sub: Any) -> None:
         metavar="SECONDS",
         help="the longest long-poll the server holds (default 60)",
     )
+
+
+def serve_loop() -> asyncio.AbstractEventLoop:
+    """The server's event loop: uvloop's where it is installed (issue 25, measured with
+    ``benchmarks/bench_http.py``), else asyncio's own; ``GPULAYER_LOOP=asyncio`` asks for
+    asyncio's even where uvloop is installed. Imported only when serving."""
+    if os.environ.get("GPULAYER_LOOP", "").strip().lower() != "asyncio":
+        try:
+            import uvloop
+        except ImportError:  # an optional speed-up: asyncio's loop serves the same
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
 
 
 async def cmd_serve(args: argparse.Namespace) -> int:
@@ -135,7 +151,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
 
 def _cluster_urls(args: argparse.Namespace) -> tuple[str, ...]:
     """The URLs launched workers dial (``--cluster-urls``, else ``--advertise-url``)."""
-    from ..failover import split_urls
+    from ..ha.failover import split_urls
 
     given = args.cluster_urls or args.advertise_url
     return tuple(split_urls(given)) if given else ()
@@ -145,11 +161,11 @@ async def _serve_leading(args: argparse.Namespace, opts: Any) -> int:
     """Stand by until this process leads the database, then serve on the same port."""
     from dataclasses import replace
 
+    from ..ha.leadership import Leadership
+    from ..ha.standby import KeyWatch, StandbyServer, sealing_keys
     from ..home import home_dir
     from ..security import server_context
     from ..security.vault import key_source
-    from ..standby import KeyWatch, StandbyServer, sealing_keys
-    from ..store.leadership import Leadership
 
     ssl_ctx = server_context(opts.tls_cert, opts.tls_key or "") if opts.tls_cert else None
     # The key is checked before standing by: a standby that could not open the secrets would

@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Any
 
-from ..session import open_session
+from ..client.connect import open_session
 from .common import Handler
 
 ACTIONS = ("show", "cells", "stop", "restart", "interrupt")

@@ -173,6 +173,13 @@ class SessionWorkload(Contract):
         description="seconds without a running cell after which the session ends and frees "
         "its GPUs",
     )
+    kernel: bool = Field(
+        False,
+        description="a GPU kernel (ADR 0021): rank 0 is an ipykernel whose messages the control "
+        "plane relays, in place of the session's cells (left out when false)",
+        # A worker from before GPU kernels forbids unknown fields: a session must look as it did.
+        exclude_if=lambda v: not v,
+    )
 
 
 Workload = Annotated[

@@ -82,6 +82,9 @@ class SessionSpec(Contract):
     secrets: SecretNames = Field(default_factory=list)
     labels: Labels = Field(default_factory=dict)
     wait_for_capacity: bool = False
+    kernel: bool = Field(
+        False, description="a GPU kernel (ADR 0021): started by a kernel provisioner, not cells"
+    )
 
 
 class SessionStatus(StrEnum):
@@ -116,6 +119,11 @@ class SessionInfo(Contract):
         None,
         description="computed by the server: when an idle session ends unless a cell runs "
         "first (idle_since + idle_timeout); clients read it rather than repeat the rule",
+    )
+    kernel: bool = Field(
+        False,
+        description="a GPU kernel picked in JupyterLab's launcher (ADR 0021), not a session "
+        "of cells: the panel marks it",
     )
 
     @model_validator(mode="before")

@@ -30,13 +30,13 @@ if TYPE_CHECKING:
     from .outcomes import Outcomes
     from .provisioning import Provisioning
     from .secrets import SecretTable
-    from .sessions import SessionTable
+    from .sessions.table import SessionTable
 
 
 class AdminSide:
     """Secrets, users, providers, costs and budgets (mixed into ``ControlPlane``)."""
 
-    if TYPE_CHECKING:  # set by ControlPlane.__init__ (and SessionSide)
+    if TYPE_CHECKING:  # built by Wiring.__init__ (and SessionSide)
         secrets: SecretTable
         users: UserService
         audit: AuditLog

@@ -110,6 +110,7 @@ class LiveSession:
             idle_timeout=self.idle_timeout,
             reason=self.broken if not job.state.terminal else job.reason,
             ends_at=ends,
+            kernel=getattr(job.spec.workload, "kernel", False),
         )
 
     # -- what a cell may not do --------------------------------------------------------------------

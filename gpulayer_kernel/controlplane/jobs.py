@@ -11,7 +11,11 @@ result, a pending report, progress, a retry), is checked against ``states`` and 
   job's waiters, then tell ``on_change`` (the control plane's wiring) what changed.
 
 ``commit`` is the two together. A scheduling pass stages many placements, then flushes them at
-once. ``fold`` keeps a staged change back for the job's next flush: a short job's start, reported
+once. ``grouped`` does the same for a worker's report of many jobs' ends: the flushes that the
+tasks applying its entries ask for are held back and made as one when they are all done (one
+group commit, then one event each and the waiters woken, in the order staged).
+
+``fold`` keeps a staged change back for the job's next flush: a short job's start, reported
 with its end (protocol 1.1), is written with the end, one write of the job for both. Pending
 reports and progress are flushed without a store write (they are recomputed or resent), and a
 pending report whose reasons did not change is not announced.
@@ -95,13 +99,24 @@ class JobTable:
         # The event seq of each cached job's last announced change: what a follower has seen.
         self._versions: dict[str, int] = {}
         self.ledger: Ledger | None = None  # the control plane sets one (it prices attempts)
+        # Worker id -> its placed or running jobs, kept by ``stage``: a worker's usage is
+        # recounted per job start and end, and walking every active job for it made a busy
+        # queue quadratic (0.8 ms a recount with 500 jobs active).
+        self._on_worker: dict[str, dict[str, Job]] = {}
         self._costs: list[CostEntry] = []  # ledger rows staged, written by the next flush
+        # Task -> the changes its flushes held back (``grouped``). Keyed by task, not by a
+        # context variable: a task or callback started from one must not join the group.
+        self._held: dict[asyncio.Task[Any], list[Change]] = {}
+        # Jobs with a change held back: nobody is woken for them until it is stored (a log
+        # line of a batch would otherwise show a follower the job's end before it is written).
+        self._holding: set[str] = set()
 
     async def load(self) -> None:
         """Read numbering and the active jobs back from the store (at start)."""
         self.seq = await self.store.max_job_seq()
         for job in await self.store.list_jobs(JobQuery(states=ACTIVE_STATES, limit=1_000_000)):
             self._active[job.id] = job
+            self._index(None, job)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -111,6 +126,28 @@ class JobTable:
 
     def active_job(self, job_id: str) -> Job | None:
         return self._active.get(job_id)
+
+    def on_worker(self, worker_id: str) -> list[Job]:
+        """The placed and running jobs of which the worker holds a part, oldest first."""
+        return list(self._on_worker.get(worker_id, {}).values())
+
+    def _index(self, before: Job | None, after: Job | None) -> None:
+        """Keep ``_on_worker`` in step with one job's change (None: not active)."""
+        was = _holders(before)
+        now = _holders(after)
+        ref = after if after is not None else before
+        if ref is None or not (was or now):
+            return
+        for wid in was:
+            if wid not in now:
+                held = self._on_worker.get(wid)
+                if held is not None:
+                    held.pop(ref.id, None)
+                    if not held:
+                        del self._on_worker[wid]
+        if after is not None:
+            for wid in now:
+                self._on_worker.setdefault(wid, {})[ref.id] = after
 
     def queued_of(self, owners: set[str]) -> int:
         """How many jobs of these users wait in the queue now."""
@@ -192,8 +229,10 @@ class JobTable:
             await self._signals.wait(job_id, left)
 
     def wake(self, job_id: str) -> None:
-        """Wake the job's waiters (new log lines, a rendezvous) without changing the job."""
-        self._signals.fire(job_id)
+        """Wake the job's waiters (new log lines, a rendezvous) without changing the job; for a
+        job with a change held back (``grouped``), its flush wakes them."""
+        if job_id not in self._holding:
+            self._signals.fire(job_id)
 
     async def changed(self, job_id: str, timeout: float | None) -> bool:
         """Wait for the job's next change or wake-up; False when ``timeout`` passed first."""
@@ -263,6 +302,7 @@ class JobTable:
             self._costs.extend(rows)
         if after.state.terminal or after.state == JobState.QUEUED:
             self._nodes_done.pop(job_id, None)
+        self._index(before, None if after.state.terminal else after)
         if after.state.terminal:
             del self._active[job_id]
             self._finished[job_id] = after
@@ -285,6 +325,12 @@ class JobTable:
         if self._folded and persist:
             ids = dict.fromkeys(c.after.id for c in changes)
             changes = [*(f for i in ids for f in self._folded.pop(i, [])), *changes]
+        if self._held and persist and announce and changes:
+            held = self._held.get(asyncio.current_task())  # type: ignore[arg-type]
+            if held is not None:
+                held.extend(changes)  # written by ``grouped``'s flush, in this order
+                self._holding.update(c.after.id for c in changes)
+                return
         if persist and changes:
             ids = dict.fromkeys(c.after.id for c in changes)
             await self._save([self.cached(i) or _last(changes, i) for i in ids])
@@ -355,6 +401,37 @@ class JobTable:
         await self.flush([change])
         return change.after
 
+    async def grouped(
+        self, tasks: Sequence[asyncio.Task[Any]], changes: list[Change] | None = None
+    ) -> list[Change]:
+        """Wait for ``tasks``, holding back the flushes they ask for, then make them as one flush
+        (one group commit; events and wake-ups in the order staged); returns what it flushed
+        (also appended to ``changes``, which a caller reads when the flush raised).
+
+        A task's ``commit`` returns once its change is staged, not stored: the caller answers
+        nobody before this returns. A flush that fails leaves the changes dirty (in memory,
+        written later) and raises here. What the tasks raise is theirs to read (``result``).
+        """
+        changes = [] if changes is None else changes
+        if not tasks:
+            return changes
+        for task in tasks:
+            self._held[task] = changes
+        try:
+            await asyncio.wait(tasks)
+        finally:
+            # Even when cancelled: a staged change must reach the store. A task still running
+            # (a cancel reached it late) flushes on its own from here on.
+            for task in tasks:
+                self._held.pop(task, None)
+            try:
+                if changes:
+                    await self.flush(changes)
+            finally:
+                # After the flush's wake-ups (no await between): they run once this returns.
+                self._holding.difference_update(c.after.id for c in changes)
+        return changes
+
     def version(self, job_id: str) -> int:
         """The event seq of the job's last announced change (0: none since this start; a job
         out of the cache is final and changes no more)."""
@@ -381,6 +458,15 @@ class JobTable:
         done = self._nodes_done.setdefault(job_id, set())
         done.add(worker_id)
         return len(done)
+
+
+def _holders(job: Job | None) -> tuple[str, ...]:
+    """The workers holding a part of a placed or running job (none for any other)."""
+    if job is None or job.placement is None:
+        return ()
+    if job.state not in (JobState.PLACED, JobState.RUNNING):
+        return ()
+    return tuple(n.worker_id for n in job.placement.nodes)
 
 
 def _last(changes: Sequence[Change], job_id: str) -> Job:

@@ -39,6 +39,7 @@ from ..contracts import (
     Offer,
     WorkerInfo,
 )
+from ..contracts._base import built
 from ..contracts.costs import Outcome
 from ..providers.config import CostSettings
 
@@ -203,26 +204,30 @@ class Ledger:
         p = self.price(job)
         hours = self.hours(job)
         # Built without validation, every field given: computed here, never user input (a
-        # placement and an end happen per job; validating both records cost ~30 us a job).
-        return AttemptRecord.model_construct(
-            attempt=job.attempts,
-            placed_at=job.placed_at or now,
-            started_at=None,
-            ended_at=None,
-            outcome=None,
-            reason=None,
-            exit_code=None,
-            retried=False,
-            retry_at=None,
-            workers=[n.worker_name for n in job.placement.nodes],
-            instances=list(p.instances),
-            provider=p.provider,
-            units=p.units,
-            unit_price=round(p.unit_price, 6),
-            estimate_hours=round(hours, 6),
-            estimate=round(p.units * p.unit_price * hours, 6),
-            gpu_seconds=None,
-            charge=None,
+        # placement and an end happen per job; validating both records cost ~30 us a job, and
+        # ``model_construct`` was still half of the ledger's 180 us a job: ``built`` is a fifth).
+        return built(
+            AttemptRecord,
+            {
+                "attempt": job.attempts,
+                "placed_at": job.placed_at or now,
+                "started_at": None,
+                "ended_at": None,
+                "outcome": None,
+                "reason": None,
+                "exit_code": None,
+                "retried": False,
+                "retry_at": None,
+                "workers": [n.worker_name for n in job.placement.nodes],
+                "instances": list(p.instances),
+                "provider": p.provider,
+                "units": p.units,
+                "unit_price": round(p.unit_price, 6),
+                "estimate_hours": round(hours, 6),
+                "estimate": round(p.units * p.unit_price * hours, 6),
+                "gpu_seconds": None,
+                "charge": None,
+            },
         )
 
     def _ended(
@@ -255,19 +260,22 @@ class Ledger:
     @staticmethod
     def _row(job: Job, r: AttemptRecord, now: float) -> CostEntry:
         charge = r.charge is not None
-        return CostEntry.model_construct(
-            job_id=job.id,
-            attempt=r.attempt,
-            kind=CostKind.CHARGE if charge else CostKind.ESTIMATE,
-            amount=r.charge if r.charge is not None else r.estimate,
-            at=(r.ended_at or now) if charge else r.placed_at,
-            job_name=job.spec.name,
-            user=job.owner,
-            project=job.spec.labels.get(PROJECT_LABEL),
-            provider=r.provider,
-            instances=r.instances,
-            workers=r.workers,
-            units=r.units,
-            unit_price=r.unit_price,
-            seconds=r.gpu_seconds if charge else None,
+        return built(
+            CostEntry,
+            {
+                "job_id": job.id,
+                "attempt": r.attempt,
+                "kind": CostKind.CHARGE if charge else CostKind.ESTIMATE,
+                "amount": r.charge if r.charge is not None else r.estimate,
+                "at": (r.ended_at or now) if charge else r.placed_at,
+                "job_name": job.spec.name,
+                "user": job.owner,
+                "project": job.spec.labels.get(PROJECT_LABEL),
+                "provider": r.provider,
+                "instances": r.instances,
+                "workers": r.workers,
+                "units": r.units,
+                "unit_price": r.unit_price,
+                "seconds": r.gpu_seconds if charge else None,
+            },
         )

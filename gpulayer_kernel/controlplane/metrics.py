@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .ledger import Ledger
     from .provisioning import Provisioning
     from .scheduling import SchedulingLoop
-    from .sessions import SessionTable
+    from .sessions.table import SessionTable
     from .workers import WorkerRegistry
 
 

@@ -1,7 +1,7 @@
 """Provisioning and accounting, wired (ADR 0010, 0011): the ledger, budgets, instances and,
 where this control plane serves workers, the autoscaler.
 
-The control plane's facade (``core.py``) keeps one ``Provisioning`` and calls it at the few
+The control plane (built in ``wiring.py``) keeps one ``Provisioning`` and calls it at the few
 points where jobs and workers meet money and machines: a submit (the budget check), a join (an
 instance's worker), a job change (budgets' committed estimates), and the read calls the CLI, the
 API and the panel use (providers, instances, costs, budgets). The ledger itself is wired into

@@ -1,6 +1,6 @@
 """The ControlPlane's worker side (ADR 0003): what a worker agent calls — join, poll for work,
 report its jobs and cells, rendezvous, leave — over the parts that do the work. A base of
-``ControlPlane`` (``core.py`` wires the parts); it changes with the worker protocol.
+``ControlPlane`` (``wiring.py`` builds the parts); it changes with the worker protocol.
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ if TYPE_CHECKING:
     from .provisioning import Provisioning
     from .reports import Reports
     from .scheduling import SchedulingLoop
-    from .sessions import SessionTable
+    from .sessions.table import SessionTable
     from .workers import WorkerRegistry
 
 
 class WorkerSide:
     """The calls of the worker protocol (mixed into ``ControlPlane``)."""
 
-    if TYPE_CHECKING:  # set by ControlPlane.__init__
+    if TYPE_CHECKING:  # built by Wiring.__init__
         clock: Clock
         store: MetadataStore
         dispatch: Dispatcher

@@ -6,7 +6,7 @@ thread with its own asyncio loop; on it lives the Session the kernel talks to:
 
 * the embedded default (ControlPlane on SQLite under ``$GPULAYER_HOME`` + an in-process local
   worker) when no server is configured — plain IPython, a script, nbval;
-* the HTTP client (``gpulayer_kernel.client.AsyncClient``) when ``GPULAYER_URL`` is set (the
+* the HTTP client (``gpulayer_kernel.client.clients.AsyncClient``) when ``GPULAYER_URL`` is set (the
   Jupyter server extension sets it, with ``GPULAYER_TOKEN``, in every kernel's environment) or
   after ``%gpulayer connect URL``.
 
@@ -34,11 +34,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
+from ..client.connect import LONG_POLL, URL_ENV, Session, open_session
 from ..contracts import Job, JobFollow, JobSpec, JobState, LogPage, LogRecord, WorkerInfo
 from ..contracts.reports import MAX_INLINE_BUNDLE
 from ..errors import GPUlayerError, NotFound, Unavailable
 from ..home import home_dir
-from ..session import LONG_POLL, URL_ENV, Session, open_session
 
 T = TypeVar("T")
 
@@ -138,7 +138,7 @@ class Bridge:
         t = self.target
         if t.url:
             try:
-                from ..client import AsyncClient  # type: ignore[import-not-found,unused-ignore]
+                from ..client.clients import AsyncClient  # type: ignore[import-not-found,unused-ignore]
             except ImportError as exc:  # pragma: no cover - ships with the package
                 raise Unavailable(f"the HTTP client is unavailable: {exc}") from None
             async with AsyncClient(t.url, t.token or "") as client:

@@ -45,12 +45,12 @@ from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Float, Int, List, Unicode
 
 from ..api import ApiServer, HandlerSpec, make_context, op_of, user_handlers, worker_handlers
+from ..client.connect import TOKEN_ENV, URL_ENV
 from ..contracts import ADMIN_USER
 from ..embedded import Embedded
 from ..errors import GPUlayerError, Unavailable
 from ..home import HOME_ENV
 from ..security import Identity, Role, TokenKind, TokenService
-from ..session import TOKEN_ENV, URL_ENV
 
 log = logging.getLogger("gpulayer.jupyter")
 

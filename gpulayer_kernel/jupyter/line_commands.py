@@ -22,7 +22,7 @@ from ..words import count, plain
 from .bridge import Target, get_bridge, reconnect
 from .display_mode import DISPLAY_MODES, display_mode, set_display_mode
 from .handle import CellError
-from .sessionkernel import pull_command, push_command, session_command
+from .sessions.current import pull_command, push_command, session_command
 
 new_parser = cast(Callable[..., MagicArgumentParser], MagicArgumentParser)
 

@@ -30,7 +30,7 @@ from .. import render, textview, transfer
 from ..contracts import Job, JobSpec, parse, parse_pairs
 from ..runner import LAST_VALUE, SHOWN_KEY
 from ..sessions import SessionCellError
-from . import line_commands, sessionlink
+from . import line_commands
 from .bridge import Bridge, get_bridge
 from .cellspec import (
     CELL_FILE,
@@ -44,8 +44,9 @@ from .cellspec import (
 )
 from .display_mode import display_mode
 from .handle import CellError, JobHandle, NoResult, follow, result_of
-from .sessioncells import one_shot_asked, run_session_cell
-from .sessionkernel import kernel_sessions
+from .sessions import link as sessionlink
+from .sessions.cells import one_shot_asked, run_session_cell
+from .sessions.current import kernel_sessions
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 # IPython's magic_arguments is untyped, and its magic markers return a union; typed views of them:

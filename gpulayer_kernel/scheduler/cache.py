@@ -11,7 +11,10 @@ pass), the **shape key** of each ``Resources`` object (a queued job keeps its ob
 passes), the GPU verdict per (GPU request, profile), device picks per (free mask, count), report
 reason counts and report templates, and the **standing cluster** (cluster.py: the workers sorted
 and classed with their free capacity, patched where what runs on a worker changed), which makes
-a pass for one new job cost what that job needs rather than a walk over every worker.
+a pass for one new job cost what that job needs rather than a walk over every worker. Per shape
+number, its ``Shape`` and what the static checks say of it in the standing cluster
+(shapes.py): verdict per class, selector matches, ranking lanes, CPU order, the reports' static
+counts; an entry names the cluster and label index it came from and is used only with them.
 
 Bounded: every map is **generational**. A pass starts by turning the current entries into old
 ones; each entry the pass uses moves back; the pass ends by dropping the old ones that nothing
@@ -37,9 +40,19 @@ from typing import Any
 
 from ..contracts import PlacementReport, Reason, ReasonCount, Resources, WorkerCapabilities
 from .cluster import Cluster, standing
-from .feasible import Fit, Profile, Shape, derive_profile, gpu_fit, gpu_value, shape_value
+from .feasible import (
+    Fit,
+    Profile,
+    Shape,
+    derive_profile,
+    gpu_fit,
+    gpu_value,
+    make_shape,
+    shape_value,
+)
 from .memo import Memo
 from .model import WorkerView
+from .shapes import ShapeInfo
 
 
 class SchedulerCache:
@@ -63,6 +76,11 @@ class SchedulerCache:
         # The last pass's workers, classes and free capacity (cluster.py): one, replaced when a
         # pass cannot patch it, so it is bounded by the cluster's size.
         self.cluster: Cluster | None = None
+        # Per shape number: its Shape, and what the static checks say of it in one standing
+        # cluster (shapes.py), with that cluster and its label index (None: no selector), so an
+        # entry from another cluster, or from before its labels changed, is never used.
+        self._shape_objs: Memo[int, tuple[Shape, tuple[object, ...]]] = Memo()  # + gpu_value
+        self.infos: Memo[int, tuple[Cluster, object, ShapeInfo]] = Memo()
         self._memos: tuple[Memo[Any, Any], ...] = (
             self._profiles,
             self._shapes,
@@ -71,6 +89,8 @@ class SchedulerCache:
             self.picks,
             self.counts,
             self.templates,
+            self._shape_objs,
+            self.infos,
         )
 
     def size(self) -> int:
@@ -174,10 +194,52 @@ class SchedulerCache:
             out.append((key, uid))
         return out
 
+    def shapes(self, rs: Sequence[Resources]) -> list[Shape]:
+        """The ``Shape`` of each (``shape`` of its ``shape_key``), in one walk: a pass asks for
+        every queued job's, and a queued job keeps its ``Resources`` object between passes."""
+        memo = self._shapes
+        new, old = memo.new, memo.old
+        seen: dict[int, Shape] = {}  # shape number -> its Shape, this call
+        out: list[Shape] = []
+        for r in rs:
+            i = id(r)
+            hit = new.get(i)
+            if hit is None and old:
+                hit = old.pop(i, None)
+                if hit is not None:
+                    new[i] = hit
+            if hit is None or hit[0] is not r:
+                key = shape_value(r)
+                uid = self._shape_uids.get(key)
+                if uid is None:
+                    uid = self._shape_uids[key] = next(self._uids)
+                hit = new[i] = (r, key, uid)
+                self._added = True
+            shape = seen.get(hit[2])
+            if shape is None:
+                shape = seen[hit[2]] = self.shape(r, hit[1], hit[2])
+            out.append(shape)
+        return out
+
+    def shape(self, r: Resources, key: tuple[object, ...], uid: int) -> Shape:
+        """The ``Shape`` of ``r``, whose ``shape_key`` is ``(key, uid)``: one object per number
+        while it stays in use (its ``uid`` is that number)."""
+        hit = self._shape_objs.get(uid)
+        if hit is None:
+            gpu_key = gpu_value(r)
+            shape = make_shape(r, key, uid, self._gpu_uid(gpu_key))
+            self._shape_objs.put(uid, (shape, gpu_key))
+            return shape
+        # Its GPU number stays in use with it: a later shape asking the same GPUs gets it too.
+        self._gpu_uids.get(hit[1])
+        return hit[0]
+
     def gpu_uid(self, r: Resources) -> int:
         """A small int per distinct ``gpu_value(r)``: requests with equal ints get the same GPU
         verdict on a profile."""
-        key = gpu_value(r)
+        return self._gpu_uid(gpu_value(r))
+
+    def _gpu_uid(self, key: tuple[object, ...]) -> int:
         uid = self._gpu_uids.get(key)
         if uid is None:
             uid = self._gpu_uids.put(key, next(self._uids))

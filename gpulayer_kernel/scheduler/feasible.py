@@ -118,7 +118,7 @@ class Shape:
     """What a job asks for, without its identity: jobs of one shape are interchangeable."""
 
     key: tuple[object, ...]
-    uid: int  # numbers the shapes of one pass (hot paths hash it, not ``key``)
+    uid: int  # the cache's number for ``key`` (hot paths hash it, not ``key``)
     gpu_uid: int  # numbers the distinct GPU requests (``gpu_key``) of one pass
     gpus: int  # per node
     nodes: int

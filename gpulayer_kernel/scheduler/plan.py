@@ -18,29 +18,15 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from ..contracts import NodePlacement, Placement, PlacementReport
 from .cache import SchedulerCache
-from .explain import PlacedNode, finish, noted, placed_sentence
-from .feasible import Fit, Shape, WorkerClass, check, make_shape, selected
+from .explain import finish, noted, placed_node, placed_where, placed_why
+from .feasible import Fit, Shape, WorkerClass, check, selected
 from .model import Assignment, JobRequest, Plan, Reservation, Snapshot, WorkerView
-from .rank import INF, Lane, NodeChoice, bits, lanes
+from .rank import INF, NodeChoice, bits, lanes
+from .shapes import ShapeInfo
 from .share import QuotaLedger, fair_notes, fair_order
-
-
-@dataclass(slots=True, eq=False)
-class ShapeInfo:
-    """Per-shape facts for one pass."""
-
-    shape: Shape
-    fits: list[Fit]  # indexed by class id
-    gpu: list[tuple[WorkerClass, Fit]]  # classes with devices for it
-    cpu: list[tuple[WorkerClass, Fit]]  # classes that run it without devices
-    ok: frozenset[int] | None  # workers whose labels match its selector (None: no selector)
-    cpu_order: list[int] | None = None  # workers for a CPU placement, best first (lazy)
-    lanes: list[list[Lane]] | None = None  # per kind choice, for rank.gpu_candidates (lazy)
-    cpu_cursor: int = 0  # workers before it lack CPUs for this shape (CPUs only fall)
 
 
 def schedule(snapshot: Snapshot, cache: SchedulerCache | None = None) -> Plan:
@@ -83,26 +69,24 @@ class _Pass:
         self.quota = QuotaLedger(snapshot)
         self.held_back: dict[str, str] = {}  # job id -> why its user's quota holds it back
         cache = self.cache
-        shapes: dict[int, Shape] = {}
-        self.job_shapes: list[Shape] = []
-        keys = cache.shape_keys([job.resources for job in self.queue])
-        for job, (key, kid) in zip(self.queue, keys, strict=True):
-            shape = shapes.get(kid)
-            if shape is None:
-                g = cache.gpu_uid(job.resources)
-                shape = shapes[kid] = make_shape(job.resources, key, len(shapes), g)
-            self.job_shapes.append(shape)
-        cpu_asks = sorted({s.cpus for s in shapes.values() if s.cpus is not None})
-        names = frozenset(s.worker for s in shapes.values() if s.worker is not None)
-        self.has_selectors = any(s.selector for s in shapes.values())
+        self.job_shapes: list[Shape] = cache.shapes([job.resources for job in self.queue])
+        shapes = dict.fromkeys(self.job_shapes)  # one Shape object per shape number
+        cpu_asks = sorted({s.cpus for s in shapes if s.cpus is not None})
+        names = frozenset(s.worker for s in shapes if s.worker is not None)
+        self.has_selectors = any(s.selector for s in shapes)
         # Workers sorted, classed and their free capacity: kept by the cache between passes and
         # patched where a worker's running jobs changed (cluster.py); this pass places on a copy.
-        cluster = cache.cluster_for(snapshot.workers, cpu_asks, names)
+        cluster = self.cluster = cache.cluster_for(snapshot.workers, cpu_asks, names)
         self.workers: list[WorkerView] = cluster.workers
         self.classes = cluster.classes
         self.index = cluster.index.fork(cache.picks)
         self.labels = cluster.labels() if self.has_selectors else {}
         self.infos: dict[int, ShapeInfo] = {}
+        self.cursors: dict[int, int] = {}  # shape uid -> place_cpu's start (CPUs only fall)
+        # Why a placement went where it went, by everything placed_why reads: jobs of one shape
+        # placed alike share the words, and only where they went is written per job.
+        self.whys: dict[tuple[object, ...], str] = {}
+        self.cpu_sentences: dict[tuple[object, ...], str] = {}  # place_cpu's, by its workers
         self.verdicts: dict[
             tuple[int, float | None, str | None],
             tuple[list[Fit], list[tuple[WorkerClass, Fit]], list[tuple[WorkerClass, Fit]]],
@@ -116,24 +100,32 @@ class _Pass:
     def info(self, shape: Shape) -> ShapeInfo:
         info = self.infos.get(shape.uid)
         if info is None:
-            # The class checks read neither the selector nor anything outside (GPU request,
-            # CPUs, worker name): shapes that differ only there share one verdict list.
-            key = (shape.gpu_uid, shape.cpus, shape.worker)
-            verdicts = self.verdicts.get(key)
-            if verdicts is None:
-                gpu_fit = self.cache.gpu_fit
-                fits = [check(shape, cls, gpu_fit) for cls in self.classes]
-                gpu = [(c, f) for c, f in zip(self.classes, fits, strict=True) if f.masks]
-                cpu = [(c, f) for c, f in zip(self.classes, fits, strict=True) if f.cpu_only]
-                verdicts = self.verdicts[key] = (fits, gpu, cpu)
-            ok = selected(shape.selector, self.labels) if shape.selector else None
-            info = self.infos[shape.uid] = ShapeInfo(shape, *verdicts, ok)
+            # Derived from the standing cluster and its labels alone: an earlier pass's serves
+            # while the cache hands this pass the same cluster (shapes.py).
+            labels = self.labels if shape.selector else None
+            infos = self.cache.infos
+            hit = infos.get(shape.uid)
+            if hit is not None and hit[0] is self.cluster and hit[1] is labels:
+                info = hit[2]
+            else:
+                info = self._derive(shape)
+                infos.put(shape.uid, (self.cluster, labels, info))
+            self.infos[shape.uid] = info
         return info
 
-    def verdicts_for(self, shape: Shape) -> tuple[list[Fit], frozenset[int] | None]:
-        """The static verdict per class for ``shape``, and the workers its selector matches."""
-        info = self.info(shape)
-        return info.fits, info.ok
+    def _derive(self, shape: Shape) -> ShapeInfo:
+        # The class checks read neither the selector nor anything outside (GPU request, CPUs,
+        # worker name): shapes that differ only there share one verdict list.
+        key = (shape.gpu_uid, shape.cpus, shape.worker)
+        verdicts = self.verdicts.get(key)
+        if verdicts is None:
+            gpu_fit = self.cache.gpu_fit
+            fits = [check(shape, cls, gpu_fit) for cls in self.classes]
+            gpu = [(c, f) for c, f in zip(self.classes, fits, strict=True) if f.masks]
+            cpu = [(c, f) for c, f in zip(self.classes, fits, strict=True) if f.cpu_only]
+            verdicts = self.verdicts[key] = (fits, gpu, cpu)
+        ok = selected(shape.selector, self.labels) if shape.selector else None
+        return ShapeInfo(shape, *verdicts, ok)
 
     def allowed(self, job: JobRequest) -> frozenset[str]:
         """Active reservations whose devices ``job`` may use: it ends before they start."""
@@ -156,22 +148,35 @@ class _Pass:
         unreservable: set[int] = set()  # shapes that found nothing to reserve (holds only grow)
         snap = self.snap
         empty: frozenset[str] = frozenset()
+        active = self.active
+        quotas = self.quota.quotas
+        allowed_now = self.allowed
+        # (timeout, reservations active) -> allowed_now's answer: the same for every job with
+        # that timeout until another reservation starts (one lookup instead of a call per job).
+        usable: dict[tuple[float, int], frozenset[str]] = {}
         for job, shape in zip(self.queue, self.job_shapes, strict=True):
-            allowed = empty if job.timeout is None or not self.active else self.allowed(job)
+            timeout = job.timeout
+            if timeout is None or not active:
+                allowed = empty
+            else:
+                at = (timeout, len(active))
+                hit = usable.get(at)
+                allowed = usable[at] = allowed_now(job) if hit is None else hit
             key = (shape.uid, allowed)
-            over = self.quota.blocked(job) if self.quota.quotas else None
+            over = self.quota.blocked(job) if quotas else None
             if over is not None:
                 self.held_back[job.id] = over  # its shape may still fit another user's job
             elif key not in failed:
                 placement = self.place(job, shape, self.info(shape), allowed)
                 if placement is not None:
                     assignments.append(Assignment(job.id, placement))
-                    self.quota.take(job)
+                    if quotas:
+                        self.quota.take(job)
                     continue
                 failed.add(key)
             if (
                 shape.gang
-                and len(self.active) < snap.max_reservations
+                and len(active) < snap.max_reservations
                 and self.now - job.submitted_at >= snap.reserve_after
                 and shape.uid not in unreservable
                 and not self.reserve(job, shape, self.info(shape))
@@ -204,29 +209,26 @@ class _Pass:
         own = prior is not None
         backfill: str | None = None
         out: list[NodePlacement] = []
-        said: list[PlacedNode] = []
+        where: list[str] = []
+        gang = len(nodes) > 1
+        index = self.index
         for rank, node in enumerate(nodes):
             w = self.workers[node.worker]
-            self.index.take(node.worker, node.devices, shape.cpus, until)
+            index.take(node.worker, node.devices, shape.cpus, until)
             devices = bits(node.devices)
-            sim = bool(node.devices & self.index.profiles[node.worker].sim_mask)
+            sim = bool(node.devices & index.profiles[node.worker].sim_mask)
             if prior is not None and not set(devices) <= set(prior.devices.get(w.id, ())):
                 own = False
             backfill = backfill or node.via
-            out.append(
-                NodePlacement(
-                    worker_id=w.id,
-                    worker_name=w.name,
-                    devices=devices,
-                    simulated=sim,
-                    node_rank=rank,
-                )
+            out.append(_node(w.id, w.name, devices, sim, rank))
+            where.append(placed_node(w.name, devices, sim, rank if gang else None))
+        key = (shape.uid, tuple(n.left_free for n in nodes), choice, own, backfill)
+        why = self.whys.get(key)
+        if why is None:
+            why = self.whys[key] = placed_why(
+                shape, key[1], choice=choice, own_reservation=own, backfill_of=backfill
             )
-            said.append(PlacedNode(w.name, tuple(devices), node.left_free, sim))
-        sentence = placed_sentence(
-            shape, said, choice=choice, own_reservation=own, backfill_of=backfill
-        )
-        return Placement(nodes=out, explanation=sentence)
+        return _placement(out, placed_where(where, why))
 
     def place_cpu(self, shape: Shape, info: ShapeInfo, *, fallback: bool) -> Placement | None:
         """A placement without devices: a CPU job, or a GPU job's CPU fallback."""
@@ -235,32 +237,46 @@ class _Pass:
         order = info.cpu_order
         cpus = self.index.cpus
         need = shape.cpus
+        start = self.cursors.get(shape.uid, 0)
         if need is not None:
-            while info.cpu_cursor < len(order) and cpus[order[info.cpu_cursor]] < need:
-                info.cpu_cursor += 1
-        chosen: list[int] = []
-        for k in range(info.cpu_cursor, len(order)):
-            i = order[k]
-            if need is None or cpus[i] >= need:
-                chosen.append(i)
-                if len(chosen) == shape.nodes:
-                    break
+            while start < len(order) and cpus[order[start]] < need:
+                start += 1
+            self.cursors[shape.uid] = start
+        if need is None:
+            chosen = order[start : start + shape.nodes]
+        else:
+            chosen = []
+            for k in range(start, len(order)):
+                i = order[k]
+                if cpus[i] >= need:
+                    chosen.append(i)
+                    if len(chosen) == shape.nodes:
+                        break
         if len(chosen) < shape.nodes:
             return None
+        index = self.index
+        workers = self.workers
+        # Without devices the words name only the workers and whether it is a fallback (a CPU
+        # job's placement is never one): jobs placed on the same workers share the sentence.
+        key = (fallback, *chosen)
+        sentence = self.cpu_sentences.get(key)
+        if sentence is None:
+            gang = len(chosen) > 1
+            where = [
+                placed_node(workers[i].name, (), False, rank if gang else None)
+                for rank, i in enumerate(chosen)
+            ]
+            gpu_worker = index.profiles[chosen[0]].usable_count > 0
+            lefts = tuple(index.count[i] for i in chosen)
+            why = placed_why(shape, lefts, fallback=fallback, gpu_worker=gpu_worker)
+            sentence = self.cpu_sentences[key] = placed_where(where, why)
         out: list[NodePlacement] = []
-        said: list[PlacedNode] = []
         for rank, i in enumerate(chosen):
-            w = self.workers[i]
-            self.index.take(i, 0, need, INF)
-            out.append(
-                NodePlacement(
-                    worker_id=w.id, worker_name=w.name, node_rank=rank, cpu_fallback=fallback
-                )
-            )
-            said.append(PlacedNode(w.name, (), self.index.count[i], False))
-        gpu_worker = self.index.profiles[chosen[0]].usable_count > 0
-        sentence = placed_sentence(shape, said, fallback=fallback, gpu_worker=gpu_worker)
-        return Placement(nodes=out, explanation=sentence)
+            w = workers[i]
+            if need:
+                index.cpus[i] -= need  # Index.take without devices, inlined: thousands a pass
+            out.append(_cpu_node(w.id, w.name, rank, fallback))
+        return _placement(out, sentence)
 
     # -- reservations ------------------------------------------------------------------------
 
@@ -357,12 +373,14 @@ class _Pass:
             self.classes,
             self.workers,
             self.reservations,
-            self.verdicts_for,
+            self.info,
             self.cache.counts,
             self.cache.templates,
         )
         Key = tuple[int, frozenset[str] | None, str | None]
-        templates: dict[Key, tuple[PlacementReport, tuple[str, str]]] = {}
+        Hit = tuple[PlacementReport, tuple[str, str]]
+        templates: dict[Key, Hit] = {}
+        by_timeout: dict[tuple[int, float | None], Hit] = {}  # jobs holding no reservation
         usable: dict[tuple[int, float | None], frozenset[str] | None] = {}
         owners = self.reservations
         out: dict[str, PlacementReport] = {}
@@ -371,19 +389,92 @@ class _Pass:
             # and those made after its turn cannot give it room it lacked then (capacity only
             # fell since), so this groups more jobs under one report without changing any; and
             # only reservations held on workers that could run the shape can matter to it.
+            # So a job holding none gets the report of its (shape, timeout): one lookup.
             uk = (shape.uid, job.timeout)
-            if uk in usable:
-                allowed = usable[uk]
-            else:
-                held = reports.static(shape).held
-                allowed = usable[uk] = self.allowed(job) & held if held else None
-            key = (shape.uid, allowed, job.id if job.id in owners else None)
-            hit = templates.get(key)
+            owner = job.id in owners
+            hit = None if owner else by_timeout.get(uk)
             if hit is None:
-                hit = templates[key] = reports.report(shape, allowed or frozenset(), key[2])
+                if uk in usable:
+                    allowed = usable[uk]
+                else:
+                    held = reports.held_owners(shape)
+                    allowed = usable[uk] = self.allowed(job) & held if held else None
+                key = (shape.uid, allowed, job.id if owner else None)
+                hit = templates.get(key)
+                if hit is None:
+                    hit = templates[key] = reports.report(shape, allowed or frozenset(), key[2])
+                if not owner:
+                    by_timeout[uk] = hit
             out[job.id] = finish(hit[0], hit[1], job.id, position)
         fair = fair_notes(self.queue) if len({j.owner for j, _ in waiting}) > 1 else {}
         for job_id in self.held_back.keys() | fair.keys():
             if job_id in out:
                 out[job_id] = noted(out[job_id], self.held_back.get(job_id), fair.get(job_id))
         return out
+
+
+# ------------------------------------------------------------------------------------------------
+# placements, made as pydantic's validation makes them from what the pass built (every part is
+# ours and of the right type), at a fraction of its cost: a 10,000-job pass places thousands of
+# jobs, two models each, ~8 us validated. The same ``__dict__`` and fields set as
+# ``NodePlacement(...)`` / ``Placement(...)`` with these keywords; a test holds them equal.
+
+_new_node = NodePlacement.__new__
+_new_placement = Placement.__new__
+_set = object.__setattr__
+_API_VERSION = NodePlacement.model_fields["api_version"].default
+_GPU_SET = frozenset({"worker_id", "worker_name", "devices", "simulated", "node_rank"})
+_CPU_SET = frozenset({"worker_id", "worker_name", "node_rank", "cpu_fallback"})
+_PLACEMENT_SET = frozenset({"nodes", "explanation"})
+
+
+def _made(obj: object, fields: dict[str, object], fields_set: frozenset[str]) -> None:
+    _set(obj, "__dict__", fields)
+    _set(obj, "__pydantic_fields_set__", set(fields_set))
+    _set(obj, "__pydantic_extra__", None)
+    _set(obj, "__pydantic_private__", None)
+
+
+def _node(
+    worker_id: str, worker_name: str, devices: list[int], simulated: bool, rank: int
+) -> NodePlacement:
+    """``NodePlacement(worker_id=, worker_name=, devices=, simulated=, node_rank=)``."""
+    node = _new_node(NodePlacement)
+    fields = {
+        "api_version": _API_VERSION,
+        "worker_id": worker_id,
+        "worker_name": worker_name,
+        "devices": devices,
+        "simulated": simulated,
+        "node_rank": rank,
+        "cpu_fallback": False,
+    }
+    _made(node, fields, _GPU_SET)
+    return node
+
+
+def _cpu_node(worker_id: str, worker_name: str, rank: int, fallback: bool) -> NodePlacement:
+    """``NodePlacement(worker_id=, worker_name=, node_rank=, cpu_fallback=)``."""
+    node = _new_node(NodePlacement)
+    fields = {
+        "api_version": _API_VERSION,
+        "worker_id": worker_id,
+        "worker_name": worker_name,
+        "devices": [],
+        "simulated": False,
+        "node_rank": rank,
+        "cpu_fallback": fallback,
+    }
+    _made(node, fields, _CPU_SET)
+    return node
+
+
+def _placement(nodes: list[NodePlacement], explanation: str) -> Placement:
+    """``Placement(nodes=, explanation=)`` (``nodes`` not empty)."""
+    placement = _new_placement(Placement)
+    _made(
+        placement,
+        {"api_version": _API_VERSION, "nodes": nodes, "explanation": explanation},
+        _PLACEMENT_SET,
+    )
+    return placement

@@ -94,6 +94,11 @@ class Index:
         self.holds: list[list[Hold] | None] = [None] * n
         self.held_mask: list[int] = [0] * n  # every held device on the worker, whoever holds it
         self.held_by_class: dict[int, list[int]] = {}
+        # Per class with holders: no holder has more free GPUs than held_free, nor more free
+        # ones nobody holds than held_room. Upper bounds (capacity only falls in a pass, and a
+        # new holder raises them): a search for more skips the holders in one comparison.
+        self.held_free: dict[int, int] = {}
+        self.held_room: dict[int, int] = {}
         # buckets[class id][free count]: a heap of worker indices (a list per count, not a dict
         # keyed by tuples: the search reads it in its innermost loop).
         self.buckets: list[list[list[int]]] = [[] for _ in range(n_classes)]
@@ -146,6 +151,8 @@ class Index:
         other.holds = [None] * n
         other.held_mask = [0] * n
         other.held_by_class = {}
+        other.held_free = {}
+        other.held_room = {}
         other.buckets = [[heap.copy() for heap in row] for row in self.buckets]
         other.ceiling = self.ceiling.copy()
         other._running_ends = self._running_ends
@@ -207,11 +214,15 @@ class Index:
     def hold(self, i: int, owner: str, mask: int, starts_by: float | None) -> None:
         """Activate a reservation's devices on worker ``i`` (it leaves the buckets for good)."""
         holds = self.holds[i]
+        cid = self.class_of[i].id
         if holds is None:
             holds = self.holds[i] = []
-            self.held_by_class.setdefault(self.class_of[i].id, []).append(i)
+            self.held_by_class.setdefault(cid, []).append(i)
         holds.append(Hold(owner, mask, starts_by))
         self.held_mask[i] |= mask
+        self.held_free[cid] = max(self.held_free.get(cid, 0), self.count[i])
+        room = (self.free[i] & ~self.held_mask[i]).bit_count()
+        self.held_room[cid] = max(self.held_room.get(cid, 0), room)
 
     def blocked(self, i: int, allowed: frozenset[str]) -> tuple[int, int, str | None]:
         """On worker ``i``: devices held by reservations the job may not use, devices held by
@@ -312,17 +323,43 @@ class Index:
                 for i in members:
                     if self.holds[i] is None and (ok is None or i in ok):
                         self._consider(i, m, n, cpus, sim, 0, 0, None, found)
-            for i in held or ():
-                if ok is not None and i not in ok:
-                    continue
-                if not allowed and (self.free[i] & m & ~self.held_mask[i]).bit_count() < n:
-                    continue  # the common case, decided without building the hold masks
-                blocked, usable, via = self.blocked(i, allowed)
-                self._consider(i, m, n, cpus, sim, blocked, usable, via, found)
+            if held and (self.held_room[cid] if not allowed else self.held_free[cid]) >= n:
+                self._holders(held, m, n, cpus, sim, allowed, ok, found, cid)
         if best is not None:
             found.append(best)
         found.sort(key=itemgetter(0))
         return [self._choice(n, *f) for f in found[:limit]]
+
+    def _holders(
+        self,
+        held: list[int],
+        m: int,
+        n: int,
+        cpus: float | None,
+        sim: int,
+        allowed: frozenset[str],
+        ok: frozenset[int] | None,
+        found: list[Found],
+        cid: int,
+    ) -> None:
+        """Consider the members of class ``cid`` holding reservations (``held``)."""
+        free_of = self.free
+        held_mask = self.held_mask
+        most_free = most_room = 0
+        for i in held:
+            free = free_of[i]
+            most_free = max(most_free, free.bit_count())
+            room = free & ~held_mask[i]
+            most_room = max(most_room, room.bit_count())
+            if ok is not None and i not in ok:
+                continue
+            if not allowed and (room & m).bit_count() < n:
+                continue  # the common case, decided without building the hold masks
+            blocked, usable, via = self.blocked(i, allowed)
+            self._consider(i, m, n, cpus, sim, blocked, usable, via, found)
+        # Every holder seen: the bounds are exact now (found ones are taken from later).
+        self.held_free[cid] = most_free
+        self.held_room[cid] = most_room
 
     def _choice(
         self, n: int, key: Key, avail: int, reserved_ok: int, via: str | None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from operator import attrgetter
+from operator import attrgetter, lt
 
 from .model import JobRequest, Snapshot
 
@@ -30,7 +30,12 @@ def gpus_of(job: JobRequest) -> int:
 
 def fair_order(snapshot: Snapshot) -> list[JobRequest]:
     """The queue: priority high to low, then turn, recent use, user, submission, id."""
-    queue = sorted(snapshot.pending, key=attrgetter("seq", "id"))
+    pending = snapshot.pending
+    seqs = [j.seq for j in pending]
+    if all(map(lt, seqs, seqs[1:])):
+        queue = list(pending)  # already in submission order, as the job table gives it
+    else:
+        queue = sorted(pending, key=attrgetter("seq", "id"))
     owners = {j.owner for j in queue}
     if len(owners) > 1:
         usage = snapshot.usage

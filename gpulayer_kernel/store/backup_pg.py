@@ -1,6 +1,6 @@
 """PostgreSQL's half of ``backup.py``: ``pg_dump`` / ``pg_restore`` in the custom format.
 
-``gl_leader`` (the leadership lease, ``leadership.py``) is left out of the dump: restoring an old
+``gl_leader`` (the leadership lease, ``ha/leadership.py``) is left out of the dump: restoring an old
 epoch would let a stale leader's writes pass the fence, and a restore keeps the target's own.
 """
 

@@ -11,7 +11,7 @@ rides in the next one, one pipelined ``executemany`` per statement.
 - **The database going away** (restart, network, failover of PostgreSQL itself): every call
   raises ``Unavailable`` (503, ``store_unavailable``) naming the database and saying what to do;
   the pool reconnects on the next call, so the control plane recovers without a restart.
-- **Fencing** (``fence``): the leadership module (``leadership.py``) installs a check that runs
+- **Fencing** (``fence``): the leadership module (``ha/leadership.py``) installs a check that runs
   first in every write transaction, so a control plane that lost its leadership (paused, then
   resumed after a standby took over) cannot write: its transaction fails before any row changes.
 """

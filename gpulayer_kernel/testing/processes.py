@@ -204,7 +204,7 @@ class ServeProcess(_Process):
 
     def client(self, **kw: Any) -> Any:
         """A sync ``Client`` with the admin token."""
-        from ..client import Client
+        from ..client.clients import Client
 
         return Client(self.url, self.admin_token, **kw)
 

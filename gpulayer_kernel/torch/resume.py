@@ -83,7 +83,7 @@ def _artifact_paths(name: str) -> list[Path]:
 def _fetch(job_id: str, name: str) -> dict[str, Any]:
     """Download another job's artifact into a temp file and load it (weights_only)."""
     from ..artifacts import download, find_artifact
-    from ..session import open_session
+    from ..client.connect import open_session
 
     async def fetch(dest: Path) -> None:
         async with open_session() as s:

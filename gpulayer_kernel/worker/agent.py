@@ -37,7 +37,7 @@ from .executor import JobExecutor
 from .ports import PortReservations
 from .processes import reap_leftovers
 from .reports import Reporter
-from .session import SessionExecutor
+from .sessions.executor import SessionExecutor
 from .transport import AttemptTransport, Transport
 from .warm import WarmRunner, session_preload
 
@@ -251,7 +251,14 @@ class WorkerAgent:
         ex: JobExecutor | SessionExecutor
         if a.job.spec.is_session:
             # A session's lines and cell reports keep their own order: not through the reporter.
-            ex = SessionExecutor(
+            # A GPU kernel (ADR 0021) is a session whose rank is an ipykernel, relayed.
+            executor: type[SessionExecutor] = SessionExecutor
+            if getattr(a.job.spec.workload, "kernel", False):
+                # Imported here: most workers never run a kernel; every `gpulayer run` starts one.
+                from .sessions.kernel import KernelExecutor
+
+                executor = KernelExecutor
+            ex = executor(
                 a,
                 AttemptTransport(self.transport, a.attempt, moved_on),
                 self.config,

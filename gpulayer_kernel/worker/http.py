@@ -15,8 +15,8 @@ Every report about a job names its attempt: in the body (logs, progress, finish,
 as ``?attempt=`` (started, which has no body); none named means "the current one".
 
 Several server URLs (``--server URL1,URL2``: an active control plane and its standby) fail over
-as ``failover.py`` says; the session token stays valid on whichever becomes leader (tokens live in
-the shared database), and a 401 there re-joins as above.
+as ``ha/failover.py`` says; the session token stays valid on whichever becomes leader (tokens live
+in the shared database), and a 401 there re-joins as above.
 
 Long-polls ask the server for at most its ``max_wait`` and give the HTTP request that much plus a
 margin, so the server always answers first and no assignment is lost in a client timeout.
@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 import httpx
 
 from .. import versions
+from ..client.httpbase import error_from, http_client, unreachable
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import (
     PROTOCOL,
@@ -60,8 +61,7 @@ from ..contracts import (
 )
 from ..contracts.limits import LINE_PIECE, MAX_BODY, MAX_LINES
 from ..errors import Conflict, GPUlayerError, Unauthorized, Unavailable, from_json
-from ..failover import Servers
-from ..httpbase import error_from, http_client, unreachable
+from ..ha.failover import Servers
 from .backoff import backoff
 from .fitting import ENVELOPE, fit_lines, line_json, runs, utf8_len
 from .transport import Transport

@@ -2,9 +2,10 @@
 
 :class:`WarmRunner` is owned by its worker's agent and handed to each executor: it starts the
 fork servers it needs (lazily), replaces one that dies, gives up (warning once) on one that
-cannot start, and stops them with the worker. With a preload (torch where installed) Python jobs
-get a zygote of their own that imports it, while commands keep forking from a light one: forking
-(and later unmapping) a torch-loaded process costs ~15 ms that a command does not need. What each
+cannot start, and stops them with the worker. With a preload (torch where installed) the Python
+jobs that import torch (``needs_torch.py``, judged from their source) get a zygote of their own
+that imports it, while other Python jobs and commands fork from a light one: forking (and later
+unmapping) a torch-loaded process costs ~10-15 ms that they do not need. What each
 zygote imports is chosen here too (``env_preload``, ``session_preload``); a zygote itself is a
 :class:`~.zygote_client.ZygoteClient`.
 """
@@ -24,6 +25,7 @@ from ..clock import SYSTEM_CLOCK, Clock
 from . import reaper
 from .config import ExecutorConfig
 from .env import base_env
+from .needs_torch import entry_needs_torch
 from .spares import ZygoteChild
 from .zygote import PRELOAD_ENV, STARTUP_VARS
 from .zygote_client import ZygoteClient, ZygoteUnavailable
@@ -54,7 +56,7 @@ numpy where installed; set it empty for IPython alone)."""
 def session_preload() -> tuple[str, ...]:
     """What a session's zygote imports: IPython's shell and the session host, then torch and
     numpy where this interpreter has them (``GPULAYER_SESSION_PRELOAD`` overrides the two)."""
-    base = ("IPython.core.interactiveshell", "gpulayer_kernel.worker.session_host")
+    base = ("IPython.core.interactiveshell", "gpulayer_kernel.worker.sessions.host")
     configured = os.environ.get(SESSION_PRELOAD_ENV)
     if configured is not None:
         extra = tuple(m.strip() for m in configured.split(",") if m.strip())
@@ -72,9 +74,10 @@ class WarmRunner:
 
     The agent owns it and hands it to every executor, so each worker has its own fork servers
     (with its own ``python`` and allow-listed environment), and stopping a worker stops them.
-    Python jobs fork from a zygote that imported ``preload()`` and keeps ``pool`` spares; while
-    that one is still importing (torch: ~2 s), they fork from the light one instead. Commands
-    always fork from the light one (``preload`` empty: the two are one).
+    Python jobs that import torch fork from a zygote that imported ``preload()``; while that one
+    is still importing (torch: ~2 s), and for every other Python job, from the light one. Each
+    keeps ``pool`` spares. Commands always fork from the light one (``preload`` empty: the two
+    are one).
     """
 
     def __init__(
@@ -106,13 +109,15 @@ class WarmRunner:
                 return client.zygote_pid
         return None
 
-    def spares(self) -> int:
+    def spares(self, light: bool = False) -> int:
         """Idle spares ready for Python jobs now (for tests and diagnostics)."""
-        return len(self.spare_pids())
+        return len(self.spare_pids(light))
 
-    def spare_pids(self) -> list[int]:
-        """The supervisor pids of the idle spares, oldest first (for tests and diagnostics)."""
-        client = self._clients.get(self._preload())
+    def spare_pids(self, light: bool = False) -> list[int]:
+        """The supervisor pids of the idle spares, oldest first (for tests and diagnostics):
+        the preloading zygote's, or with ``light`` the light one's (one and the same without a
+        preload)."""
+        client = self._clients.get(() if light else self._preload())
         return [s.pid for s in client.spares] if client is not None and not client.dead else []
 
     async def spawn(
@@ -128,8 +133,13 @@ class WarmRunner:
             return None
         preload = self._preload()
         key = preload
-        if preload and not await self._usable(preload):
-            key = ()  # the preloading zygote still imports: fork from the light one meanwhile
+        # Started (in the background) by any Python job, so that it is ready for the first job
+        # that needs it; only those jobs fork from it: a torch-loaded fork costs a light job
+        # ~10 ms of page-table work at its start and end.
+        if preload and not (
+            await self._usable(preload) and entry_needs_torch(entrypoint, cwd, sources)
+        ):
+            key = ()  # light work, or the preloading zygote still imports: the light one
         return await self._launch(key, lambda c: c.spawn(entrypoint, cwd, env, stdin, sources))
 
     async def exec(self, argv: list[str], cwd: Path, env: dict[str, str]) -> ZygoteChild | None:
@@ -195,8 +205,8 @@ class WarmRunner:
         self._drop(key)
         # The zygote starts from the allow-listed worker environment: no secrets in its memory.
         env = base_env(extra_allowed=self.config.extra_env_allowed)
-        # Python jobs' zygote keeps the spares; the light one does too when it is the only one.
-        pool = self._pool if key == self._preload() else 0
+        # Both keep spares: light Python jobs are handed to the light one's.
+        pool = self._pool
         client = ZygoteClient(self.config.python, key, env, self.clock, pool=pool)
         self._clients[key] = client
         # A worker dropped without stop() still hangs up on its zygote when it is collected.

@@ -5,7 +5,8 @@ loaded 2-core box) before the user's first line runs. The zygote is a long-lived
 (``python -m gpulayer_kernel.worker.zygote``: this module, which runs in that helper process),
 owned by its worker's :class:`~gpulayer_kernel.worker.warm.WarmRunner`, started lazily
 by the first job and again after it dies. It has imported the runner and the in-job API (and, for
-Python jobs, what ``GPULAYER_ZYGOTE_PRELOAD`` names: torch where installed). Worker and zygote
+Python jobs that import torch, what ``GPULAYER_ZYGOTE_PRELOAD`` names: torch where installed;
+``needs_torch.py`` tells them from their source, the rest fork from a light one). Worker and zygote
 speak JSON messages on a UNIX ``SOCK_SEQPACKET`` socket; fds travel as SCM_RIGHTS.
 
 Every job runs under its own supervisor S (:mod:`.reaper`): a subreaper in a session and process

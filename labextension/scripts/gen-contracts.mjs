@@ -3,9 +3,13 @@
  *
  * Input: `gpulayer_kernel/contracts/schema.json` (written by
  * `python -m gpulayer_kernel.contracts.schema`). Output:
- * `labextension/src/contracts.generated.ts` (checked in; `tests/test_labextension.py` fails
- * while it is stale). Run it with `jlpm build:contracts`; `--out PATH` writes elsewhere (the
- * staleness test uses it).
+ * `labextension/src/api/contracts.generated.ts` (checked in). Run it with
+ * `jlpm build:contracts`. Options:
+ * - `--check`: write nothing; exit 1, naming the command that fixes it, when the checked-in
+ *   file differs from what the schema gives (`jlpm check:contracts`; CI runs it through
+ *   `tests/test_panel_contracts.py`);
+ * - `--schema PATH`: read another schema (the test checks that a changed one fails `--check`);
+ * - `--out PATH`: write elsewhere.
  *
  * The generator is json-schema-to-typescript; this script only shapes its input:
  * - every contract and every `$defs` entry becomes one named type (the `$defs` of all
@@ -18,6 +22,7 @@
  *   their contract name (`JobState`, `JsonValue`).
  */
 import { readFile, writeFile } from 'node:fs/promises';
+import process from 'node:process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -30,7 +35,13 @@ const ROOT = path.resolve(
   '..'
 );
 const SCHEMA = path.join(ROOT, 'gpulayer_kernel', 'contracts', 'schema.json');
-const TARGET = path.join(ROOT, 'labextension', 'src', 'contracts.generated.ts');
+const TARGET = path.join(
+  ROOT,
+  'labextension',
+  'src',
+  'api',
+  'contracts.generated.ts'
+);
 
 const BANNER = `/**
  * GENERATED FILE: do not edit. The GPUlayer contracts as TypeScript types, generated from
@@ -79,12 +90,12 @@ function shape(node, isDefinition) {
 }
 
 /** One schema whose `definitions` are every contract and every type they use. */
-function combined(schemaFile) {
+function combined(schemaFile, schemaPath) {
   const definitions = {};
   const add = (name, schema) => {
     const known = definitions[name];
     if (known && JSON.stringify(known) !== JSON.stringify(schema)) {
-      throw new Error(`two different definitions of ${name} in ${SCHEMA}`);
+      throw new Error(`two different definitions of ${name} in ${schemaPath}`);
     }
     definitions[name] = schema;
   };
@@ -119,12 +130,39 @@ function combined(schemaFile) {
   };
 }
 
+/** The value after `flag` on the command line, as an absolute path; `fallback` without it. */
+function pathArg(args, flag, fallback) {
+  const index = args.indexOf(flag);
+  if (index < 0) {
+    return fallback;
+  }
+  const value = args[index + 1];
+  if (value === undefined || value.startsWith('--')) {
+    throw new Error(`${flag} needs a path`);
+  }
+  return path.resolve(value);
+}
+
+/** Where two texts first differ: the line number and both lines (for the check's message). */
+function firstDifference(expected, actual) {
+  const want = expected.split('\n');
+  const have = actual.split('\n');
+  for (let i = 0; i < Math.max(want.length, have.length); i++) {
+    if (want[i] !== have[i]) {
+      const show = line => (line === undefined ? '(end of file)' : line.trim());
+      return `line ${i + 1}: the schema gives \`${show(want[i])}\`, the file has \`${show(have[i])}\``;
+    }
+  }
+  return 'no line differs';
+}
+
 async function main() {
   const args = process.argv.slice(2);
-  const outIndex = args.indexOf('--out');
-  const out = outIndex >= 0 ? path.resolve(args[outIndex + 1]) : TARGET;
-  const schemaFile = JSON.parse(await readFile(SCHEMA, 'utf8'));
-  const code = await compile(combined(schemaFile), 'AnyContract', {
+  const check = args.includes('--check');
+  const out = pathArg(args, '--out', TARGET);
+  const schemaPath = pathArg(args, '--schema', SCHEMA);
+  const schemaFile = JSON.parse(await readFile(schemaPath, 'utf8'));
+  const code = await compile(combined(schemaFile, schemaPath), 'AnyContract', {
     bannerComment: BANNER,
     additionalProperties: false,
     unreachableDefinitions: true,
@@ -146,6 +184,24 @@ async function main() {
     ...options,
     filepath: TARGET
   });
+  const shown = file => {
+    const relative = path.relative(ROOT, file);
+    return relative && !relative.startsWith('..') ? relative : file;
+  };
+  if (check) {
+    const current = await readFile(out, 'utf8').catch(() => '');
+    if (current !== formatted) {
+      console.error(
+        `${shown(out)} is stale: it does not match ${shown(schemaPath)} ` +
+          `(${firstDifference(formatted, current)}).\n` +
+          'Fix: python -m gpulayer_kernel.contracts.schema && jlpm build:contracts'
+      );
+      process.exitCode = 1;
+      return;
+    }
+    console.log(`${shown(out)} matches ${shown(schemaPath)}`);
+    return;
+  }
   await writeFile(out, formatted);
   console.log(`wrote ${path.relative(process.cwd(), out) || out}`);
 }

@@ -1,6 +1,10 @@
 /**
  * The GPUlayer JupyterLab extension: the sidebar panel, job log tabs, and the commands
  * notebooks and other extensions use (`gpulayer:show-job {id}` focuses a job in the panel).
+ *
+ * The sources are in three layers, as on the Python side: `api/` (the contracts and the HTTP
+ * calls), `model/` (the live state and the pure shaping of it, no DOM) and `views/` (React);
+ * this entry wires them to JupyterLab's commands. A layer imports only the ones before it.
  */
 import {
   ILayoutRestorer,
@@ -20,12 +24,18 @@ import { PageConfig } from '@jupyterlab/coreutils';
 import type { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 
 import { APIError, GPUlayerAPI, IJob } from './api';
-import { cancelDialogText, notebookPath, shortId } from './format';
-import { gpulayerIcon } from './icon';
-import { LogView } from './logview';
-import { GPUlayerModel } from './model';
-import { GPUlayerPanel, IPanelActions, PANEL_ID } from './panel';
-import { findJob } from './state';
+import {
+  GPUlayerModel,
+  cancelDialogText,
+  findJob,
+  notebookPath,
+  shortId,
+  waitingKernels
+} from './model';
+import type { IPanelActions } from './views/actions';
+import { gpulayerIcon } from './views/icon';
+import { LogView } from './views/logview';
+import { GPUlayerPanel, PANEL_ID } from './views/panel';
 
 /** The commands this extension adds; `gpulayer:show-job {id}` is for notebooks and others. */
 export const CommandIDs = {
@@ -35,6 +45,45 @@ export const CommandIDs = {
   cancelJob: 'gpulayer:cancel-job',
   stopSession: 'gpulayer:stop-session'
 } as const;
+
+/**
+ * A notice for each GPU kernel that waits for its GPUs, saying the queue's sentence, updated as
+ * it changes and dismissed once the kernel is placed or gives up (ADR 0021): JupyterLab itself
+ * shows only "Starting" while a kernel provisioner waits.
+ */
+function showKernelWaits(
+  model: GPUlayerModel,
+  showJob: (id: string) => void
+): void {
+  const shown = new Map<string, { note: string; text: string }>();
+  model.changed.connect(() => {
+    const waits = waitingKernels(model.state);
+    const live = new Set(waits.map(w => w.id));
+    for (const [id, { note }] of shown) {
+      if (!live.has(id)) {
+        Notification.dismiss(note);
+        shown.delete(id);
+      }
+    }
+    for (const w of waits) {
+      // Short, with the sentence first after the notebook: a toast shows 140 characters.
+      const text = `${w.holder} waits for GPUs: ${w.sentence}`;
+      const was = shown.get(w.id);
+      if (was === undefined) {
+        const note = Notification.emit(text, 'in-progress', {
+          autoClose: false,
+          actions: [
+            { label: 'Show in GPUlayer', callback: () => showJob(w.job) }
+          ]
+        });
+        shown.set(w.id, { note, text });
+      } else if (was.text !== text) {
+        Notification.update({ id: was.note, message: text });
+        shown.set(w.id, { note: was.note, text });
+      }
+    }
+  });
+}
 
 function jobIdArg(args: ReadonlyPartialJSONObject): string {
   const id = args.id;
@@ -101,6 +150,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     shell.add(panel, 'left', { rank: 700 });
     restorer?.add(panel, PANEL_ID);
     model.start();
+    showKernelWaits(model, id => actions.showInPanel(id));
 
     commands.addCommand(CommandIDs.openPanel, {
       label: 'GPUlayer: Show Workers, Queue and Jobs',

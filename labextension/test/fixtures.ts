@@ -268,6 +268,7 @@ export function session(
       kernel: null
     },
     ranks: 1,
+    kernel: false,
     cells: 0,
     busy_cell: null,
     idle_since: 1000,

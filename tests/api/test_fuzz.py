@@ -13,7 +13,7 @@ import pytest
 
 from gpulayer_kernel.testing import ServeProcess
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # hypothesis over every route
 ST = shutil.which("schemathesis") or str(Path(sys.executable).parent / "schemathesis")
 
 

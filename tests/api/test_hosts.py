@@ -15,12 +15,12 @@ import tornado.web
 
 from gpulayer_kernel.api import USER_ROUTES, WORKER_ROUTES, GLMixin, user_handlers
 from gpulayer_kernel.api.routes import compose
-from gpulayer_kernel.client import AsyncClient, Client
+from gpulayer_kernel.client.clients import AsyncClient, Client
+from gpulayer_kernel.client.connect import Session
 from gpulayer_kernel.contracts import CommandWorkload, JobSpec, JobState
 from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.embedded import Embedded
 from gpulayer_kernel.home import Layout, read_owner
-from gpulayer_kernel.session import Session
 
 GL = [sys.executable, "-m", "gpulayer_kernel.cli"]
 AUTHENTICATED_CODE = tornado.web.authenticated(lambda self: None).__code__

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from gpulayer_kernel import bundles, versions
-from gpulayer_kernel.client import AsyncClient
+from gpulayer_kernel.client.clients import AsyncClient
 from gpulayer_kernel.contracts import (
     CommandWorkload,
     FinishReport,

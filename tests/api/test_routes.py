@@ -14,7 +14,7 @@ import pytest
 
 from gpulayer_kernel import bundles
 from gpulayer_kernel.api import ApiLimits, build_openapi, operations
-from gpulayer_kernel.client import AsyncClient
+from gpulayer_kernel.client.clients import AsyncClient
 from gpulayer_kernel.contracts import CommandWorkload, JobSpec, JobState, PythonWorkload
 from gpulayer_kernel.errors import (
     BundleError,

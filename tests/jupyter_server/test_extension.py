@@ -40,6 +40,7 @@ SAMPLE = {
     "kind": "user",
     "session": "train",
     "number": "1",
+    "kernel": "abcdef123456",
 }
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulayer_kernel.client import Client
+from gpulayer_kernel.client.clients import Client
 from gpulayer_kernel.contracts import CommandWorkload, JobSpec, JobState, Resources
 from gpulayer_kernel.providers.fake import _marked
 from gpulayer_kernel.testing import ServeProcess, kill_homes_under, wait_until

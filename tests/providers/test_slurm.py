@@ -22,6 +22,7 @@ from gpulayer_kernel.providers import LaunchSpec, SlurmProvider, parse_config
 from gpulayer_kernel.providers.config import SlurmSettings
 from gpulayer_kernel.testing import GL, ServeProcess, wait_until
 from gpulayer_kernel.testing.slurm import SlurmCluster
+from gpulayer_kernel.testing.waiting import until
 
 from .conftest import run_two_gpu_job
 from .conftest import served as serving
@@ -82,8 +83,12 @@ async def test_a_batch_job_is_launched_watched_and_cancelled(gl_slurm: SlurmClus
     assert mine.instance_id == "0123456789ab" and mine.state in ("booting", "running")
     await p.terminate("0123456789ab", job_id)
     await p.terminate("0123456789ab", job_id)  # idempotent
-    gone = next(r for r in (await p.instances()).reported if r.external_id == job_id)
-    assert gone.state == "ended" and "CANCELLED" in gone.detail
+
+    async def ended() -> bool:  # slurmctld shows a scancel a moment later under load
+        gone = next(r for r in (await p.instances()).reported if r.external_id == job_id)
+        return gone.state == "ended" and "CANCELLED" in gone.detail
+
+    await until(ended, 30, what=f"Slurm job {job_id} ended CANCELLED")
     # Another control plane's batch jobs are not this one's.
     other = SlurmProvider(settings(gl_slurm), owner="t00004")
     assert all(r.external_id != job_id for r in (await other.instances()).reported)

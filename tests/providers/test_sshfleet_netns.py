@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.netns, pytest.mark.slow]
 PY = sys.executable
 SCRIPT = """
 import json, sys, time
-from gpulayer_kernel.client import Client
+from gpulayer_kernel.client.clients import Client
 from gpulayer_kernel.contracts import CommandWorkload, JobSpec, Resources
 url, token, ca = sys.argv[1:4]
 with Client(url, token, ca_cert=ca) as c:

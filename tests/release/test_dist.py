@@ -23,6 +23,9 @@ from gpulayer_kernel.errors import NotFound
 from gpulayer_kernel.selfwheel import DIST_ENV, pack_installed, served_wheel
 from tests.api.conftest import Api, start_api, stop_api
 
+# Builds and installs into fresh environments: past 120 s when xdist workers share the cores.
+pytestmark = pytest.mark.timeout(600)
+
 INFO = "gpulayer-9.9.9.dist-info"
 
 

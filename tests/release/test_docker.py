@@ -24,6 +24,9 @@ from gpulayer_kernel.testing import ServeProcess
 
 from .conftest import ROOT
 
+# Builds and installs into fresh environments: past 120 s when xdist workers share the cores.
+pytestmark = pytest.mark.timeout(600)
+
 DOCKER = ROOT / "docker"
 DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
 BIN = Path(sys.executable).parent

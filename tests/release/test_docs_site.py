@@ -17,6 +17,9 @@ from gpulayer_kernel.api import operations
 
 from .conftest import ROOT
 
+# Builds and installs into fresh environments: past 120 s when xdist workers share the cores.
+pytestmark = pytest.mark.timeout(600)
+
 MKDOCS = Path(sys.executable).parent / "mkdocs"
 
 

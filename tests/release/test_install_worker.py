@@ -24,6 +24,9 @@ from gpulayer_kernel.testing import ServeProcess
 
 from .conftest import ROOT, Dist, no_node_env
 
+# Builds and installs into fresh environments: past 120 s when xdist workers share the cores.
+pytestmark = pytest.mark.timeout(600)
+
 SCRIPT = ROOT / "scripts" / "install-worker.sh"
 CPU_INDEX = "--index-url https://download.pytorch.org/whl/cpu"
 

@@ -22,7 +22,9 @@ import pytest
 
 from .conftest import ROOT, Dist, make_venv, no_node_env
 
-pytestmark = pytest.mark.slow
+# Wheels are built and installed into fresh venvs: minutes of a core when the suite's xdist
+# workers share the machine, past the default 120 s.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _script(name: str) -> ModuleType:

@@ -17,6 +17,7 @@ import pytest
 
 from gpulayer_kernel.cli.secret import rotation_advice
 from gpulayer_kernel.errors import InvalidInput, SecretsKeyError
+from gpulayer_kernel.ha.standby import KeyWatch
 from gpulayer_kernel.security.vault import (
     KeySource,
     Vault,
@@ -26,7 +27,6 @@ from gpulayer_kernel.security.vault import (
     parse_keys,
     rotation_step,
 )
-from gpulayer_kernel.standby import KeyWatch
 from gpulayer_kernel.store import SecretRecord, SqliteStore
 
 

@@ -125,6 +125,7 @@ def fill(template: str, w: World) -> str:
         "token_id": w.api.join_token.split("_")[2],
         "session": w.job_a,
         "number": "1",
+        "kernel": w.job_a,
     }
     return re.sub(r"\{(\w+)(?::path)?\}", lambda m: values[m.group(1)], template)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulayer_kernel.client import Client
+from gpulayer_kernel.client.clients import Client
 from gpulayer_kernel.contracts import CommandWorkload, JobSpec
 from gpulayer_kernel.errors import GPUlayerError
 from gpulayer_kernel.testing import GL, ServeProcess

@@ -13,7 +13,7 @@ import pytest
 from gpulayer_kernel.contracts import CellState, SessionStatus
 from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.sessions import SessionCellError
-from gpulayer_kernel.worker.session import STOP_GRACE
+from gpulayer_kernel.worker.sessions.executor import STOP_GRACE
 
 from ..conftest import WorkerFactory
 from .conftest import run, spec, up

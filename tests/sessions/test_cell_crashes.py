@@ -21,7 +21,7 @@ import pytest
 from gpulayer_kernel.contracts import CellRequest, CellRun, CellState, SessionStatus
 from gpulayer_kernel.errors import GPUlayerError
 from gpulayer_kernel.testing import ServeProcess, WorkerProcess, wait_until
-from gpulayer_kernel.worker.session import NEVER_CAME, RESTARTED_WHILE_RAN
+from gpulayer_kernel.worker.sessions.executor import NEVER_CAME, RESTARTED_WHILE_RAN
 
 from .conftest import HOLDER, spec
 
@@ -55,7 +55,7 @@ class Poster(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        from gpulayer_kernel.client import Client
+        from gpulayer_kernel.client.clients import Client
 
         try:
             with Client(self.url, self.token) as c:

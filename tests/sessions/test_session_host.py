@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from gpulayer_kernel import transfer
-from gpulayer_kernel.worker.session_wire import recv_frame, send_frame
+from gpulayer_kernel.worker.sessions.wire import recv_frame, send_frame
 
 ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -35,8 +35,8 @@ class Host:
             [
                 sys.executable,
                 "-c",
-                f"import sys; {prelude}; from gpulayer_kernel.worker import "
-                "session_host as h; sys.exit(h.main())",
+                f"import sys; {prelude}; from gpulayer_kernel.worker.sessions import "
+                "host as h; sys.exit(h.main())",
             ],
             stdin=theirs.fileno(),
             stdout=subprocess.PIPE,

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from gpulayer_kernel.client import Client
+from gpulayer_kernel.client.clients import Client
 from gpulayer_kernel.security import CA_CERT_ENV
 from gpulayer_kernel.testing import wait_until
 from gpulayer_kernel.testing.postgres import PostgresServer, free_port

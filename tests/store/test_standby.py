@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulayer_kernel.client import Client
+from gpulayer_kernel.client.clients import Client
 from gpulayer_kernel.contracts import CommandWorkload, JobSpec, JobState
 from gpulayer_kernel.errors import GPUlayerError
 from gpulayer_kernel.testing import ServeProcess, WorkerProcess, wait_until

@@ -12,7 +12,7 @@ import pytest
 
 from gpulayer_kernel import bundles
 from gpulayer_kernel.api import ApiServer
-from gpulayer_kernel.client import AsyncClient
+from gpulayer_kernel.client.clients import AsyncClient
 from gpulayer_kernel.contracts import (
     CommandWorkload,
     FinishReport,

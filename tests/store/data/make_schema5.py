@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpulayer_kernel.admin_calls import AdminCalls
+from gpulayer_kernel.client.admin import AdminCalls
 from gpulayer_kernel.contracts import (
     CellRequest,
     CommandWorkload,

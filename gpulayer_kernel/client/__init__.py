@@ -1,0 +1,23 @@
+"""The client side of a control plane: the HTTP clients (``clients.py``), the calls they share
+(``calls.py`` and one module per area), the HTTP base the worker's transport shares too
+(``httpbase.py``), and finding which plane to talk to (``connect.py``).
+
+``AsyncClient`` and ``Client`` are importable from here; they load on first use, so a worker or a
+job that needs only ``httpbase`` does not import the clients.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .clients import AsyncClient, Client
+
+__all__ = ["AsyncClient", "Client"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module(".clients", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

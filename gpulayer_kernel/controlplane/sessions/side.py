@@ -1,0 +1,129 @@
+"""The ControlPlane's sessions (ADR 0019), as clients call them: each call checks the caller and
+hands the work to the sessions part (``table.py``); stops and attaches go in the audit log. A
+base of ``ControlPlane``.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ...contracts import (
+    CellPage,
+    CellRequest,
+    CellRun,
+    SessionHold,
+    SessionHolder,
+    SessionInfo,
+    SessionSpec,
+)
+from ...errors import NotFound
+from ...security.roles import Identity, can_read
+
+if TYPE_CHECKING:
+    from ..audit import AuditLog
+    from ..blobs import Blobs
+    from ..jobs import JobTable
+    from .table import SessionTable
+
+
+class SessionSide:
+    """The session calls of the client side (mixed into ``ControlPlane``)."""
+
+    if TYPE_CHECKING:  # built by Wiring.__init__
+        sessions: SessionTable
+        blobs: Blobs
+        audit: AuditLog
+        jobs: JobTable
+
+    def _session_holds(self, worker_names: Sequence[str]) -> builtins.list[SessionHold]:
+        """Wiring: the sessions holding GPUs on these workers, for a waiting job's sentence."""
+        names = set(worker_names)
+        holds = []
+        for job in self.jobs.active():
+            if not job.spec.is_session or job.placement is None:
+                continue
+            held = self.sessions.hold(job.id)
+            for node in job.placement.nodes:
+                if node.worker_name in names and node.devices and held is not None:
+                    holds.append(
+                        SessionHold(
+                            session_id=job.id,
+                            name=job.spec.name,
+                            holder=held[0],
+                            worker=node.worker_name,
+                            gpus=len(node.devices),
+                            idle_since=held[1],
+                        )
+                    )
+        return holds
+
+    # A session is its job's owner's: users read and act on their own, viewers read all, admins
+    # act on all (``who=None``: the embedded admin). Only its holder runs cells in it.
+
+    async def start_session(self, spec: SessionSpec, *, who: Identity | None = None) -> SessionInfo:
+        """Queue a session: a job that holds its GPUs and runs cells until stopped or idle."""
+        return await self.sessions.start(spec, who)
+
+    async def list_sessions(
+        self, *, include_ended: bool = False, who: Identity | None = None
+    ) -> builtins.list[SessionInfo]:
+        found = self.sessions.all() if include_ended else self.sessions.live()
+        return [s for s in found if can_read(who, s.job.owner)]
+
+    async def get_session(self, ref: str, *, who: Identity | None = None) -> SessionInfo:
+        """A session by name or by its job's id (or a unique prefix of it)."""
+        s, job = await self.sessions.find(ref, who)
+        return self.sessions.info(s, job)
+
+    async def run_cell(
+        self, ref: str, request: CellRequest, wait: float = 0.0, *, who: Identity | None = None
+    ) -> CellPage:
+        """Run a cell in a session; within ``wait`` s the answer carries its output and end."""
+        digest = request.inputs_blob
+        if digest is not None and not await self.blobs.has(digest, who=who):
+            raise NotFound(
+                f"blob {digest[:12]}… (the cell's inputs) has not been uploaded",
+                hint="upload it with put_blob first (the magics do this for you)",
+                code="blob_not_found",
+            )
+        return await self.sessions.run(ref, request, wait, who)
+
+    async def follow_cell(
+        self,
+        ref: str,
+        number: int,
+        since: int = 0,
+        wait: float = 0.0,
+        *,
+        who: Identity | None = None,
+    ) -> CellPage:
+        """A cell and its output records after ``since``, long-polled with ``wait``."""
+        return await self.sessions.follow(ref, number, since, wait, who)
+
+    async def session_cells(
+        self, ref: str, limit: int = 100, *, who: Identity | None = None
+    ) -> builtins.list[CellRun]:
+        return await self.sessions.cells(ref, limit, who)
+
+    async def interrupt_session(self, ref: str, *, who: Identity | None = None) -> SessionInfo:
+        return await self.sessions.interrupt(ref, who)
+
+    async def restart_session(self, ref: str, *, who: Identity | None = None) -> SessionInfo:
+        return await self.sessions.restart(ref, who)
+
+    async def stop_session(
+        self, ref: str, reason: str = "stopped by the user", *, who: Identity | None = None
+    ) -> SessionInfo:
+        """End a session and free its GPUs; ``reason`` is what its job and cells say."""
+        info = await self.sessions.stop(ref, reason, who)
+        await self.audit.record(who, "session.stop", info.id, name=info.name)
+        return info
+
+    async def attach_session(
+        self, ref: str, holder: SessionHolder, *, who: Identity | None = None
+    ) -> SessionInfo:
+        info = await self.sessions.attach(ref, holder, who)
+        await self.audit.record(who, "session.attach", info.id, name=info.name)
+        return info

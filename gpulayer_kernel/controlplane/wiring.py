@@ -1,0 +1,201 @@
+"""The ControlPlane's parts, built and connected (ADR 0001): the one place that knows which part
+calls which. ``Wiring`` is the first base of ``ControlPlane`` (``core.py``): its constructor builds
+every part over the store, its callbacks are what one part's change does to the others (a job
+changed, a worker lost, the reaper's round), and ``start``/``close`` bring them up and down in
+order. The calls users, workers and admins make are the ``*_side.py`` bases, over these parts.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ..clock import SYSTEM_CLOCK, Clock
+from ..contracts import Job, JobSpec, JobState, SessionHold, WorkerState
+from ..redact import Redactor
+from ..security.roles import Identity
+from ..security.users import UserService
+from ..security.vault import MEMORY_KEYS, KeySource
+from ..store import ArtifactStore, MetadataStore
+from .audit import AuditLog
+from .blobs import Blobs
+from .dispatch import Dispatcher
+from .events import EventLog
+from .follow import Follower
+from .inline import InlineBundles
+from .jobs import Change, JobTable
+from .logs import LogTails
+from .metrics import Metrics
+from .outcomes import Outcomes
+from .provisioning import Provisioning
+from .reaper import Reaper
+from .reports import Reports
+from .scheduling import SchedulingLoop
+from .secrets import SecretTable
+from .sessions.table import SessionTable
+from .usage import DEFAULT_HALF_LIFE, UsageMeter
+from .workers import SUSPECT_GRACE, WorkerRegistry
+
+
+class Wiring:
+    """Every part of a control plane, and what connects them (a base of ``ControlPlane``)."""
+
+    if TYPE_CHECKING:  # the calls of other bases that the parts are handed
+
+        async def enqueue(
+            self,
+            spec: JobSpec,
+            *,
+            who: Identity | None = None,
+            added: Callable[[Job], None] | None = None,
+        ) -> Job: ...
+
+        async def cancel(
+            self, job_id: str, reason: str = ..., *, who: Identity | None = None
+        ) -> Job: ...
+
+        def _session_holds(self, worker_names: Sequence[str]) -> builtins.list[SessionHold]: ...
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        artifacts: ArtifactStore,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        heartbeat_timeout: float = 30.0,
+        reserve_after: float = 60.0,
+        rendezvous_timeout: float = 120.0,
+        suspect_grace: float = SUSPECT_GRACE,
+        secrets_key: KeySource = MEMORY_KEYS,
+        fair_share_half_life: float = DEFAULT_HALF_LIFE,
+    ) -> None:
+        self.store = store
+        self.artifacts = artifacts
+        self.clock = clock
+        self.redactor = Redactor()
+        self.users = UserService(store, clock=clock.now)
+        self.secrets = SecretTable(store, self.redactor, secrets_key)
+        self.usage = UsageMeter(fair_share_half_life)
+        self.blobs = Blobs(store, artifacts)
+        self.event_log = EventLog(clock)
+        self.jobs = JobTable(
+            store,
+            self.event_log,
+            clock=clock,
+            on_change=self._job_changed,
+            redact=self.redactor.redact_json,
+        )
+        active, hb = self.jobs.active, heartbeat_timeout
+        self.registry = WorkerRegistry(
+            store,
+            self.event_log,
+            active,
+            clock=clock,
+            heartbeat_timeout=hb,
+            suspect_grace=suspect_grace,
+            jobs_on=self.jobs.on_worker,
+        )
+        self.tails = LogTails(
+            store, self.redactor, wake=self.jobs.wake, changed=self.jobs.changed, clock=clock
+        )
+        self.dispatch = Dispatcher(clock, self.jobs.active_job)
+        parts = (self.jobs, self.registry, self.tails, self.dispatch)
+        self.outcomes = Outcomes(*parts, clock=clock, rendezvous_timeout=rendezvous_timeout)
+        self.reports = Reports(
+            self.jobs, self.tails, self.dispatch, self.outcomes, made_by=self.blobs.made_by
+        )
+        self.follower = Follower(self.jobs, self.tails, self.event_log, clock=clock)
+        self.inline = InlineBundles(artifacts)
+        self.scheduling = SchedulingLoop(
+            store,
+            *parts,
+            clock=clock,
+            reserve_after=reserve_after,
+            secrets=self.secrets,
+            users=self.users,
+            usage=self.usage,
+        )
+        self.provisioning = Provisioning(
+            store,
+            self.jobs,
+            self.registry,
+            self.tails,
+            self.scheduling,
+            lose=lambda wid, why, preempted: self._lose_worker(wid, why, preempted=preempted),
+            cancel=self.outcomes.cancel,
+            clock=clock,
+        )
+        self.reaper = Reaper(self.registry, self._lose_worker, self._overdue, clock=clock)
+        self.sessions = SessionTable(
+            store, self.jobs, self.dispatch, self.tails, self.event_log, self.redactor, clock=clock
+        )
+        self.sessions.submit, self.sessions.cancel = self.enqueue, self.cancel
+        self.scheduling.session_holds = self._session_holds
+        self.registry.on_change = self.scheduling.kick  # a worker under suspicion, or back
+        self.audit = AuditLog(store, clock=clock)  # who did what (ADR 0020)
+        self.metrics = Metrics(self)  # its own registry: several control planes share a process
+        self.metrics.instrument(self.scheduling, store, self.provisioning.ledger)
+
+    async def start(self) -> None:
+        """Load active jobs and known workers; workers of a dead in-process host are lost."""
+        await self.secrets.start()  # first: a missing or wrong key refuses the start untouched
+        await self.users.load()
+        await self.users.ensure_admin()
+        await self.jobs.load()
+        await self.audit.load()
+        await self.sessions.load()
+        await self.usage.load(self.store)
+        await self.provisioning.start()
+        for w in self.registry.restore(await self.store.load_workers()):
+            await self._lose_worker(w.id, "its host process stopped")
+        await self.outcomes.orphans_at_start()  # after the losses: their jobs are settled
+        await self.outcomes.redeliver_placed(self.secrets.for_job)
+        self.event_log.open = self.dispatch.open = True
+        self.reaper.start()
+        self.scheduling.start()
+
+    async def close(self) -> None:
+        self.scheduling.close()
+        self.sessions.close()
+        await self.provisioning.close()
+        await self.reaper.stop()
+        self.jobs.close()
+        self.dispatch.close()
+        self.event_log.close()
+
+    def _job_changed(self, change: Change) -> None:
+        """Wiring: what other parts do when a job changes (called by the job table's commit)."""
+        before, after = change
+        self.dispatch.job_changed(after)
+        self.metrics.job_changed(before, after)
+        if after.spec.is_session:
+            self.sessions.job_changed(change)
+        self.provisioning.job_changed(after)
+        if after.state == before.state or not (
+            after.state.terminal or after.state == JobState.QUEUED
+        ):
+            return
+        # It left its workers (finished or requeued): their usage changed, so may a placement.
+        for wid in before.placement.worker_ids if before.placement else ():
+            self.registry.refresh(wid)
+        if after.state.terminal:
+            self.tails.forget(after.id)
+            self.usage.charge_job(after)
+        self.scheduling.kick()
+
+    async def _lose_worker(
+        self,
+        worker_id: str,
+        why: str,
+        state: WorkerState = WorkerState.LOST,
+        *,
+        preempted: bool = False,
+    ) -> None:
+        await self.outcomes.lose_worker(worker_id, why, state, preempted=preempted)
+        self.scheduling.kick()
+
+    async def _overdue(self) -> None:
+        """The reaper's round: gangs without rendezvous, unconfirmed cancels, budgets."""
+        await self.outcomes.overdue()
+        await self.provisioning.budgets.watch()

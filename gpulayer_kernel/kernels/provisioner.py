@@ -1,0 +1,261 @@
+"""The GPU kernel provisioner (ADR 0021): jupyter_client's extension point, placing the kernel.
+
+``GPUlayerProvisioner`` is registered as the ``gpulayer-provisioner`` entry point of
+``jupyter_client.kernel_provisioners``; a kernel spec made by ``gpulayer kernelspec install``
+names it with its config (``gpus``, ``gpu_kind``, ``wait``, ``idle_timeout``). On launch it
+starts the kernel's session through the control plane (found as the magics find it), waits up to
+``wait`` seconds for it to be placed, logging the queue's sentence each time it changes, and
+binds the connection file's ports here with a :class:`~.relay.LocalRelay`. Jupyter then talks to
+those ports as to any local kernel.
+
+Its life as jupyter_client sees it: ``poll`` is None while the session lives and the kernel
+process has not exited; ``send_signal(SIGINT)`` is the session's interrupt; a restart keeps the
+session (and its GPUs) and starts a new kernel process on them; ``cleanup`` without restart,
+``terminate`` and ``kill`` stop the session, which frees its GPUs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import Any
+
+from jupyter_client.connect import KernelConnectionInfo
+from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
+from traitlets import Float, Integer, List, Unicode
+
+from ..contracts import JobState, SessionHolder, SessionInfo
+from ..contracts.kernels import KernelConnection, KernelStart
+from ..errors import GPUlayerError
+from .host import Host, host
+from .relay import LocalRelay
+
+DEFAULT_WAIT = 300.0  # seconds a kernel may wait in the queue before its start fails
+
+
+class KernelStartFailed(RuntimeError):
+    """The kernel's session could not be placed in time (the message carries why)."""
+
+
+class GPUlayerProvisioner(KernelProvisionerBase):
+    """Places the kernel on a GPUlayer worker as a session and relays its messages."""
+
+    gpus = Integer(1, help="GPUs the kernel holds").tag(config=True)
+    gpu_kind = List(Unicode(), help="acceptable GPU kinds (empty: any)").tag(config=True)
+    max_wait = Float(DEFAULT_WAIT, help="seconds to wait in the queue before failing").tag(
+        config=True
+    )
+    idle_timeout = Float(1800.0, help="the session's idle timeout, seconds").tag(config=True)
+
+    session_id: str | None = None
+    relay: LocalRelay | None = None
+    _key: str = ""
+    _scheme: str = "hmac-sha256"
+    _terminated: int | None = None
+    _notebook: str | None = None
+
+    @property
+    def has_process(self) -> bool:
+        return self.session_id is not None
+
+    @property
+    def _host(self) -> Host:
+        return host()
+
+    # -- launching ---------------------------------------------------------------------------------
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        km = self.parent
+        assert km is not None, "a provisioner runs under a KernelManager"
+        kwargs.pop("extra_arguments", None)
+        # jupyter_server names the notebook in the kernel's environment, not in its own: the
+        # sidebar's "held by" and its Notebook button read it from the session's holder.
+        env = kwargs.get("env") or {}
+        self._notebook = env.get("JPY_SESSION_NAME") or os.environ.get("JPY_SESSION_NAME") or None
+        # Ports on this host (the relay binds them) and the key the kernel on the worker will
+        # sign with: the connection file Jupyter's clients read is the one the relay serves.
+        km.write_connection_file()
+        self.connection_info = km.get_connection_info()
+        key = self.connection_info.get("key", b"")
+        self._key = key.decode() if isinstance(key, bytes) else str(key)
+        self._scheme = str(self.connection_info.get("signature_scheme", "hmac-sha256"))
+        return await super().pre_launch(cmd=[], **kwargs)
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
+        self._terminated = None
+        conn = KernelConnection(key=self._key, signature_scheme=self._scheme)
+        if self.session_id is not None and self.relay is not None and self.relay.died is None:
+            page = await self._host.call(self._restart(conn))
+            self.relay.restarted(page.generation)
+            return self.connection_info
+        await self._close_relay()
+        info = await self._host.call(self._start(conn))
+        self.session_id = info.id
+        self.log.info("GPUlayer kernel %s: session %s queued", self.kernel_id, info.name)
+        try:
+            await self._host.call(self._placed(info.id))
+        except BaseException:
+            await self._host.call(self._stop(info.id, "the kernel did not start"))
+            self.session_id = None
+            raise
+        self.relay = await self._host.call(self._bind(info.id))
+        return self.connection_info
+
+    async def _start(self, conn: KernelConnection) -> SessionInfo:
+        link = await self._host.link()
+        holder = SessionHolder(
+            client=f"kernel-{self.kernel_id}",
+            kernel=self.kernel_id,
+            notebook=self._notebook,
+        )
+        req = KernelStart(
+            gpus=self.gpus,
+            gpu_kind=list(self.gpu_kind),
+            key=conn.key,
+            signature_scheme=conn.signature_scheme,
+            idle_timeout=self.idle_timeout,
+            holder=holder,
+            wait_for_capacity=True,
+        )
+        return await link.start(req)
+
+    async def _placed(self, session_id: str) -> None:
+        """Wait (``wait`` seconds at most) until the session runs; log the queue's sentence."""
+        link = await self._host.link()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_wait
+        said = ""
+        while True:
+            info = await link.session(session_id)
+            state = info.job.state
+            if state == JobState.RUNNING:
+                return
+            if state.terminal:
+                why = info.job.reason or state.value
+                raise KernelStartFailed(f"the GPU kernel's session ended before it ran: {why}")
+            sentence = await link.explain(session_id) if state == JobState.QUEUED else said
+            if sentence and sentence != said:
+                self.log.warning("GPUlayer kernel %s waits: %s", self.kernel_id, sentence)
+                said = sentence
+            if loop.time() >= deadline:
+                raise KernelStartFailed(
+                    f"no GPU for this kernel within {self.max_wait:g}s (the kernel spec's --wait): "
+                    f"{said or state.value}"
+                )
+            # The session's state is read again on each page of the relay's long-poll; before
+            # the relay exists, a short pause between reads (retry backoff of a queued start).
+            await asyncio.sleep(min(0.25, max(0.0, deadline - loop.time())))
+
+    async def _bind(self, session_id: str) -> LocalRelay:
+        link = await self._host.link()
+
+        async def reattach() -> None:
+            conn = KernelConnection(key=self._key, signature_scheme=self._scheme)
+            await link.attach(session_id, conn)
+
+        relay = LocalRelay(link, session_id, dict(self.connection_info), on_lost_key=reattach)
+        relay.start()
+        return relay
+
+    async def _restart(self, conn: KernelConnection) -> Any:
+        link = await self._host.link()
+        assert self.session_id is not None
+        return await link.restart(self.session_id, conn)
+
+    async def _stop(self, session_id: str, reason: str) -> None:
+        link = await self._host.link()
+        try:
+            await link.stop(session_id, reason)
+        except GPUlayerError as exc:
+            self.log.info("GPUlayer kernel %s: stopping: %s", self.kernel_id, exc.message)
+
+    # -- its life ---------------------------------------------------------------------------------
+
+    async def poll(self) -> int | None:
+        if self._terminated is not None:
+            return self._terminated
+        relay = self.relay
+        if relay is None:
+            return None if self.session_id is not None else 0
+        if relay.died is not None:
+            return 1
+        return relay.exit_code
+
+    async def wait(self) -> int | None:
+        while (code := await self.poll()) is None:
+            relay = self.relay
+            if relay is None:
+                await asyncio.sleep(0.1)
+                continue
+            relay.changed.clear()
+            # The relay lives on the host loop; its event is read from here across threads,
+            # so the wait is bounded (the event is a hint, the poll is the truth).
+            await asyncio.sleep(0.05)
+        return code
+
+    async def send_signal(self, signum: int) -> None:
+        if self.session_id is None:
+            return
+        if signum == signal.SIGINT:
+            sid = self.session_id
+
+            async def interrupt() -> None:
+                link = await self._host.link()
+                try:
+                    await link.interrupt(sid)
+                except GPUlayerError as exc:
+                    # jupyter_client interrupts before every shutdown, also when the control
+                    # plane is gone (the server extension stops before the kernels): raising
+                    # here would abort the shutdown and leave the session to its idle timeout.
+                    self.log.warning(
+                        "GPUlayer kernel %s: interrupt: %s", self.kernel_id, exc.message
+                    )
+
+            await self._host.call(interrupt())
+        elif signum in (signal.SIGTERM, signal.SIGKILL):
+            await self.kill()
+
+    async def kill(self, restart: bool = False) -> None:
+        await self._end(restart, -int(signal.SIGKILL))
+
+    async def terminate(self, restart: bool = False) -> None:
+        await self._end(restart, -int(signal.SIGTERM))
+
+    async def _end(self, restart: bool, code: int) -> None:
+        if restart:
+            # The next launch starts a new process on the same GPUs (the old one is killed
+            # there): the session, and so its GPUs, stay.
+            self._terminated = code
+            return
+        await self.cleanup(restart=False)
+        self._terminated = code
+
+    async def cleanup(self, restart: bool = False) -> None:
+        if restart:
+            return
+        sid, self.session_id = self.session_id, None
+        await self._close_relay()
+        if sid is not None:
+            await self._host.call(self._stop(sid, "its kernel was shut down"))
+
+    async def _close_relay(self) -> None:
+        relay, self.relay = self.relay, None
+        if relay is not None:
+            await self._host.call(relay.close())
+
+    async def get_provisioner_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = await super().get_provisioner_info()
+        info["session_id"] = self.session_id
+        return info
+
+    async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
+        await super().load_provisioner_info(provisioner_info)
+        self.session_id = provisioner_info.get("session_id")
+
+    def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
+        # The shutdown request travels through the control plane and back: allow for it.
+        return max(recommended, 10.0)
+
+    def get_stable_start_time(self, recommended: float = 10.0) -> float:
+        return max(recommended, 20.0)

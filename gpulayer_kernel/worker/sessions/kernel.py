@@ -1,0 +1,350 @@
+"""A GPU kernel on its worker (ADR 0021): a real ipykernel, its messages relayed over HTTP.
+
+The agent runs a :class:`KernelExecutor` for a session job whose workload is a kernel, in place of
+the session's IPython ranks. It asks the control plane for the connection's key (the Jupyter
+host's: frames pass through unchanged, nothing is signed twice), writes a connection file with
+loopback ports, and starts ``ipykernel_launcher`` in its own process group with the session's
+environment (its GPUs' ``CUDA_VISIBLE_DEVICES``). It connects to those ports as a client (DEALER
+for shell, control and stdin; SUB for iopub) and relays raw multipart messages:
+
+- *down*: a long-poll on the control plane's lane for this kernel, each message sent on its
+  channel as it came (the Jupyter clients' routing identities stay in front of the delimiter, so
+  the kernel's replies carry them back: one DEALER serves every client, with no table);
+- *up*: whatever the kernel sends, batched while the previous request is in flight.
+
+Only outbound HTTP leaves the worker (it works behind NAT, as the worker's own long-poll); no ZMQ
+port is reachable from another machine. Heartbeats are answered on the Jupyter host: the kernel's
+liveness is its session's (a lost worker ends the session, and the host says so).
+
+An interrupt is SIGINT to the kernel's process group (ipykernel's ``interrupt_mode = "signal"``);
+a restart kills the process and starts another with the key the control plane holds now; the
+process exiting on its own (a shutdown request, a crash) is reported, and the GPUs stay held until
+the Jupyter host restarts the kernel or stops its session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import os
+import signal
+import sys
+from typing import Any, Protocol
+
+from ...contracts import FinishReport, JobAssignment
+from ...contracts.kernels import Channel, KernelConnection, KernelExit, KernelFrame, KernelPage
+from ...errors import GPUlayerError, NotFound
+from ..backoff import backoff
+from ..config import ExecutorConfig
+from ..exits import describe_exit
+from ..ports import PortReservations
+from ..processes import killpg
+from ..transport import AttemptTransport, InProcessTransport, Transport
+from ..warm import WarmRunner
+from .executor import SessionExecutor
+
+log = logging.getLogger("gpulayer.worker")
+
+LONG_POLL = 25.0  # seconds one down long-poll waits; the relay answers at once on news
+STOP_WAIT = 3.0  # seconds the kernel gets to leave after SIGTERM before SIGKILL
+CHANNELS: tuple[Channel, ...] = ("shell", "control", "stdin")
+
+
+class KernelLink(Protocol):
+    """The worker's calls on the control plane's kernel relay (in-process or over HTTP)."""
+
+    async def connection(self, job_id: str, wait: float) -> KernelConnection | None: ...
+    async def receive(self, job_id: str, since: int, wait: float) -> KernelPage: ...
+    async def send(self, job_id: str, frames: list[KernelFrame]) -> None: ...
+    async def exited(self, job_id: str, report: KernelExit) -> None: ...
+
+
+class _InProcessLink:
+    def __init__(self, transport: InProcessTransport) -> None:
+        from ...controlplane.kernels import relay_for
+
+        self.relay = relay_for(transport.cp)
+
+    async def connection(self, job_id: str, wait: float) -> KernelConnection | None:
+        return await self.relay.connection(job_id, wait)
+
+    async def receive(self, job_id: str, since: int, wait: float) -> KernelPage:
+        return await self.relay.worker_receive(job_id, since, wait)
+
+    async def send(self, job_id: str, frames: list[KernelFrame]) -> None:
+        await self.relay.worker_send(job_id, frames)
+
+    async def exited(self, job_id: str, report: KernelExit) -> None:
+        await self.relay.worker_exited(job_id, report)
+
+
+class _HttpLink:
+    """Through the worker's own HTTP transport: its session token, failover and TLS rules."""
+
+    def __init__(self, transport: Any) -> None:
+        self.t = transport
+
+    async def connection(self, job_id: str, wait: float) -> KernelConnection | None:
+        try:
+            resp = await self.t._request(
+                "GET",
+                f"/worker/jobs/{job_id}/kernel/connection",
+                params={"wait": str(wait)},
+                timeout=wait + 30,
+            )
+        except NotFound:
+            return None
+        return KernelConnection.model_validate_json(resp.content)
+
+    async def receive(self, job_id: str, since: int, wait: float) -> KernelPage:
+        resp = await self.t._request(
+            "GET",
+            f"/worker/jobs/{job_id}/kernel/frames",
+            params={"since": str(since), "wait": str(wait)},
+            timeout=wait + 30,
+        )
+        return KernelPage.model_validate_json(resp.content)
+
+    async def send(self, job_id: str, frames: list[KernelFrame]) -> None:
+        body = '{"frames":[' + ",".join(f.model_dump_json() for f in frames) + "]}"
+        await self.t._request("POST", f"/worker/jobs/{job_id}/kernel/frames", body=body)
+
+    async def exited(self, job_id: str, report: KernelExit) -> None:
+        await self.t._request(
+            "POST", f"/worker/jobs/{job_id}/kernel/exit", body=report.model_dump_json()
+        )
+
+
+def link_for(transport: Transport) -> KernelLink:
+    inner = transport.inner if isinstance(transport, AttemptTransport) else transport
+    if isinstance(inner, InProcessTransport):
+        return _InProcessLink(inner)
+    return _HttpLink(inner)
+
+
+class KernelExecutor(SessionExecutor):
+    """One GPU kernel's process on this worker, for one attempt of its session's job."""
+
+    def __init__(
+        self,
+        assignment: JobAssignment,
+        transport: Transport,
+        config: ExecutorConfig,
+        *,
+        ports: PortReservations,
+        warm: WarmRunner | None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(assignment, transport, config, ports=ports, warm=warm, **kw)
+        # One process sees every GPU of the placement (rank 0); more ranks are ADR 0021's gap.
+        self.nproc = 1
+        self.world_size = 1
+        self.rank_base = 0
+        self.link = link_for(transport)
+        self.proc: asyncio.subprocess.Process | None = None
+        self.generation = -1
+        self._socks: dict[Channel, Any] = {}
+        self._ctx: Any = None
+        self._pumps: list[asyncio.Task[None]] = []
+        self._outbox: list[KernelFrame] = []
+        self._has_out = asyncio.Event()
+        self._since = 0
+        self._quiet = False  # a stop or restart of ours: the process's end is not news
+
+    # -- the agent's side ------------------------------------------------------------------------
+
+    def interrupt(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            killpg(self.proc.pid, signal.SIGINT)
+
+    def submit(self, cell: Any) -> None:
+        log.warning("cell %s sent to kernel %s: kernels take no session cells", cell, self.job.id)
+
+    # -- life ------------------------------------------------------------------------------------
+
+    async def run(self) -> FinishReport:
+        try:
+            try:
+                await self._start_kernel()
+            except GPUlayerError as exc:
+                self.system(f"the kernel could not start: {exc.message}")
+                return FinishReport(state="failed", reason=f"the kernel could not start: {exc}")
+            if self._cancel.is_set():
+                return FinishReport(state="cancelled", reason=self._cancel_reason)
+            await self._report_started()
+            self._pumps.append(asyncio.create_task(self._down()))
+            self._pumps.append(asyncio.create_task(self._up()))
+            while not self._cancel.is_set():
+                item = await self._queue.get()
+                if item == "stop":
+                    break
+                if item == "restart":
+                    self._restarting.clear()
+                    await self._stop_kernel()
+                    await self._start_kernel()
+            return FinishReport(state="cancelled", reason=self._cancel_reason)
+        except Exception as exc:
+            log.exception("kernel %s crashed its executor", self.job.id)
+            return FinishReport(state="failed", reason=f"worker error: {exc!r}")
+        finally:
+            for t in self._pumps:
+                t.cancel()
+            await self._stop_kernel()
+            if self._ctx is not None:
+                self._ctx.term()
+            await self.shipper.close()
+
+    async def _connection(self) -> KernelConnection:
+        tries = 0
+        while not self._cancel.is_set():
+            try:
+                conn = await self.link.connection(self.job.id, LONG_POLL)
+                if conn is not None and conn.generation > self.generation:
+                    return conn
+            except GPUlayerError as exc:
+                log.info("kernel %s: no connection yet (%s)", self.job.id, exc.message)
+            await self.clock.sleep(backoff(tries))  # retry backoff: the host is not attached
+            tries += 1
+        raise GPUlayerError("the kernel was stopped before its Jupyter host attached")
+
+    async def _start_kernel(self) -> None:
+        import zmq
+        import zmq.asyncio
+        from jupyter_client.connect import write_connection_file
+
+        conn = await self._connection()
+        self.generation = conn.generation
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = str(self.dir / f"kernel-{conn.generation}.json")
+        # Loopback ports on this machine only: the Jupyter host reaches them through the relay.
+        _, info = write_connection_file(
+            path,
+            ip="127.0.0.1",
+            key=conn.key.encode(),
+            signature_scheme=conn.signature_scheme,
+        )
+        env = self._env(0, None)
+        env["JPY_PARENT_PID"] = str(os.getpid())
+        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", path]
+        self.proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=str(self.dir),
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._quiet = False
+        self.system(f"kernel up: ipykernel pid {self.proc.pid} (start {conn.generation})")
+        if self._ctx is None:
+            self._ctx = zmq.asyncio.Context()
+        url = "tcp://127.0.0.1:{}"
+        ports: dict[str, Any] = dict(info)
+        # One identity on shell, control and stdin, as Jupyter's clients do: the kernel sends
+        # an ``input()`` request on stdin to the identity its execute request came from.
+        ident = f"gpulayer-{self.job.id}-{conn.generation}".encode()
+        for ch in CHANNELS:
+            s = self._ctx.socket(zmq.DEALER)
+            s.linger = 0
+            s.setsockopt(zmq.IDENTITY, ident)
+            s.connect(url.format(ports[f"{ch}_port"]))
+            self._socks[ch] = s
+        sub = self._ctx.socket(zmq.SUB)
+        sub.linger = 0
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(url.format(info["iopub_port"]))
+        self._socks["iopub"] = sub
+        proc = self.proc
+        self._readers = [
+            asyncio.create_task(self._read(ch, s)) for ch, s in self._socks.items()
+        ] + [asyncio.create_task(self._log_output(proc)), asyncio.create_task(self._watch(proc))]
+
+    async def _stop_kernel(self) -> None:
+        self._quiet = True
+        for t in getattr(self, "_readers", []):
+            t.cancel()
+        for s in self._socks.values():
+            s.close(linger=0)
+        self._socks = {}
+        proc, self.proc = self.proc, None
+        if proc is None or proc.returncode is not None:
+            return
+        killpg(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), STOP_WAIT)
+        except TimeoutError:
+            killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), STOP_WAIT)
+
+    def restart(self) -> None:
+        self._restarting.set()
+        self._queue.put_nowait("restart")
+
+    # -- relaying ----------------------------------------------------------------------------------
+
+    async def _down(self) -> None:
+        """The Jupyter host's messages, as the relay hands them over, onto their channels."""
+        tries = 0
+        while True:
+            try:
+                page = await self.link.receive(self.job.id, self._since, LONG_POLL)
+                tries = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.info("kernel %s: relay unreachable (%s)", self.job.id, exc)
+                await self.clock.sleep(backoff(tries))  # retry backoff
+                tries += 1
+                continue
+            self._since = page.next_since
+            for f in page.frames:
+                sock = self._socks.get(f.channel)
+                if sock is not None:
+                    await sock.send_multipart([base64.b64decode(p) for p in f.parts])
+
+    async def _read(self, channel: Channel, sock: Any) -> None:
+        while True:
+            parts = await sock.recv_multipart(copy=True)
+            enc = [base64.b64encode(p).decode() for p in parts]
+            self._outbox.append(KernelFrame.model_construct(channel=channel, parts=enc))
+            self._has_out.set()
+
+    async def _up(self) -> None:
+        """The kernel's messages to the relay: everything that came while the last went."""
+        tries = 0
+        while True:
+            await self._has_out.wait()
+            self._has_out.clear()
+            batch, self._outbox = self._outbox, []
+            while True:
+                try:
+                    await self.link.send(self.job.id, batch)
+                    tries = 0
+                    break
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    # Kept and sent again: the kernel's replies are not lost to a restart of
+                    # the control plane (the Jupyter host re-attaches meanwhile).
+                    log.info("kernel %s: sending failed (%s); retrying", self.job.id, exc)
+                    await self.clock.sleep(backoff(tries))  # retry backoff
+                    tries += 1
+
+    async def _log_output(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        async for line in proc.stdout:
+            self.shipper.add("stderr", line.decode(errors="replace").rstrip("\n"))
+
+    async def _watch(self, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        if self._quiet or self._cancel.is_set():
+            return
+        why = describe_exit(code, "the kernel process")
+        self.system(why)
+        report = KernelExit(generation=self.generation, code=code, reason=why)
+        with contextlib.suppress(GPUlayerError):
+            await self.link.exited(self.job.id, report)

@@ -1,0 +1,172 @@
+"""A worker's batch of reports is one flush (issue 25): one write of every job it ends, each
+job stored before any of its waiters wakes (a log line of the batch included) and before the
+batch is answered, one event per end, and the worker's usage right at every read.
+
+Workers are played by the test on a fake clock, over a real SQLite store that counts the job
+writes it is given and can be made unreachable (a fake over the real thing, no mock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from gpulayer_kernel.contracts import (
+    CommandWorkload,
+    CostEntry,
+    FinishReport,
+    Job,
+    JobReport,
+    JobSpec,
+    JobState,
+    LogLine,
+    WorkerRegistration,
+    WorkerState,
+)
+from gpulayer_kernel.controlplane import ControlPlane
+from gpulayer_kernel.errors import Conflict, Unavailable
+from gpulayer_kernel.store import LocalArtifactStore, SqliteStore
+from gpulayer_kernel.testing import FakeClock
+
+JOBS = 5
+
+
+class CountingStore(SqliteStore):
+    """SQLite that remembers each write of jobs (the ids it carried), and can be down."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.writes: list[list[str]] = []
+        self.down = False
+
+    def _check(self, jobs: Sequence[Job]) -> None:
+        if self.down:
+            raise Unavailable("the database is away (on purpose)")
+        self.writes.append([j.id for j in jobs])
+
+    async def save_jobs(self, jobs: Sequence[Job]) -> None:
+        self._check(jobs)
+        await super().save_jobs(jobs)
+
+    async def save_jobs_and_costs(self, jobs: Sequence[Job], entries: Sequence[CostEntry]) -> None:
+        self._check(jobs)
+        await super().save_jobs_and_costs(jobs, entries)
+
+
+@pytest.fixture
+async def counted(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, CountingStore]]:
+    store = CountingStore(tmp_path / "cp.db")
+    await store.open()
+    cp = ControlPlane(store, LocalArtifactStore(tmp_path / "blobs"), clock=FakeClock())
+    await cp.start()
+    try:
+        yield cp, store
+    finally:
+        await cp.close()
+        await store.close()
+
+
+async def placed(cp: ControlPlane, n: int = JOBS) -> tuple[str, list[Job]]:
+    """A remote worker holding ``n`` placed jobs (in submit order)."""
+    wid = (await cp.register(WorkerRegistration(name="w1", transport="http"))).id
+    jobs = [await cp.submit(JobSpec(workload=CommandWorkload(argv=["true"]))) for _ in range(n)]
+    taken: set[str] = set()
+    while len(taken) < n:
+        work = await asyncio.wait_for(cp.next_work(wid, wait=3600), 10)
+        taken.update(a.job.id for a in work.assignments)
+    return wid, jobs
+
+
+def ended(job: Job, *, lines: int = 0) -> JobReport:
+    """A short job's whole life in one entry: started, its lines, its end."""
+    return JobReport(
+        job_id=job.id,
+        attempt=0,
+        started=True,
+        lines=[LogLine(time=0, stream="stdout", text=f"{job.id} {i}") for i in range(lines)],
+        finished=FinishReport(state="succeeded", exit_code=0, attempt=0),
+    )
+
+
+async def test_a_batch_of_ends_is_one_write_stored_before_anyone_hears_of_it(
+    counted: tuple[ControlPlane, CountingStore],
+) -> None:
+    cp, store = counted
+    wid, jobs = await placed(cp)
+    worker = cp.registry.get(wid)
+    assert worker is not None and worker.state == WorkerState.BUSY
+    assert worker.running == sorted(j.id for j in jobs)
+    seen: dict[str, Job | None] = {}
+
+    async def waiter(job_id: str) -> None:
+        done = await cp.wait(job_id, timeout=60)
+        assert done.state == JobState.SUCCEEDED
+        seen[job_id] = await store.get_job(job_id)  # woken: it must be stored already
+
+    waiting = [asyncio.create_task(waiter(j.id)) for j in jobs]
+    await asyncio.sleep(0.05)  # every waiter waits
+    since = cp.event_log.seq
+    store.writes.clear()
+    entries = [ended(j, lines=i % 2) for i, j in enumerate(jobs)]
+    answers = await cp.report(wid, [*entries, ended(jobs[0]).model_copy(update={"job_id": "nope"})])
+
+    assert answers[:JOBS] == [None] * JOBS
+    assert isinstance(answers[JOBS], Conflict)  # the bad entry only is refused
+    # One write carries every end (each start folded into its end).
+    assert [sorted(w) for w in store.writes] == [sorted(j.id for j in jobs)]
+    for j in jobs:  # stored when the batch is answered
+        stored = await store.get_job(j.id)
+        assert stored is not None and stored.state == JobState.SUCCEEDED
+    await asyncio.wait_for(asyncio.gather(*waiting), 10)
+    assert {i: s and s.state for i, s in seen.items()} == {j.id: JobState.SUCCEEDED for j in jobs}
+    # One event per end (in the order staged); the worker's last one says it is idle.
+    page = await cp.event_log.page(since)
+    ends = [e.job.id for e in page.events if e.job is not None and e.job.state.terminal]
+    assert sorted(ends) == sorted(j.id for j in jobs)
+    last = [e.worker for e in page.events if e.worker is not None][-1]
+    assert (last.running, last.device_jobs, last.state) == ([], {}, WorkerState.READY)
+    worker = cp.registry.get(wid)
+    assert worker is not None and (worker.running, worker.state) == ([], WorkerState.READY)
+
+
+async def test_the_worker_s_usage_is_recounted_whenever_what_it_holds_changed(
+    counted: tuple[ControlPlane, CountingStore],
+) -> None:
+    cp, _ = counted
+    wid, jobs = await placed(cp)
+    for n in range(1, JOBS + 1):  # one end a report: each read says what is left
+        assert await cp.report(wid, [ended(jobs[n - 1])]) == [None]
+        worker = cp.registry.get(wid)
+        assert worker is not None
+        assert worker.running == sorted(j.id for j in jobs[n:])
+        assert worker.state == (WorkerState.BUSY if n < JOBS else WorkerState.READY)
+    more = await cp.submit(JobSpec(workload=CommandWorkload(argv=["true"])))
+    await asyncio.wait_for(cp.next_work(wid, wait=3600), 10)
+    worker = cp.registry.get(wid)
+    assert worker is not None and (worker.running, worker.state) == ([more.id], WorkerState.BUSY)
+
+
+async def test_a_batch_the_store_cannot_take_refuses_the_entries_it_carried(
+    counted: tuple[ControlPlane, CountingStore],
+) -> None:
+    cp, store = counted
+    wid, jobs = await placed(cp, 3)
+    store.down = True
+    lines_only = JobReport(
+        job_id=jobs[2].id, attempt=0, lines=[LogLine(time=0, stream="stdout", text="x")]
+    )
+    answers = await cp.report(wid, [ended(jobs[0]), ended(jobs[1]), lines_only])
+    assert [type(a) for a in answers[:2]] == [Unavailable, Unavailable]
+    assert answers[2] is None  # it changed no job: its lines are taken
+    assert {jobs[0].id, jobs[1].id} <= cp.jobs.dirty  # kept, to be written later
+    store.down = False
+    # An end sent again is taken once it is stored (and the other one with it): nothing lost.
+    again = FinishReport(state="succeeded", exit_code=0, attempt=0)
+    assert (await cp.report_finished(wid, jobs[0].id, again)).state == JobState.SUCCEEDED
+    for j in jobs[:2]:
+        stored = await store.get_job(j.id)
+        assert stored is not None and stored.state == JobState.SUCCEEDED
+    assert not cp.jobs.dirty
