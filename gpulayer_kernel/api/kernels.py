@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..contracts import SessionInfo
 from ..contracts.kernels import KernelConnection, KernelExit, KernelFrames, KernelPage, KernelStart
-from ..controlplane.kernels import relay_for
+from ..controlplane.sessions.kernels import relay_for
 from ..errors import NotFound
 from ..security import Role
 from .mixin import GLMixin

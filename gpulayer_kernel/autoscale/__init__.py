@@ -7,8 +7,8 @@
   GPUlayer's instance records (adopt, fail, preempt, end strays);
 - ``Fits`` (fit.py): whether a job runs on an offer's worker, by the scheduler's own checks.
 
-No I/O, no clock, no randomness: the control plane's ``controlplane/autoscaler.py`` does the
-doing, on its clock.
+No I/O, no clock, no randomness: the control plane's
+``controlplane/provisioning/autoscaler.py`` does the doing, on its clock.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ would fit if provider X launched one" is decided by the same rules that place jo
 
 An ``Instance`` is one machine GPUlayer asked a provider for. It is recorded before the provider
 is called (so a control plane killed mid-launch never launches twice) and moves through
-``InstanceState`` by the one table in ``controlplane/instances.py``.
+``InstanceState`` by the one table in ``controlplane/provisioning/instances.py``.
 """
 
 from __future__ import annotations

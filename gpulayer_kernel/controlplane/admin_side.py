@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .audit import AuditLog
     from .jobs import JobTable
     from .outcomes import Outcomes
-    from .provisioning import Provisioning
+    from .provisioning.part import Provisioning
     from .secrets import SecretTable
     from .sessions.table import SessionTable
 

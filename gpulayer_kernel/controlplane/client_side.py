@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from .jobs import JobTable
     from .logs import LogTails
     from .outcomes import Outcomes
-    from .provisioning import Provisioning
+    from .provisioning.part import Provisioning
     from .scheduling import SchedulingLoop
     from .workers import WorkerRegistry
 

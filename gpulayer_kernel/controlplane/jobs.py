@@ -29,9 +29,9 @@ job is taken back instead: its submitter was told it failed).
 result, progress fields and reason): whoever reports them, nothing unmasked is kept, stored,
 announced or served. Workers mask first; this is the second layer.
 
-And it is where attempts are accounted (``ledger.py``, ADR 0011): a placement opens the attempt's
-record in ``Job.history`` with its estimate, an end closes it with its charge; the ledger rows
-that come with them are written by ``flush`` in the same group commit as the job.
+And it is where attempts are accounted (``provisioning/ledger.py``, ADR 0011): a placement opens
+the attempt's record in ``Job.history`` with its estimate, an end closes it with its charge; the
+ledger rows that come with them are written by ``flush`` in the same group commit as the job.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from ..contracts import ADMIN_USER, Artifact, CostEntry, Job, JobSpec, JobState
 from ..errors import Conflict, InvalidInput, NotFound, Unavailable
 from ..store import JobQuery, MetadataStore
 from .events import EventLog
-from .ledger import AttemptEnd, Ledger
+from .provisioning.ledger import AttemptEnd, Ledger
 from .signals import Signals
 from .states import check_transition, check_update
 

@@ -29,8 +29,8 @@ from ..store.group import GroupCommit
 if TYPE_CHECKING:
     from ..clock import Clock
     from .jobs import JobTable
-    from .ledger import Ledger
-    from .provisioning import Provisioning
+    from .provisioning.ledger import Ledger
+    from .provisioning.part import Provisioning
     from .scheduling import SchedulingLoop
     from .sessions.table import SessionTable
     from .workers import WorkerRegistry

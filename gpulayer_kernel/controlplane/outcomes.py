@@ -28,8 +28,8 @@ from ..contracts.jobs import RetryCause
 from ..errors import Conflict
 from .dispatch import Dispatcher
 from .jobs import JobTable
-from .ledger import AttemptEnd
 from .logs import LogTails
+from .provisioning.ledger import AttemptEnd
 from .workers import WorkerRegistry
 
 

@@ -28,7 +28,7 @@ from .jobs import Change, JobTable
 from .logs import LogTails
 from .metrics import Metrics
 from .outcomes import Outcomes
-from .provisioning import Provisioning
+from .provisioning.part import Provisioning
 from .reaper import Reaper
 from .reports import Reports
 from .scheduling import SchedulingLoop

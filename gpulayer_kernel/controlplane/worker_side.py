@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .jobs import JobTable
     from .logs import LogTails
     from .outcomes import Outcomes
-    from .provisioning import Provisioning
+    from .provisioning.part import Provisioning
     from .reports import Reports
     from .scheduling import SchedulingLoop
     from .sessions.table import SessionTable

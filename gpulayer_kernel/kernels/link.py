@@ -42,7 +42,7 @@ class CpLink:
     roles; a served control plane learns the user from the token instead)."""
 
     def __init__(self, cp: ControlPlane, who: Identity | None = None) -> None:
-        from ..controlplane.kernels import relay_for
+        from ..controlplane.sessions.kernels import relay_for
 
         self.cp = cp
         self.relay = relay_for(cp)

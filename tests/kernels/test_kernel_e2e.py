@@ -121,7 +121,7 @@ async def test_a_kernel_outlives_the_relays_memory_as_after_a_restart(gl_plane: 
     """What a control-plane restart loses is the relay's memory (keys, lanes): the session is
     restored from the store (ADR 0019). The Jupyter host re-attaches with its key; the kernel,
     its state and its client stay."""
-    from gpulayer_kernel.controlplane import kernels
+    from gpulayer_kernel.controlplane.sessions import kernels
 
     km, kc = await start()
     try:

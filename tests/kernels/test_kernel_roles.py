@@ -7,7 +7,7 @@ import pytest
 
 from gpulayer_kernel.contracts import SessionHolder
 from gpulayer_kernel.contracts.kernels import KernelFrame, KernelStart
-from gpulayer_kernel.controlplane.kernels import relay_for
+from gpulayer_kernel.controlplane.sessions.kernels import relay_for
 from gpulayer_kernel.errors import GPUlayerError
 from gpulayer_kernel.security.roles import Identity, Role
 

@@ -41,12 +41,12 @@ from ...contracts import (
 from ...errors import NotFound
 from ...redact import Redactor
 from ...store import MetadataStore
-from ..cellruns import LiveSession, ended_from, human_seconds, new_cell, orphan
 from ..dispatch import Dispatcher
 from ..events import EventLog
 from ..idempotency import CLAIM
 from ..jobs import JobTable
 from ..logs import LogTails
+from .cellruns import LiveSession, ended_from, human_seconds, new_cell, orphan
 
 log = logging.getLogger("gpulayer.controlplane")
 

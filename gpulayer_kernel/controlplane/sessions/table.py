@@ -42,11 +42,11 @@ from ...errors import Conflict, InvalidInput, NotFound
 from ...redact import Redactor
 from ...security.roles import Identity, check_act, check_read
 from ...store import MetadataStore
-from ..cellruns import LiveSession, aborted, idle_of, in_doubt
 from ..dispatch import Dispatcher
 from ..events import EventLog
 from ..jobs import Change, JobTable
 from ..logs import LogTails
+from .cellruns import LiveSession, aborted, idle_of, in_doubt
 from .cells import RECENT_CELLS, Cancel, SessionCells
 
 ENDED_KEPT = 256  # ended sessions remembered for `info` and their history

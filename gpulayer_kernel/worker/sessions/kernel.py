@@ -63,7 +63,7 @@ class KernelLink(Protocol):
 
 class _InProcessLink:
     def __init__(self, transport: InProcessTransport) -> None:
-        from ...controlplane.kernels import relay_for
+        from ...controlplane.sessions.kernels import relay_for
 
         self.relay = relay_for(transport.cp)
 

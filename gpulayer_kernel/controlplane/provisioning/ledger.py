@@ -26,9 +26,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ..autoscale.fit import Fits, offer_capabilities
-from ..clock import SYSTEM_CLOCK, Clock
-from ..contracts import (
+from ...autoscale.fit import Fits, offer_capabilities
+from ...clock import SYSTEM_CLOCK, Clock
+from ...contracts import (
     AttemptRecord,
     CostEntry,
     CostKind,
@@ -39,9 +39,9 @@ from ..contracts import (
     Offer,
     WorkerInfo,
 )
-from ..contracts._base import built
-from ..contracts.costs import Outcome
-from ..providers.config import CostSettings
+from ...contracts._base import built
+from ...contracts.costs import Outcome
+from ...providers.config import CostSettings
 
 TYPICAL_RUNS = 20  # ended attempts of one job name kept for its typical run time
 USER_LABEL = "user"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 
-from ..contracts import CostEntry, CostKind, CostReport, CostRow, Instance
-from ..contracts.costs import GroupBy
+from ...contracts import CostEntry, CostKind, CostReport, CostRow, Instance
+from ...contracts.costs import GroupBy
 
 NONE = "-"
 

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..autoscale import (
+from ...autoscale import (
     InstanceView,
     PendingJob,
     ProviderView,
@@ -34,19 +34,19 @@ from ..autoscale import (
     ScalingSnapshot,
     plan_scaling,
 )
-from ..clock import SYSTEM_CLOCK, Clock
-from ..contracts import Instance, InstanceState, Offer, PlacementReport, WorkerState
-from ..errors import GPUlayerError
-from ..providers import LaunchSpec, Provider, ProvidersConfig
-from ..scheduler import Plan, Snapshot
-from ..scheduler.explain import with_scaling
-from ..security import TokenKind, TokenService
+from ...clock import SYSTEM_CLOCK, Clock
+from ...contracts import Instance, InstanceState, Offer, PlacementReport, WorkerState
+from ...errors import GPUlayerError
+from ...providers import LaunchSpec, Provider, ProvidersConfig
+from ...scheduler import Plan, Snapshot
+from ...scheduler.explain import with_scaling
+from ...security import TokenKind, TokenService
+from ..jobs import JobTable, new_id
+from ..workers import WorkerRegistry
 from .budgets import Budgets
 from .instances import InstanceTable
-from .jobs import JobTable, new_id
 from .ledger import Ledger
 from .reconciler import Reconciler
-from .workers import WorkerRegistry
 
 T = TypeVar("T")
 log = logging.getLogger("gpulayer.autoscaler")

@@ -17,16 +17,16 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Protocol, TypeVar
 
-from ..autoscale import reconcile
-from ..clock import Clock
-from ..contracts import Instance, InstanceState
-from ..errors import GPUlayerError
-from ..providers import Census, Provider
-from ..providers.config import AutoscaleSettings
-from ..security import TokenKind, TokenService
+from ...autoscale import reconcile
+from ...clock import Clock
+from ...contracts import Instance, InstanceState
+from ...errors import GPUlayerError
+from ...providers import Census, Provider
+from ...providers.config import AutoscaleSettings
+from ...security import TokenKind, TokenService
+from ..workers import WorkerRegistry
 from .budgets import Budgets
 from .instances import InstanceTable
-from .workers import WorkerRegistry
 
 T = TypeVar("T")
 

@@ -13,8 +13,8 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..clock import Timer
-from ..contracts import (
+from ...clock import Timer
+from ...contracts import (
     CellError,
     CellReport,
     CellRequest,
@@ -29,8 +29,8 @@ from ..contracts import (
     SessionStatus,
     SessionWorkload,
 )
-from ..errors import Conflict, Forbidden
-from ..redact import Redactor
+from ...errors import Conflict, Forbidden
+from ...redact import Redactor
 
 
 @dataclass

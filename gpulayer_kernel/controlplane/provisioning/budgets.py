@@ -22,8 +22,8 @@ import calendar
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
-from ..clock import SYSTEM_CLOCK, Clock
-from ..contracts import (
+from ...clock import SYSTEM_CLOCK, Clock
+from ...contracts import (
     Budget,
     BudgetPolicy,
     BudgetStatus,
@@ -33,12 +33,12 @@ from ..contracts import (
     JobSpec,
     JobState,
 )
-from ..errors import BudgetExceeded, NotFound
-from ..store import MetadataStore
-from ..words import dollars
-from .jobs import JobTable
+from ...errors import BudgetExceeded, NotFound
+from ...store import MetadataStore
+from ...words import dollars
+from ..jobs import JobTable
+from ..logs import LogTails
 from .ledger import PROJECT_LABEL
-from .logs import LogTails
 
 EPS = 1e-9
 

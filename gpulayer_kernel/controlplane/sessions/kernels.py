@@ -26,8 +26,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..contracts import JobState, Resources, SessionInfo, SessionSpec
-from ..contracts.kernels import (
+from ...contracts import JobState, Resources, SessionInfo, SessionSpec
+from ...contracts.kernels import (
     KernelConnection,
     KernelExit,
     KernelFrame,
@@ -35,12 +35,12 @@ from ..contracts.kernels import (
     KernelStart,
     KernelState,
 )
-from ..errors import Conflict, InvalidInput, NotFound
-from ..security.roles import Identity, check_act
-from .signals import Signal
+from ...errors import Conflict, InvalidInput, NotFound
+from ...security.roles import Identity, check_act
+from ..signals import Signal
 
 if TYPE_CHECKING:
-    from .core import ControlPlane
+    from ..core import ControlPlane
 
 KEPT = 256  # kernels remembered before the ended ones are forgotten
 LANE_LIMIT = 20_000  # messages a lane keeps for a reader that does not come (oldest dropped)

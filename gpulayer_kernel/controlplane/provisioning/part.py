@@ -15,8 +15,8 @@ import contextlib
 import random
 from collections.abc import Awaitable, Callable
 
-from ..clock import SYSTEM_CLOCK, Clock
-from ..contracts import (
+from ...clock import SYSTEM_CLOCK, Clock
+from ...contracts import (
     Budget,
     BudgetList,
     BudgetStatus,
@@ -27,20 +27,20 @@ from ..contracts import (
     ProviderCheck,
     ProviderList,
 )
-from ..contracts.costs import GroupBy
-from ..errors import GPUlayerError, InvalidInput
-from ..providers import Provider, ProvidersConfig
-from ..security import TokenService
-from ..store import MetadataStore
+from ...contracts.costs import GroupBy
+from ...errors import GPUlayerError, InvalidInput
+from ...providers import Provider, ProvidersConfig
+from ...security import TokenService
+from ...store import MetadataStore
+from ..jobs import JobTable
+from ..logs import LogTails
+from ..scheduling import SchedulingLoop
+from ..workers import WorkerRegistry
 from .autoscaler import Autoscaler, Lose
 from .budgets import Budgets
-from .cost_report import summarize
+from .costs import summarize
 from .instances import InstanceTable
-from .jobs import JobTable
 from .ledger import Ledger
-from .logs import LogTails
-from .scheduling import SchedulingLoop
-from .workers import WorkerRegistry
 
 GROUPS: tuple[GroupBy, ...] = ("job", "user", "project", "provider", "day")
 TYPICAL_WINDOW = 30 * 86400.0  # charges read back at start to learn typical run times

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..contracts import Instance, InstanceState
-from ..errors import Conflict
-from ..store import MetadataStore
+from ...contracts import Instance, InstanceState
+from ...errors import Conflict
+from ...store import MetadataStore
 
 S = InstanceState
 _ENDS = frozenset({S.TERMINATED, S.FAILED, S.PREEMPTED})
