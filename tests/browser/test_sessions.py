@@ -69,8 +69,11 @@ def test_a_session_from_a_notebook_keeps_state_plots_survives_an_interrupt_and_s
     (lab.root / "sessions.ipynb").write_text(json.dumps(notebook()))
     page = open_lab(browser, lab, "sessions-notebook", width=1400, height=900)
     try:
+        # `.then(() => null)`: the command resolves to the document widget, which Playwright
+        # cannot serialise ("object reference chain is too long") once the panel holds it.
         page.evaluate(
             "window.jupyterapp.commands.execute('docmanager:open', {path: 'sessions.ipynb'})"
+            ".then(() => null)"
         )
         page.wait_for_function(
             "() => document.body.innerText.includes('| Idle')", timeout=90 * SECOND
@@ -86,7 +89,9 @@ def test_a_session_from_a_notebook_keeps_state_plots_survives_an_interrupt_and_s
         expect(output(page, 3).locator("img")).to_have_count(1, timeout=90 * SECOND)
         run_next(page)
         expect(output(page, 4)).to_contain_text("ticking", timeout=60 * SECOND)
-        page.evaluate("window.jupyterapp.commands.execute('notebook:interrupt-kernel')")
+        page.evaluate(
+            "window.jupyterapp.commands.execute('notebook:interrupt-kernel').then(() => null)"
+        )
         expect(output(page, 4)).to_contain_text("KeyboardInterrupt", timeout=60 * SECOND)
         # The cell's own end (its traceback names the line it stopped in), not only the note
         # that the interrupt was sent: a cell run before the error reply would be aborted by

@@ -96,12 +96,14 @@ def ssh_host(server: sshd.SSHServer, name: str, work: Path, **extra: object) -> 
     return "\n".join(lines) + "\n"
 
 
-def ssh_config(known_hosts: Path, hosts: str, *, idle_timeout: float = 2) -> str:
+def ssh_config(
+    known_hosts: Path, hosts: str, *, idle_timeout: float = 2, boot_timeout: float = 60
+) -> str:
     return f"""
 [autoscale]
 idle_timeout = {idle_timeout}
 reconcile_every = 0.5
-boot_timeout = 60
+boot_timeout = {boot_timeout}
 
 [providers.fleet]
 kind = "ssh"

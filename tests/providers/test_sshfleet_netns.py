@@ -130,7 +130,9 @@ def test_two_hosts_in_two_namespaces_each_get_a_worker_and_both_are_stopped(
         )
         home = tmp_path / "home"
         home.mkdir()
-        (home / "providers.toml").write_text(ssh_config(known, hosts, idle_timeout=2))
+        # 180 s to boot: with four xdist workers on two cores a worker's start waits for a core.
+        config = ssh_config(known, hosts, idle_timeout=2, boot_timeout=180)
+        (home / "providers.toml").write_text(config)
         tls = ("--host", "0.0.0.0", "--tls-cert", str(cert_pem), "--tls-key", str(key_pem))
         monkeypatch.setattr(
             spawning, "GL", ["ip", "netns", "exec", cp, PY, "-m", "gpulayer_kernel.cli"]
