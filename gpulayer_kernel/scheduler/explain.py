@@ -1,4 +1,3 @@
-# Over 500 lines: every sentence the scheduler says about a job, in one place so their words agree.
 """Stage 4, explanation: the one renderer of placement sentences (STYLE: explaining placement).
 
 A waiting job gets a ``PlacementReport``: per reason code the number of workers and a human detail,
@@ -19,8 +18,8 @@ rendered report, exactly as ``render`` would)::
     0/1 workers can run job 3f2a9c1d: 1 has too few free GPUs (need 2; waiting helps); slurm/
     gpu-2gpu can launch one (≈ $4.20/h, ~40 s): launching it; position 1 in the queue
 
-A placed job gets one sentence saying why it went where it went (``placed_sentence``):
-``placed on w1 devices [0,1]: tightest fit, 0 GPUs left free``.
+A placed job's sentence (``placed on w1 devices [0,1]: tightest fit, 0 GPUs left free``) is
+``placed.py``'s: it changes with the placement policy, these with the reasons a job waits.
 
 Reports are built once per distinct (shape, reservations in the way) and copied per job with only
 ``job_id``, ``position`` and ``sentence`` changed; ``finish`` renders the sentence from the
@@ -31,7 +30,6 @@ would give (a test holds the two together).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from ..capabilities.kinds import format_bytes
 from ..contracts import (
@@ -93,7 +91,7 @@ def short(job_id: str) -> str:
     return job_id[:SHORT_ID]
 
 
-def _gpus(n: int) -> str:
+def gpu_count(n: int) -> str:
     return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
@@ -275,7 +273,7 @@ def held_by_sessions(holds: Sequence[SessionHold], now: float | None) -> str:
             state = "the idle session"
             idle = max(0.0, (now if now is not None else h.idle_since) - h.idle_since)
             since = f" for {_minutes(idle)}"
-        parts.append(f"{_gpus(h.gpus)} held by {state} of {h.holder} on {h.worker}{since}")
+        parts.append(f"{gpu_count(h.gpus)} held by {state} of {h.holder} on {h.worker}{since}")
     more = len(holds) - len(parts)
     extra = f" (and {more} more session{'s' if more > 1 else ''})" if more > 0 else ""
     return ", ".join(parts) + extra
@@ -389,7 +387,7 @@ def never_sentence(report: PlacementReport, r: Resources) -> str:
     Submit it with --wait to keep it queued until a worker that can run it joins.``"""
     codes = sorted(report.filtered, key=lambda rc: (-rc.workers, _STAGE[rc.code]))
     first = codes[0].code if codes else None
-    per_node = f"{_gpus(r.gpus)} on " + (
+    per_node = f"{gpu_count(r.gpus)} on " + (
         f"each of {r.nodes} workers" if r.nodes > 1 else "one worker"
     )
     kinds = " or ".join(r.gpu_kind)
@@ -426,109 +424,3 @@ def never_sentence(report: PlacementReport, r: Resources) -> str:
 def _verb(rc: ReasonCount) -> str:
     one, many = ("is", "are") if rc.code in _COPULA else ("has", "have")
     return one if rc.workers == 1 else many
-
-
-# ------------------------------------------------------------------------------------------------
-# placed jobs
-
-
-@dataclass(frozen=True, slots=True)
-class PlacedNode:
-    name: str
-    devices: tuple[int, ...]
-    left_free: int
-    simulated: bool
-
-
-def placed_sentence(
-    shape: Shape,
-    nodes: Sequence[PlacedNode],
-    *,
-    choice: int = 0,
-    fallback: bool = False,
-    gpu_worker: bool = False,
-    own_reservation: bool = False,
-    backfill_of: str | None = None,
-) -> str:
-    """One sentence saying where a job went and why there."""
-    why = placed_why(
-        shape,
-        tuple(n.left_free for n in nodes),
-        choice=choice,
-        fallback=fallback,
-        gpu_worker=gpu_worker,
-        own_reservation=own_reservation,
-        backfill_of=backfill_of,
-    )
-    return placed_on(nodes, why)
-
-
-def placed_on(nodes: Sequence[PlacedNode], why: str) -> str:
-    """``placed_sentence`` from its second half, ``placed_why``'s (a pass remembers those: jobs
-    of one shape placed alike share it)."""
-    gang = len(nodes) > 1
-    where = [
-        placed_node(node.name, node.devices, node.simulated, rank if gang else None)
-        for rank, node in enumerate(nodes)
-    ]
-    return placed_where(where, why)
-
-
-def placed_node(name: str, devices: Sequence[int], simulated: bool, rank: int | None) -> str:
-    """One node's part of ``placed_sentence`` (``rank``: None when the job has one node)."""
-    text = name
-    if devices:
-        sim = "simulated " if simulated else ""
-        text += f" {sim}devices [{','.join(map(str, devices))}]"
-    if rank is not None:
-        text += f" (node {rank})"
-    return text
-
-
-def placed_where(where: Sequence[str], why: str) -> str:
-    """``placed_sentence`` from its nodes' parts (``placed_node``) and ``placed_why``'s."""
-    return f"placed on {' and '.join(where)}: {why}"
-
-
-def placed_why(
-    shape: Shape,
-    lefts: Sequence[int],
-    *,
-    choice: int = 0,
-    fallback: bool = False,
-    gpu_worker: bool = False,
-    own_reservation: bool = False,
-    backfill_of: str | None = None,
-) -> str:
-    """Why a job went where it went: the part of ``placed_sentence`` after the colon, from the
-    GPUs each node has left free (``lefts``) and what ``placed_sentence`` takes."""
-    why: list[str] = []
-    if shape.cpu_job:
-        why.append(
-            "CPU job; no CPU-only worker could take it"
-            if gpu_worker
-            else "CPU job; CPU-only workers first"
-        )
-    elif fallback:
-        why.append('no GPU could take it now and it asked for fallback=["cpu"], so it runs on CPU')
-    else:
-        if shape.kinds:
-            label = shape.choices[choice].label
-            if choice == 0:
-                why.append(f"first-choice kind {label}")
-            else:
-                earlier = " or ".join(c.label for c in shape.choices[:choice])
-                why.append(f"kind {label} (choice {choice + 1}; no room on {earlier})")
-        if own_reservation:
-            why.append("on the GPUs reserved for it")
-        if backfill_of is not None:
-            why.append(
-                f"backfilled onto GPUs reserved for job {short(backfill_of)} "
-                "(it ends before they are needed)"
-            )
-        if len(set(lefts)) == 1:
-            left = f"{_gpus(lefts[0])} left free" + (" on each" if len(lefts) > 1 else "")
-        else:
-            left = " and ".join(str(x) for x in lefts) + " GPUs left free"
-        why.append(f"tightest fit, {left}")
-    return ", ".join(why)

@@ -21,9 +21,10 @@ from contextlib import contextmanager
 
 from ..contracts import NodePlacement, Placement, PlacementReport
 from .cache import SchedulerCache
-from .explain import finish, noted, placed_node, placed_where, placed_why
+from .explain import finish, noted
 from .feasible import Fit, Shape, WorkerClass, check, selected
 from .model import Assignment, JobRequest, Plan, Reservation, Snapshot, WorkerView
+from .placed import placed_node, placed_where, placed_why
 from .rank import INF, NodeChoice, bits, lanes
 from .shapes import ShapeInfo
 from .share import QuotaLedger, fair_notes, fair_order

@@ -8,14 +8,13 @@ from pydantic import ValidationError
 from gpulayer_kernel.contracts import PlacementReport, Reason, ReasonCount, Resources
 from gpulayer_kernel.scheduler.explain import (
     STAGE_ORDER,
-    PlacedNode,
     finish,
     make_report,
-    placed_sentence,
     render,
     sentence_parts,
 )
 from gpulayer_kernel.scheduler.feasible import make_shape
+from gpulayer_kernel.scheduler.placed import PlacedNode, placed_sentence
 
 
 def test_every_reason_has_a_place_in_the_check_order() -> None:
