@@ -142,26 +142,30 @@ class SessionExecutor(SessionCells):
 
     # -- life ------------------------------------------------------------------------------------
 
+    # A GPU kernel (``kernel.py``) lives the same life with its own start, serve and stop.
+    WHAT = "session"  # the word a user reads when it cannot start
+
     async def run(self) -> FinishReport:
         try:
             try:
-                await self._start_ranks()
+                await self._start()
             except GPUlayerError as exc:
-                self.system(f"the session could not start: {exc.message}")
-                return FinishReport(state="failed", reason=f"the session could not start: {exc}")
+                what = f"the {self.WHAT} could not start"
+                self.system(f"{what}: {exc.message}")
+                return FinishReport(state="failed", reason=f"{what}: {exc}")
             if self._cancel.is_set():
                 return FinishReport(state="cancelled", reason=self._cancel_reason)
             await self._report_started()
             await self._serve()
             return FinishReport(state="cancelled", reason=self._cancel_reason)
         except asyncio.CancelledError:
-            await self._stop_ranks()
+            await self._stop()
             raise
         except Exception as exc:
-            log.exception("session %s crashed its executor", self.job.id)
+            log.exception("%s %s crashed its executor", self.WHAT, self.job.id)
             return FinishReport(state="failed", reason=f"worker error: {exc!r}")
         finally:
-            await self._stop_ranks()
+            await self._stop()
             self.launch.close()
             if self._control is not None:
                 self._control.close()
@@ -172,6 +176,12 @@ class SessionExecutor(SessionCells):
             await self.transport.report_started(self.job.id)
         except GPUlayerError as exc:
             self.cancel(exc.message)  # stopped or moved on between placement and start
+
+    async def _start(self) -> None:
+        await self._start_ranks()
+
+    async def _stop(self) -> None:
+        await self._stop_ranks()
 
     async def _serve(self) -> None:
         """Run cells and restarts in order until the session is stopped (no task per item:

@@ -33,7 +33,7 @@ import signal
 import sys
 from typing import Any, Protocol
 
-from ...contracts import FinishReport, JobAssignment
+from ...contracts import JobAssignment
 from ...contracts.kernels import Channel, KernelConnection, KernelExit, KernelFrame, KernelPage
 from ...errors import GPUlayerError, NotFound
 from ..backoff import backoff
@@ -127,6 +127,8 @@ def link_for(transport: Transport) -> KernelLink:
 class KernelExecutor(SessionExecutor):
     """One GPU kernel's process on this worker, for one attempt of its session's job."""
 
+    WHAT = "kernel"
+
     def __init__(
         self,
         assignment: JobAssignment,
@@ -162,39 +164,30 @@ class KernelExecutor(SessionExecutor):
     def submit(self, cell: Any) -> None:
         log.warning("cell %s sent to kernel %s: kernels take no session cells", cell, self.job.id)
 
-    # -- life ------------------------------------------------------------------------------------
+    # -- life: SessionExecutor.run, over these ---------------------------------------------------
 
-    async def run(self) -> FinishReport:
-        try:
-            try:
+    async def _start(self) -> None:
+        await self._start_kernel()
+
+    async def _serve(self) -> None:
+        self._pumps.append(asyncio.create_task(self._down()))
+        self._pumps.append(asyncio.create_task(self._up()))
+        while not self._cancel.is_set():
+            item = await self._queue.get()
+            if item == "stop":
+                break
+            if item == "restart":
+                self._restarting.clear()
+                await self._stop_kernel()
                 await self._start_kernel()
-            except GPUlayerError as exc:
-                self.system(f"the kernel could not start: {exc.message}")
-                return FinishReport(state="failed", reason=f"the kernel could not start: {exc}")
-            if self._cancel.is_set():
-                return FinishReport(state="cancelled", reason=self._cancel_reason)
-            await self._report_started()
-            self._pumps.append(asyncio.create_task(self._down()))
-            self._pumps.append(asyncio.create_task(self._up()))
-            while not self._cancel.is_set():
-                item = await self._queue.get()
-                if item == "stop":
-                    break
-                if item == "restart":
-                    self._restarting.clear()
-                    await self._stop_kernel()
-                    await self._start_kernel()
-            return FinishReport(state="cancelled", reason=self._cancel_reason)
-        except Exception as exc:
-            log.exception("kernel %s crashed its executor", self.job.id)
-            return FinishReport(state="failed", reason=f"worker error: {exc!r}")
-        finally:
-            for t in self._pumps:
-                t.cancel()
-            await self._stop_kernel()
-            if self._ctx is not None:
-                self._ctx.term()
-            await self.shipper.close()
+
+    async def _stop(self) -> None:
+        for t in self._pumps:
+            t.cancel()
+        await self._stop_kernel()
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
 
     async def _connection(self) -> KernelConnection:
         tries = 0
