@@ -268,7 +268,7 @@ class SessionHandle:
                     on_records(page.records)
                 else:
                     records.extend(page.records)
-            if page.cell.state.done:
+            if page.finished:
                 return self._result(page.cell, records)
             if deadline is not None and not interrupted and time.monotonic() >= deadline:
                 self.interrupt()

@@ -75,7 +75,7 @@ class SessionCalls:
                     )
                 ),
             )
-            if page.records or page.cell.state.done or time.monotonic() >= deadline:
+            if page.records or page.finished or time.monotonic() >= deadline:
                 return page
             since = page.next_since
 

@@ -307,6 +307,16 @@ class CellPage(Contract):
     cell: CellRun
     records: list[LogRecord] = Field(default_factory=list)
     next_since: int = Field(0, ge=0, description="follow on from here")
+    more: bool = Field(
+        False,
+        description="more of the cell's records wait after `next_since`: ask again at once (a "
+        "cell that has ended has all its output only once a page says no more)",
+    )
+
+    @property
+    def finished(self) -> bool:
+        """The cell has ended and this page holds the last of its output: stop following."""
+        return self.cell.state.done and not self.more
 
 
 # -- between the control plane and the session's workers ------------------------------------------

@@ -53,7 +53,7 @@ async def run(cp: ControlPlane, name: str, code: str, **fields: object) -> CellP
     fields.setdefault("client", HOLDER.client)
     page = await cp.run_cell(name, CellRequest(code=code, **fields), wait=30)  # type: ignore[arg-type]
     records = list(page.records)
-    while not page.cell.state.done:
+    while not page.finished:
         page = await cp.follow_cell(name, page.cell.number, page.next_since, wait=30)
         records += page.records
     return page.model_copy(update={"records": records})

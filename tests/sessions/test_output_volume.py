@@ -22,17 +22,22 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     root = tmp_path_factory.mktemp("session-volume")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
     env["GPULAYER_SESSION_PRELOAD"] = ""
     with ServeProcess(root / "home", heartbeat_timeout=30, env=env) as server:
         join = server.create_token("join", ttl=600)
         with WorkerProcess(server.url, join, name="w1", home=root / "w1", env=env):
-            with server.client(timeout=120) as c:
-                c.start_session(spec())
-                wait_until(lambda: c.get_session("s1").status == SessionStatus.IDLE, 60)
-                yield c
+            yield server
+
+
+@pytest.fixture(scope="module")
+def client(server: ServeProcess) -> Iterator[Any]:
+    with server.client(timeout=120) as c:
+        c.start_session(spec())
+        wait_until(lambda: c.get_session("s1").status == SessionStatus.IDLE, 60)
+        yield c
 
 
 def run(c: Any, code: str, timeout: float = 120) -> Any:
@@ -40,7 +45,7 @@ def run(c: Any, code: str, timeout: float = 120) -> Any:
     page = c.run_cell("s1", CellRequest(code=code, client=HOLDER.client), wait=30)
     records = list(page.records)
     deadline = time.monotonic() + timeout
-    while not page.cell.state.done:
+    while not page.finished:  # an ended cell's last pages may still be unread (``more``)
         assert time.monotonic() < deadline, f"cell {page.cell.number} still {page.cell.state}"
         page = c.follow_cell("s1", page.cell.number, page.next_since, wait=30)
         records += page.records
@@ -62,6 +67,7 @@ def test_a_cell_printing_100_mb_in_one_line_is_cut_with_a_note(client: Any) -> N
 
 
 def test_a_cell_printing_many_lines_is_cut_with_a_note(client: Any) -> None:
+    run(client, "x = 7")  # this test's own state (it runs alone with -k too)
     page = run(client, "for i in range(1_000_000):\n    print(i)\n'done'")
     assert page.cell.state == CellState.OK, page.cell
     assert page.cell.value["data"]["text/plain"] == "'done'"
@@ -90,3 +96,39 @@ def test_an_interrupt_stops_a_cell_flooding_its_output(client: Any) -> None:
     assert page.cell.state == CellState.ERROR and page.cell.error.ename == "KeyboardInterrupt"
     after = run(client, "kept, x")
     assert after.cell.value["data"]["text/plain"] == "('yes', 7)"
+
+
+LINES = 12_000  # more than one page of a cell's records (``PAGE``): the follower reads several
+
+
+@pytest.mark.parametrize("caller", ["python", "magic"])
+def test_a_cell_that_ended_before_its_output_was_read_still_shows_every_line(
+    server: ServeProcess, client: Any, caller: str
+) -> None:
+    """Issue 32, item 11: a follower that learns of the cell's end with pages still unread reads
+    on to the last line (a page says ``more``), through the Python API and the magic alike."""
+    from gpulayer_kernel.jupyter.bridge import Bridge, Target
+    from gpulayer_kernel.jupyter.sessions.cells import drive
+    from gpulayer_kernel.sessions import SessionHandle
+
+    shown: list[str] = []
+
+    def show(records: Any) -> None:
+        if not shown:  # hold the follower until the cell has ended: pages are left unread
+            number = records[0].cell
+            wait_until(lambda: client.session_cells("s1", limit=1)[0].number == number, 60)
+            wait_until(lambda: client.session_cells("s1", limit=1)[0].state.done, 60)
+        shown.extend(r.text for r in records if r.stream == "stdout")
+
+    code = f"print('\\n'.join(map(str, range({LINES}))))\n'end'"
+    bridge = Bridge(Target(url=server.url, token=server.admin_token))
+    try:
+        handle = SessionHandle(bridge, client.get_session("s1"), HOLDER.client)
+        if caller == "python":
+            result = handle.run(code, on_records=show)
+        else:
+            result = drive(handle, code, show=show)
+    finally:
+        bridge.close()
+    assert result.cell.state == CellState.OK, result.cell
+    assert shown == [str(i) for i in range(LINES)]

@@ -30,7 +30,7 @@ def gl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 def _run(client: object, code: str) -> object:
     c = client
     page = c.run_cell("s1", CellRequest(code=code, client=HOLDER.client), wait=30)  # type: ignore[attr-defined]
-    while not page.cell.state.done:
+    while not page.finished:
         page = c.follow_cell("s1", page.cell.number, page.next_since, wait=30)  # type: ignore[attr-defined]
     return page
 

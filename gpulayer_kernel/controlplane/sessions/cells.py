@@ -119,10 +119,10 @@ class SessionCells:
         while True:
             cell = await self.cell(s, number)
             since = max(since, cell.first_seq)
-            records, since = await self._records(s.id, number, since)
+            records, since, more = await self._records(s.id, number, since)
             left = deadline - self.clock.monotonic()
             if records or cell.state.done or left <= 0:
-                return CellPage(cell=cell, records=records, next_since=since)
+                return CellPage(cell=cell, records=records, next_since=since, more=more)
             await self.jobs.changed(s.id, left)
 
     async def cell(self, s: LiveSession, number: int) -> CellRun:
@@ -138,17 +138,20 @@ class SessionCells:
             )
         return found
 
-    async def _records(self, job_id: str, number: int, since: int) -> tuple[list[LogRecord], int]:
-        """The cell's records after ``since`` (others' are skipped), and where to go on from."""
+    async def _records(
+        self, job_id: str, number: int, since: int
+    ) -> tuple[list[LogRecord], int, bool]:
+        """The cell's records after ``since`` (others' are skipped), where to go on from, and
+        whether more records wait there (a full page was read: the follower asks again)."""
         found: list[LogRecord] = []
         while True:
             page = await self.tails.read(job_id, since, PAGE)
             if not page:
-                return found, since
+                return found, since, False
             since = page[-1].seq
             found += [r for r in page if r.cell == number]
             if found or len(page) < PAGE:
-                return found, since
+                return found, since, len(page) == PAGE
 
     def _next(self, s: LiveSession) -> None:
         """Start the next queued cell when none runs (and the ranks are up)."""

@@ -202,7 +202,7 @@ def drive(
                 continue
             if page.records:
                 show(page.records)
-            if page.cell.state.done:
+            if page.finished:
                 return handle._result(page.cell, [])
             if deadline is not None and time.monotonic() >= deadline and interrupted_at is None:
                 print(

@@ -342,6 +342,10 @@ export interface ICellPage {
   api_version: 'gpulayer/v1';
   cell: ICellRun;
   /**
+   * more of the cell's records wait after `next_since`: ask again at once (a cell that has ended has all its output only once a page says no more)
+   */
+  more: boolean;
+  /**
    * follow on from here
    */
   next_since: number;
