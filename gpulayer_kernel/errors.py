@@ -18,6 +18,7 @@ the CLI prints message and hint; no traceback ever reaches a user for one of the
     │   └── BudgetExceeded (409 budget_exceeded)          a job's estimate is over a budget
     ├── TooLarge (413 too_large)
     ├── QuotaExceeded (429 quota_exceeded)                a user or group is at a quota
+    ├── Busy (429 busy)                                   a bounded buffer is full: send later
     ├── Unavailable (503 unavailable)                     locked state dir, server gone
     │   └── ProviderError (503 provider_error)            a provider failed, hung or refused
     ├── StoreError (500 store_error)
@@ -126,6 +127,13 @@ class QuotaExceeded(GPUlayerError):
     status = 429
 
 
+class Busy(GPUlayerError):
+    """A bounded buffer (a kernel's lane) is full: the same request succeeds once it drains."""
+
+    code = "busy"
+    status = 429
+
+
 class Unavailable(GPUlayerError):
     code = "unavailable"
     status = 503
@@ -188,6 +196,7 @@ ERRORS_BY_CODE: dict[str, type[GPUlayerError]] = {
         BudgetExceeded,
         TooLarge,
         QuotaExceeded,
+        Busy,
         Unavailable,
         ProviderError,
         StoreError,

@@ -25,6 +25,7 @@ from .context import ApiContext
 from .errors import error_body, loggable_path
 from .params import ApiLimits
 from .routes import make_context, user_handlers, worker_handlers
+from .streams import close_streams, stream_handlers
 
 PREFIX = "/api/v1"
 access_log = logging.getLogger("gpulayer.access")
@@ -84,6 +85,7 @@ def make_app(
     handlers = [
         *user_handlers(ClientTokenAuth, prefix, cp, tokens, context=ctx),
         *worker_handlers(prefix, cp, tokens, context=ctx),
+        *stream_handlers(prefix, ctx, host=True),
     ]
     return tornado.web.Application(
         handlers,
@@ -144,6 +146,7 @@ class ApiServer:
     async def stop(self) -> None:
         """End long-polls (they answer 503 shutting_down), stop listening, close connections."""
         await self.context.drain()
+        await close_streams(self.context)
         if self._server is not None:
             server, self._server = self._server, None
             server.stop()

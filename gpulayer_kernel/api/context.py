@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..contracts import PROTOCOL
 from ..controlplane import ControlPlane
@@ -46,6 +47,7 @@ class ApiContext:
     # from before 1.1 (to test that new clients and workers still speak to one).
     protocol: str = PROTOCOL
     keys: Keys = field(default_factory=Keys)  # keyed writes in flight (ADR 0003)
+    streams: set[Any] = field(default_factory=set)  # open WebSocket streams (``streams.py``)
 
     async def drain(self, timeout: float = 1.0) -> None:
         """Stop: every long-poll answers now (503 shutting_down); wait briefly for them and for

@@ -2,15 +2,27 @@
 worker's under ``/worker/jobs/{job_id}/kernel``. Thin: parse the contract, call the control plane's
 kernel relay, answer a contract. ``{kernel}`` is the kernel's session id. A kernel is stopped,
 listed and explained as the session it is (``/sessions``).
+
+The messages themselves travel on a stream (``streams.py``: one WebSocket per side); the
+``frames`` routes here carry them over plain HTTP where a proxy refuses WebSockets, base64 in JSON,
+one message of up to ``MAX_MESSAGE`` bytes per request at least (``MAX_FRAMES_BODY``).
 """
 
 from __future__ import annotations
 
 from ..contracts import SessionInfo
-from ..contracts.kernels import KernelConnection, KernelExit, KernelFrames, KernelPage, KernelStart
-from ..controlplane.sessions.kernels import relay_for
-from ..errors import NotFound
+from ..contracts.kernels import (
+    MAX_FRAMES_BODY,
+    KernelConnection,
+    KernelExit,
+    KernelFrames,
+    KernelPage,
+    KernelStart,
+)
+from ..controlplane.sessions.kernels import LanePage
+from ..errors import NotFound, ValidationFailed
 from ..security import Role
+from ..wire.kernels import KernelMessage, from_frames, to_frames
 from .mixin import GLMixin
 from .ops import op
 from .params import WAIT, Param
@@ -32,7 +44,7 @@ class KernelsHandler(GLMixin):
         role=Role.USER,
     )
     async def post(self, body: KernelStart) -> SessionInfo:
-        return await relay_for(self.cp).start(body, who=self.who)
+        return await self.cp.kernels.start(body, who=self.who)
 
 
 class KernelAttachHandler(GLMixin):
@@ -46,7 +58,7 @@ class KernelAttachHandler(GLMixin):
         role=Role.USER,
     )
     async def post(self, kernel: str, body: KernelConnection) -> SessionInfo:
-        return await relay_for(self.cp).attach(kernel, body, who=self.who)
+        return await self.cp.kernels.attach(kernel, body, who=self.who)
 
 
 class KernelFramesHandler(GLMixin):
@@ -57,11 +69,12 @@ class KernelFramesHandler(GLMixin):
         body=KernelFrames,
         answer=None,
         status=204,
-        errors=(403, 404, 422),
+        errors=(403, 404, 413, 422, 429),
         role=Role.USER,
+        body_limit=MAX_FRAMES_BODY,
     )
     async def post(self, kernel: str, body: KernelFrames) -> None:
-        await relay_for(self.cp).send(kernel, list(body.frames), who=self.who)
+        await self.cp.kernels.send(kernel, _messages(body), who=self.who)
 
     @op(
         "the kernel's messages after `since` (long-poll with `wait`), and its state",
@@ -71,8 +84,8 @@ class KernelFramesHandler(GLMixin):
         role=Role.USER,
     )
     async def get(self, kernel: str, since: float, wait: float) -> KernelPage:
-        call = relay_for(self.cp).receive(kernel, int(since), wait, who=self.who)
-        return await self.long_poll(wait, call)
+        call = self.cp.kernels.receive(kernel, int(since), wait, who=self.who)
+        return _page(await self.long_poll(wait, call))
 
 
 class KernelInterruptHandler(GLMixin):
@@ -86,7 +99,7 @@ class KernelInterruptHandler(GLMixin):
         role=Role.USER,
     )
     async def post(self, kernel: str) -> None:
-        await relay_for(self.cp).interrupt(kernel, who=self.who)
+        await self.cp.kernels.interrupt(kernel, who=self.who)
 
 
 class KernelRestartHandler(GLMixin):
@@ -100,7 +113,7 @@ class KernelRestartHandler(GLMixin):
         role=Role.USER,
     )
     async def post(self, kernel: str, body: KernelConnection) -> KernelPage:
-        return await relay_for(self.cp).restart(kernel, body, who=self.who)
+        return _page(await self.cp.kernels.restart(kernel, body, who=self.who))
 
 
 # -- worker routes -------------------------------------------------------------------------------
@@ -117,7 +130,7 @@ class WorkerKernelConnectionHandler(WorkerRoute):
         kinds=WORKER,
     )
     async def get(self, job_id: str, wait: float) -> KernelConnection:
-        conn = await self.long_poll(wait, relay_for(self.cp).connection(job_id, wait))
+        conn = await self.long_poll(wait, self.cp.kernels.connection(job_id, wait))
         if conn is None:
             raise NotFound(
                 f"kernel {job_id} has no Jupyter host attached yet",
@@ -137,19 +150,20 @@ class WorkerKernelFramesHandler(WorkerRoute):
         kinds=WORKER,
     )
     async def get(self, job_id: str, since: float, wait: float) -> KernelPage:
-        call = relay_for(self.cp).worker_receive(job_id, int(since), wait)
-        return await self.long_poll(wait, call)
+        call = self.cp.kernels.worker_receive(job_id, int(since), wait, self.worker_id)
+        return _page(await self.long_poll(wait, call))
 
     @op(
         "the kernel's messages (iopub, and replies on shell, control and stdin)",
         body=KernelFrames,
         answer=None,
         status=204,
-        errors=(404,),
+        errors=(404, 413, 422, 429),
         kinds=WORKER,
+        body_limit=MAX_FRAMES_BODY,
     )
     async def post(self, job_id: str, body: KernelFrames) -> None:
-        await relay_for(self.cp).worker_send(job_id, list(body.frames))
+        await self.cp.kernels.worker_send(job_id, _messages(body), self.worker_id)
 
 
 class WorkerKernelExitHandler(WorkerRoute):
@@ -163,7 +177,29 @@ class WorkerKernelExitHandler(WorkerRoute):
         kinds=WORKER,
     )
     async def post(self, job_id: str, body: KernelExit) -> None:
-        await relay_for(self.cp).worker_exited(job_id, body)
+        await self.cp.kernels.worker_exited(job_id, body)
+
+
+def _messages(body: KernelFrames) -> list[KernelMessage]:
+    try:
+        return from_frames(body.frames)
+    except ValueError as exc:
+        raise ValidationFailed(
+            str(exc),
+            hint="each part of a frame is one ZMQ frame, base64-encoded",
+            details={"field": "frames"},
+            code="bad_frame",
+        ) from None
+
+
+def _page(page: LanePage) -> KernelPage:
+    return KernelPage(
+        frames=to_frames(page.messages),
+        next_since=page.next_since,
+        state=page.status.state,
+        generation=page.status.generation,
+        reason=page.status.reason,
+    )
 
 
 USER_ROUTES = (

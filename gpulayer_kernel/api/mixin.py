@@ -120,7 +120,10 @@ class GLMixin(LongPollMixin):
             raise tornado.web.HTTPError(405)
         limits = self.ctx.limits
         self._gl_raw = spec.body == "bytes"
-        self._gl_limit = getattr(limits, spec.upload_limit) if self._gl_raw else limits.max_json
+        if self._gl_raw:
+            self._gl_limit = getattr(limits, spec.upload_limit)
+        else:
+            self._gl_limit = max(limits.max_json, spec.body_limit or 0)
         length = self.request.headers.get("Content-Length")
         declared = int(length) if length and length.isdigit() else None
         if declared is not None and declared > self._gl_limit:
@@ -272,7 +275,7 @@ class GLMixin(LongPollMixin):
         if status == 401:
             self.set_header("WWW-Authenticate", 'Bearer realm="gpulayer"')
         retry_after = body.get("details", {}).get("retry_after")
-        if status == 503 and isinstance(retry_after, int):
+        if status in (429, 503) and isinstance(retry_after, int):
             self.set_header("Retry-After", str(retry_after))
         self.set_status(status)
         self.set_header("Content-Type", "application/json")

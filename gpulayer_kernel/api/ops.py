@@ -40,6 +40,8 @@ class Op:
     errors: tuple[int, ...] = ()
     # For a raw body (``body="bytes"``): which ``ApiLimits`` field bounds it.
     upload_limit: Literal["max_blob", "max_bundle"] = "max_blob"
+    # For a JSON body that may be larger than ``ApiLimits.max_json`` (a kernel's message): its own.
+    body_limit: int | None = None
     # Protocol 1.1: answered 204 with no body when the caller sends ``Prefer: return=minimal``
     # (RFC 7240; a worker that never reads the answer need not receive it).
     minimal: bool = False
@@ -77,6 +79,7 @@ def op(
     kinds: Sequence[TokenKind] | None = None,
     errors: Sequence[int] = (),
     upload_limit: Literal["max_blob", "max_bundle"] = "max_blob",
+    body_limit: int | None = None,
     public: bool = False,
     role: Role | None = None,
     minimal: bool = False,
@@ -101,6 +104,7 @@ def op(
         kinds=None if kinds is None else frozenset(kinds),
         errors=tuple(errors),
         upload_limit=upload_limit,
+        body_limit=body_limit,
         public=public,
         role=role,
         minimal=minimal,

@@ -22,6 +22,14 @@ Channel = Literal["shell", "control", "stdin", "iopub"]
 MAX_FRAMES = 4_096  # messages one request may carry
 MAX_PARTS = 64  # frames of one message (routing identities included)
 
+# What the relay holds (issue 33): every lane is bounded in bytes and freed when its kernel ends.
+MAX_MESSAGE = 32 << 20  # bytes of one message, any channel: past it, refused (413)
+OUTPUT_CAP = 8 << 20  # bytes of one iopub message: past it, a note stands in for it
+LANE_BYTES = 16 << 20  # bytes a lane holds unread (one bigger message passes alone)
+WAITING_BYTES = 1 << 20  # bytes the Jupyter host may queue for a kernel that is not up yet
+RELAY_BYTES = 128 << 20  # bytes every lane of a control plane holds together
+MAX_FRAMES_BODY = (MAX_MESSAGE * 4) // 3 + (1 << 20)  # a frames request: one message, base64
+
 
 class KernelFrame(Contract):
     """One ZMQ multipart message of a kernel channel, its frames base64-encoded."""

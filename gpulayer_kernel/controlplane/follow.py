@@ -59,24 +59,18 @@ class Follower:
         deadline = self.clock.monotonic() + max(0.0, wait)
         grown = job.submitted_at + linger
         while True:
-            records = await self.tails.read(job.id, since, limit + 1)
+            records, more = await self.tails.read_more(job.id, since, limit)
             version = self.jobs.version(job.id)
             changed = epoch != self.events.epoch or version > seen
             left = deadline - self.clock.monotonic()
             young = self.clock.now() < grown
-            if (
-                job.state.terminal
-                or len(records) > limit
-                or left <= 0
-                or ((changed or records) and not young)
-            ):
-                page = records[:limit]
+            if job.state.terminal or more or left <= 0 or ((changed or records) and not young):
                 return JobFollow(
                     job=job,
-                    records=page,
-                    next_since=page[-1].seq if page else since,
+                    records=records,
+                    next_since=records[-1].seq if records else since,
                     cursor=f"{self.events.epoch}:{version}",
-                    more=len(records) > limit,
+                    more=more,
                 )
             if young:
                 left = min(left, max(0.0, grown - self.clock.now()))

@@ -3,6 +3,12 @@
 Active jobs' recent lines stay in memory: each store read is a thread hop, and a job's end is
 exactly when every waiter reads them. A finished job's lines are read from the store.
 
+Memory is bounded by bytes, not by counts (issue 32): a record can be a 64 KiB piece of a long
+line, and a piece of emoji is 256 KiB as a Python string. Each tail keeps at most ``TAIL_BYTES``
+of its newest records, all tails together at most ``TAILS_BYTES`` (past it the largest tails give
+way first), and a page read from a tail or the store carries about ``PAGE_BYTES`` at most (never
+less than one record): what falls off a tail is read from the store, a page at a time.
+
 A log is capped (``contracts/limits.py``): a job's own lines at ``JOB_LOG_CAP`` bytes, each session
 cell's at ``CELL_OUTPUT_CAP`` bytes and ``CELL_OUTPUT_LINES`` lines. Workers drop what is past the
 cap and say so; this side stores up to ``SERVER_SLACK`` more (their pieces and their note), then
@@ -12,6 +18,7 @@ start again when the control plane does.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from .. import display
@@ -28,10 +35,12 @@ from ..contracts.limits import (
 from ..display import human_bytes
 from ..redact import Redactor
 from ..store import MetadataStore
+from . import trim
 
-MAX_LOG_PAGE = 5_000
-TAIL_CACHE = 5_000
-TAIL_DATA = 32 << 20  # bytes of display data (a session's figures) one tail holds at most
+MAX_LOG_PAGE = 5_000  # records one page carries at most
+TAIL_BYTES = 4 << 20  # bytes of records one active job's tail keeps in memory
+TAILS_BYTES = 64 << 20  # bytes every tail keeps together: past it the largest give way
+PAGE_BYTES = 4 << 20  # bytes of records one page carries (at least one record)
 
 
 class LogTails:
@@ -52,15 +61,15 @@ class LogTails:
         self._wake = wake
         self._changed = changed
         self._seq: dict[str, int] = {}  # last seq per job this process has written
-        self._tails: dict[str, list[LogRecord]] = {}
-        self._data_bytes: dict[str, int] = {}  # display data held in a tail
+        self._tails: dict[str, _Tail] = {}
+        self._held = 0  # bytes of records in every tail together
         # Bytes and lines stored per log (a job's own lines: cell None), and those past its cap.
         self._kept: dict[tuple[str, int | None], list[int]] = {}
 
     def open(self, job_id: str) -> None:
         """A new job: its log starts empty and its tail lives here until it ends."""
         self._seq[job_id] = 0
-        self._tails[job_id] = []
+        self._tails[job_id] = _Tail()
 
     def numbered(self, job_id: str) -> bool:
         """Whether this process numbers the job's lines already (``append`` then writes without
@@ -70,24 +79,35 @@ class LogTails:
     def forget(self, job_id: str) -> None:
         """A finished job: late lines (a cancel's note) count on from the store."""
         self._seq.pop(job_id, None)
-        self._tails.pop(job_id, None)
-        self._data_bytes.pop(job_id, None)
+        tail = self._tails.pop(job_id, None)
+        if tail is not None:
+            self._held -= tail.size
+            trim.freed(tail.size)
         for key in [k for k in self._kept if k[0] == job_id]:
             del self._kept[key]
 
-    def _trim(self, job_id: str, tail: list[LogRecord]) -> None:
-        """Keep the tail to ``TAIL_CACHE`` records and ``TAIL_DATA`` bytes of display data (a
-        session's figures); what falls off is read from the store."""
-        held = self._data_bytes.get(job_id, 0)
-        drop = 0
-        while drop < len(tail) - 1 and (len(tail) - drop > TAIL_CACHE or held > TAIL_DATA):
-            data = tail[drop].data
-            if data is not None:
-                held -= _data_size(data)
-            drop += 1
-        if drop:
-            del tail[:drop]
-        self._data_bytes[job_id] = held
+    @property
+    def held(self) -> int:
+        """Bytes of records the tails hold now (``TAILS_BYTES`` at most, give or take a page)."""
+        return self._held
+
+    def _keep(self, tail: _Tail, records: list[LogRecord]) -> None:
+        """Add ``records`` to ``tail``, then trim it to ``TAIL_BYTES`` and every tail together to
+        ``TAILS_BYTES``; what falls off is read from the store."""
+        self._held += tail.add(records)
+        freed = tail.shrink(TAIL_BYTES)
+        self._held -= freed
+        if self._held > TAILS_BYTES:
+            # The largest give way first, each to half of a fair share: a few tails shrink at
+            # a time, and the next appends find room (the scan is rare, not per append).
+            share = TAILS_BYTES // (2 * len(self._tails))
+            for big in sorted(self._tails.values(), key=lambda t: t.size, reverse=True):
+                if self._held <= TAILS_BYTES * 3 // 4:
+                    break
+                shed = big.shrink(share)
+                self._held -= shed
+                freed += shed
+        trim.freed(freed)
 
     async def system(self, job_id: str, text: str) -> int:
         """A line from the control plane itself (placement, retries, why it stopped)."""
@@ -143,15 +163,13 @@ class LogTails:
             data = line.data
             if data is not None:
                 data = display.redact(data, redact)
-                self._data_bytes[job_id] = self._data_bytes.get(job_id, 0) + _data_size(data)
             records.append(
                 _record(seq, line.time, line.stream, line.rank, redact(line.text), line.cell, data)
             )
         self._seq[job_id] = seq
         tail = self._tails.get(job_id)
         if tail is not None:
-            tail.extend(records)
-            self._trim(job_id, tail)
+            self._keep(tail, records)
         await self.store.append_logs(job_id, records)
         self._wake(job_id)
         return seq
@@ -163,11 +181,15 @@ class LogTails:
         return self._seq[job_id]
 
     async def read(self, job_id: str, since: int, limit: int) -> list[LogRecord]:
+        """Up to ``limit`` records after ``since`` and about ``PAGE_BYTES`` (at least one)."""
+        return (await self.read_more(job_id, since, limit))[0]
+
+    async def read_more(self, job_id: str, since: int, limit: int) -> tuple[list[LogRecord], bool]:
+        """As ``read``, and whether more records wait after them (a full or a cut page)."""
         tail = self._tails.get(job_id)
-        if tail is not None and (not tail or tail[0].seq <= since + 1):
-            start = max(0, since - tail[0].seq + 1) if tail else 0
-            return tail[start : start + limit]
-        return await self.store.read_logs(job_id, since, limit)
+        if tail is not None and tail.covers(since):
+            return tail.after(since, limit, PAGE_BYTES)
+        return await self.store.read_log_page(job_id, since, limit, PAGE_BYTES)
 
     async def page(
         self,
@@ -182,7 +204,7 @@ class LogTails:
         deadline = self.clock.monotonic() + max(0.0, wait)
         while True:
             now_state = (await current()).state
-            records = await self.read(job_id, since, limit)
+            records, _ = await self.read_more(job_id, since, limit)
             left = deadline - self.clock.monotonic()
             if records or now_state.terminal or left <= 0:
                 next_since = records[-1].seq if records else since
@@ -212,3 +234,59 @@ def _data_size(data: Mapping[str, object]) -> int:
     inner = data.get("data")
     values = inner.values() if isinstance(inner, dict) else ()
     return sum(len(v) for v in values if isinstance(v, str)) + 64
+
+
+RECORD_OVERHEAD = 200  # bytes of a record's object and its small fields
+
+
+def record_size(r: LogRecord) -> int:
+    """The bytes a record holds in memory: its text as Python keeps it (1, 2 or 4 bytes a
+    character), its display data, and the record itself."""
+    data = 0 if r.data is None else _data_size(r.data)
+    return sys.getsizeof(r.text) + data + RECORD_OVERHEAD
+
+
+class _Tail:
+    """One active job's newest records in memory, with their size in bytes."""
+
+    __slots__ = ("records", "sizes", "size")
+
+    def __init__(self) -> None:
+        self.records: list[LogRecord] = []
+        self.sizes: list[int] = []
+        self.size = 0
+
+    def add(self, records: list[LogRecord]) -> int:
+        sizes = [record_size(r) for r in records]
+        self.records += records
+        self.sizes += sizes
+        added = sum(sizes)
+        self.size += added
+        return added
+
+    def shrink(self, most: int) -> int:
+        """Drop the oldest records until at most ``most`` bytes are left; the bytes freed."""
+        drop = freed = 0
+        while drop < len(self.records) and self.size - freed > most:
+            freed += self.sizes[drop]
+            drop += 1
+        if drop:
+            del self.records[:drop]
+            del self.sizes[:drop]
+            self.size -= freed
+        return freed
+
+    def covers(self, since: int) -> bool:
+        """Whether every record after ``since`` is here (none fell off before it)."""
+        return not self.records or self.records[0].seq <= since + 1
+
+    def after(self, since: int, limit: int, budget: int) -> tuple[list[LogRecord], bool]:
+        start = max(0, since - self.records[0].seq + 1) if self.records else 0
+        end = min(len(self.records), start + limit)
+        size = 0
+        for i in range(start, end):
+            size += self.sizes[i]
+            if size > budget and i > start:
+                end = i
+                break
+        return self.records[start:end], end < len(self.records)

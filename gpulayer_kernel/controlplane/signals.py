@@ -28,11 +28,40 @@ class Signal:
 
     async def wait(self, timeout: float | None) -> bool:
         """Wait for the next ``fire()``; False when ``timeout`` seconds passed first."""
-        if self._fut is None or self._fut.done():
-            self._fut = asyncio.get_running_loop().create_future()
+        fut = self.armed()
         if timeout is not None and timeout <= 0:
             return False
-        return await self._clock.wait_for(self._fut, timeout)
+        return await self._clock.wait_for(fut, timeout)
+
+    def armed(self) -> asyncio.Future[None]:
+        """The future the next ``fire()`` resolves, taken now (no await: nothing slips by)."""
+        if self._fut is None or self._fut.done():
+            self._fut = asyncio.get_running_loop().create_future()
+        return self._fut
+
+
+async def first_of(clock: Clock, timeout: float | None, *signals: Signal) -> bool:
+    """Wait for the next fire of any of ``signals``; False when ``timeout`` passed first. The
+    futures are taken before the first await, so a fire between a check and this wait counts;
+    one private waiter, no task (this is on every stream's path)."""
+    futs = [s.armed() for s in signals]
+    if any(f.done() for f in futs):
+        return True
+    if timeout is not None and timeout <= 0:
+        return False
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def settle(_: object) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    for f in futs:
+        f.add_done_callback(settle)
+    try:
+        return await clock.wait_for(waiter, timeout)
+    finally:
+        for f in futs:
+            f.remove_done_callback(settle)
 
 
 class Signals:

@@ -33,6 +33,7 @@ from .reaper import Reaper
 from .reports import Reports
 from .scheduling import SchedulingLoop
 from .secrets import SecretTable
+from .sessions.kernels import KernelRelay
 from .sessions.table import SessionTable
 from .usage import DEFAULT_HALF_LIFE, UsageMeter
 from .workers import SUSPECT_GRACE, WorkerRegistry
@@ -131,6 +132,7 @@ class Wiring:
             store, self.jobs, self.dispatch, self.tails, self.event_log, self.redactor, clock=clock
         )
         self.sessions.submit, self.sessions.cancel = self.enqueue, self.cancel
+        self.kernels = KernelRelay(self.jobs, self.dispatch, self.sessions, clock=clock)
         self.scheduling.session_holds = self._session_holds
         self.registry.on_change = self.scheduling.kick  # a worker under suspicion, or back
         self.audit = AuditLog(store, clock=clock)  # who did what (ADR 0020)
@@ -171,6 +173,8 @@ class Wiring:
         self.metrics.job_changed(before, after)
         if after.spec.is_session:
             self.sessions.job_changed(change)
+            if after.state != before.state:
+                self.kernels.job_changed(after.id, after.state.terminal)
         self.provisioning.job_changed(after)
         if after.state == before.state or not (
             after.state.terminal or after.state == JobState.QUEUED

@@ -1,23 +1,33 @@
-"""The Jupyter host's calls on a control plane's kernel relay: in-process or over HTTP.
+"""The Jupyter host's calls on a control plane's kernel relay: in-process, or over the network.
 
-:class:`CpLink` calls a ControlPlane on the same loop (the embedded default: the provisioner's
-host thread opened it); :class:`HttpLink` calls a served one (``GPULAYER_URL``, or the live owner
-of ``$GPULAYER_HOME``, such as the Jupyter server extension), with one kept-alive connection pool.
+:class:`CpLink` calls a ControlPlane in this process: on this loop (the embedded default the
+provisioner's host thread opened), or on the loop of the Jupyter server extension that hosts it
+(``gpulayer lab``: one thread hop, no HTTP). :class:`HttpLink` calls a served one
+(``GPULAYER_URL``, or the live owner of ``$GPULAYER_HOME``): the kernel's messages on one
+WebSocket stream per kernel (``wire/stream.py``), the rest as HTTP calls on one kept-alive pool;
+where the server or a proxy takes no WebSocket, the messages go over the HTTP ``frames`` routes.
 Both offer the same calls, so the provisioner and its relay never care which they hold.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+import asyncio
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import httpx
 
 from ..contracts import SessionInfo
-from ..contracts.kernels import KernelConnection, KernelFrame, KernelPage, KernelStart
+from ..contracts.kernels import KernelConnection, KernelFrames, KernelPage, KernelStart
+from ..controlplane.sessions.kernels import KernelStatus, LanePage
+from ..wire.kernels import KernelMessage, from_frames, to_frames
+from ..wire.stream import Stream, StreamUnsupported
 
 if TYPE_CHECKING:
     from ..controlplane import ControlPlane
     from ..security.roles import Identity
+
+T = TypeVar("T")
 
 
 class HostLink(Protocol):
@@ -27,53 +37,68 @@ class HostLink(Protocol):
     async def session(self, kernel_id: str) -> SessionInfo: ...
     async def explain(self, kernel_id: str) -> str: ...
     async def attach(self, kernel_id: str, conn: KernelConnection) -> SessionInfo: ...
-    async def send(self, kernel_id: str, frames: list[KernelFrame]) -> None: ...
-    async def receive(self, kernel_id: str, since: int, wait: float) -> KernelPage: ...
+    async def send(self, kernel_id: str, messages: list[KernelMessage]) -> None: ...
+    async def receive(self, kernel_id: str, since: int, wait: float) -> LanePage: ...
     async def interrupt(self, kernel_id: str) -> None: ...
-    async def restart(self, kernel_id: str, conn: KernelConnection) -> KernelPage: ...
+    async def restart(self, kernel_id: str, conn: KernelConnection) -> KernelStatus: ...
     async def stop(self, kernel_id: str, reason: str) -> None: ...
+    def outage(self, kernel_id: str) -> float | None: ...
     async def close(self) -> None: ...
 
 
 class CpLink:
-    """Direct calls into a ControlPlane on this loop, as ``who`` (default: its embedded admin).
+    """Direct calls into a ControlPlane of this process, as ``who`` (default: its admin).
 
+    ``loop``: the loop the control plane runs on, when it is not the caller's (the Jupyter
+    server's, with the relays on their own thread): each call hops onto it and back.
     ``who`` is for a host acting for one user on a shared control plane (tests of quotas and
     roles; a served control plane learns the user from the token instead)."""
 
-    def __init__(self, cp: ControlPlane, who: Identity | None = None) -> None:
-        from ..controlplane.sessions.kernels import relay_for
-
+    def __init__(
+        self,
+        cp: ControlPlane,
+        who: Identity | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         self.cp = cp
-        self.relay = relay_for(cp)
+        self.relay = cp.kernels
         self.who = who
+        self.loop = loop
+
+    async def _on(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self.loop is None or self.loop is asyncio.get_running_loop():
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
 
     async def start(self, req: KernelStart) -> SessionInfo:
-        return await self.relay.start(req, self.who)
+        return await self._on(self.relay.start(req, self.who))
 
     async def session(self, kernel_id: str) -> SessionInfo:
-        return await self.cp.get_session(kernel_id, who=self.who)
+        return await self._on(self.cp.get_session(kernel_id, who=self.who))
 
     async def explain(self, kernel_id: str) -> str:
-        return await self.cp.explain(kernel_id, who=self.who)
+        return await self._on(self.cp.explain(kernel_id, who=self.who))
 
     async def attach(self, kernel_id: str, conn: KernelConnection) -> SessionInfo:
-        return await self.relay.attach(kernel_id, conn, self.who)
+        return await self._on(self.relay.attach(kernel_id, conn, self.who))
 
-    async def send(self, kernel_id: str, frames: list[KernelFrame]) -> None:
-        await self.relay.send(kernel_id, frames, self.who)
+    async def send(self, kernel_id: str, messages: list[KernelMessage]) -> None:
+        await self._on(self.relay.send(kernel_id, messages, self.who))
 
-    async def receive(self, kernel_id: str, since: int, wait: float) -> KernelPage:
-        return await self.relay.receive(kernel_id, since, wait, self.who)
+    async def receive(self, kernel_id: str, since: int, wait: float) -> LanePage:
+        return await self._on(self.relay.receive(kernel_id, since, wait, self.who))
 
     async def interrupt(self, kernel_id: str) -> None:
-        await self.relay.interrupt(kernel_id, self.who)
+        await self._on(self.relay.interrupt(kernel_id, self.who))
 
-    async def restart(self, kernel_id: str, conn: KernelConnection) -> KernelPage:
-        return await self.relay.restart(kernel_id, conn, self.who)
+    async def restart(self, kernel_id: str, conn: KernelConnection) -> KernelStatus:
+        return (await self._on(self.relay.restart(kernel_id, conn, self.who))).status
 
     async def stop(self, kernel_id: str, reason: str) -> None:
-        await self.cp.stop_session(kernel_id, reason, who=self.who)
+        await self._on(self.cp.stop_session(kernel_id, reason, who=self.who))
+
+    def outage(self, kernel_id: str) -> float | None:
+        return None  # the same process: never unreachable
 
     async def close(self) -> None:
         pass
@@ -85,10 +110,14 @@ class HttpLink:
     def __init__(self, url: str, token: str) -> None:
         from ..client.httpbase import http_client
 
-        client = http_client(url, ca_cert=None, timeout=60.0, asynchronous=True)
+        client = http_client(url.split(",")[0], ca_cert=None, timeout=60.0, asynchronous=True)
         assert isinstance(client, httpx.AsyncClient)
+        self.url = url
+        self.token = token
         self.http = client
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._streams: dict[str, Stream] = {}
+        self._plain = False  # the server or a proxy takes no stream: the HTTP routes
 
     async def _call(
         self,
@@ -118,6 +147,14 @@ class HttpLink:
             raise error_from(resp)
         return resp
 
+    def _stream(self, kernel_id: str) -> Stream:
+        s = self._streams.get(kernel_id)
+        if s is None:
+            s = self._streams[kernel_id] = Stream(
+                self.url, f"/kernels/{kernel_id}/stream", self.token
+            )
+        return s
+
     async def start(self, req: KernelStart) -> SessionInfo:
         resp = await self._call("POST", "/kernels", req.model_dump_json())
         return SessionInfo.model_validate_json(resp.content)
@@ -134,24 +171,63 @@ class HttpLink:
         resp = await self._call("POST", f"/kernels/{kernel_id}/attach", conn.model_dump_json())
         return SessionInfo.model_validate_json(resp.content)
 
-    async def send(self, kernel_id: str, frames: list[KernelFrame]) -> None:
-        body = '{"frames":[' + ",".join(f.model_dump_json() for f in frames) + "]}"
+    async def send(self, kernel_id: str, messages: list[KernelMessage]) -> None:
+        if not self._plain:
+            try:
+                await self._stream(kernel_id).send(messages)
+                return
+            except StreamUnsupported:
+                self._plain = True
+        body = KernelFrames.model_construct(frames=to_frames(messages)).model_dump_json()
         await self._call("POST", f"/kernels/{kernel_id}/frames", body)
 
-    async def receive(self, kernel_id: str, since: int, wait: float) -> KernelPage:
+    async def receive(self, kernel_id: str, since: int, wait: float) -> LanePage:
+        if not self._plain:
+            stream = self._stream(kernel_id)
+            try:
+                found = await stream.receive(since, wait)
+            except StreamUnsupported:
+                self._plain = True
+            else:
+                status = stream.status
+                page = LanePage(
+                    [m for _, m in found],
+                    found[-1][0] if found else since,
+                    KernelStatus(
+                        status.get("state", "waiting"),
+                        int(status.get("generation", 0)),
+                        status.get("reason"),
+                    ),
+                )
+                return page
         params = {"since": str(since), "wait": str(wait)}
         resp = await self._call("GET", f"/kernels/{kernel_id}/frames", None, params, wait + 30)
-        return KernelPage.model_validate_json(resp.content)
+        return _lane_page(KernelPage.model_validate_json(resp.content))
 
     async def interrupt(self, kernel_id: str) -> None:
         await self._call("POST", f"/kernels/{kernel_id}/interrupt")
 
-    async def restart(self, kernel_id: str, conn: KernelConnection) -> KernelPage:
+    async def restart(self, kernel_id: str, conn: KernelConnection) -> KernelStatus:
         resp = await self._call("POST", f"/kernels/{kernel_id}/restart", conn.model_dump_json())
-        return KernelPage.model_validate_json(resp.content)
+        return _lane_page(KernelPage.model_validate_json(resp.content)).status
 
     async def stop(self, kernel_id: str, reason: str) -> None:
         await self._call("POST", f"/sessions/{kernel_id}/stop", params={"reason": reason})
 
+    def outage(self, kernel_id: str) -> float | None:
+        s = self._streams.get(kernel_id)
+        return None if s is None else s.down_since
+
     async def close(self) -> None:
+        for s in self._streams.values():
+            await s.close()
+        self._streams.clear()
         await self.http.aclose()
+
+
+def _lane_page(page: KernelPage) -> LanePage:
+    return LanePage(
+        from_frames(page.frames),
+        page.next_since,
+        KernelStatus(page.state, page.generation, page.reason),
+    )

@@ -86,8 +86,8 @@ class GPUlayerProvisioner(KernelProvisionerBase):
         self._terminated = None
         conn = KernelConnection(key=self._key, signature_scheme=self._scheme)
         if self.session_id is not None and self.relay is not None and self.relay.died is None:
-            page = await self._host.call(self._restart(conn))
-            self.relay.restarted(page.generation)
+            status = await self._host.call(self._restart(conn))
+            self.relay.restarted(status.generation)
             return self.connection_info
         await self._close_relay()
         info = await self._host.call(self._start(conn))

@@ -8,6 +8,11 @@ batch (what arrives while a request is in flight goes with the next), down with 
 ROUTER puts the client's identity in front of each message; it travels with the message, the
 worker's DEALER sends it on, the kernel's reply carries it back and this ROUTER routes on it.
 
+A full lane (the control plane holds what the kernel has not read yet) is waited out; a message
+the relay refuses for its size never blocks the rest: it is dropped, and an execute request among
+them is answered here with the reason. While the control plane cannot be reached, a running cell
+is told so once ("output will resume"): the messages wait on both sides and come when it is back.
+
 It also tells its provisioner what only the control plane knows: the kernel's process exited
 (``exit_code``), or its session ended (``died``: a lost worker, the idle timeout, a stop). When the
 session ends under a running cell, the cell is answered here with the reason, signed with the
@@ -17,21 +22,23 @@ connection's key (the only messages the relay makes): "kernel died: worker w1 wa
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
+import time
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
-from ..contracts.kernels import Channel, KernelFrame
-from ..errors import GPUlayerError, NotFound
+from ..contracts.kernels import Channel
+from ..errors import Busy, GPUlayerError, NotFound, TooLarge
+from ..wire.kernels import DELIM, KernelMessage, part
 from .link import HostLink
 
 log = logging.getLogger("gpulayer.kernels")
 
-LONG_POLL = 25.0  # seconds one up long-poll waits; the control plane answers at once on news
-DELIM = b"<IDS|MSG>"
+LONG_POLL = 2.0  # seconds one read of the up lane waits (on a stream: a local wait, no request)
+OUTAGE_NOTICE = 3.0  # seconds unreachable before a running cell is told
+OUTBOX_BYTES = 32 << 20  # bytes from Jupyter's clients held here before reading them pauses
 ROUTED: tuple[Channel, ...] = ("shell", "control", "stdin")
 BIND = {"shell": zmq.ROUTER, "control": zmq.ROUTER, "stdin": zmq.ROUTER, "iopub": zmq.PUB}
 
@@ -54,8 +61,11 @@ class LocalRelay:
         self.ctx = zmq.asyncio.Context()
         self.socks: dict[str, zmq.asyncio.Socket] = {}
         self.tasks: list[asyncio.Task[Any]] = []
-        self._outbox: list[KernelFrame] = []
+        self._outbox: list[KernelMessage] = []
+        self._outbox_bytes = 0
         self._has_out = asyncio.Event()
+        self._room = asyncio.Event()
+        self._told_outage: float | None = None
         self._since = 0
         self.state = "waiting"
         self.generation = 0
@@ -102,11 +112,15 @@ class LocalRelay:
     async def _read(self, channel: Channel) -> None:
         sock = self.socks[channel]
         while True:
+            while self._outbox_bytes > OUTBOX_BYTES:  # the lane is full: ZMQ queues meanwhile
+                self._room.clear()
+                await self._room.wait()
             parts = await sock.recv_multipart()
             if channel == "shell":
                 self._remember(parts)
-            enc = [base64.b64encode(p).decode() for p in parts]
-            self._outbox.append(KernelFrame.model_construct(channel=channel, parts=enc))
+            m = KernelMessage(channel, parts)
+            self._outbox.append(m)
+            self._outbox_bytes += m.size
             self._has_out.set()
 
     async def _heartbeat(self, sock: zmq.asyncio.Socket) -> None:
@@ -133,10 +147,31 @@ class LocalRelay:
                         continue
                     log.warning("kernel %s: %s", self.kernel_id, exc.message)
                     break
+                except TooLarge as exc:
+                    # One message can never go: drop it, say so to its cell; send the rest.
+                    batch = self._drop_too_large(batch, exc)
+                except Busy:
+                    await asyncio.sleep(min(1.0, 0.05 * 2**tries))  # the lane drains: again
+                    tries += 1
                 except Exception as exc:
                     log.info("kernel %s: sending failed (%s); retrying", self.kernel_id, exc)
                     await asyncio.sleep(min(5.0, 0.1 * 2**tries))  # retry backoff
                     tries += 1
+            self._outbox_bytes = sum(m.size for m in self._outbox)
+            self._room.set()
+
+    def _drop_too_large(self, batch: list[KernelMessage], exc: TooLarge) -> list[KernelMessage]:
+        size = int(exc.details.get("size", -1))
+        kept = [m for m in batch if m.size != size]
+        for m in batch:
+            if m.size != size:
+                continue
+            log.warning("kernel %s: %s", self.kernel_id, exc.message)
+            header = m.header()
+            if m.channel == "shell" and header and header.get("msg_type") == "execute_request":
+                self._pending.pop(str(header.get("msg_id")), None)
+                self._tell(m.idents(), header, f"{exc.message} ({exc.hint})")
+        return kept if len(kept) < len(batch) else batch[1:]
 
     # -- the kernel -> Jupyter's clients -----------------------------------------------------------
 
@@ -156,27 +191,45 @@ class LocalRelay:
                 return
             except GPUlayerError as exc:
                 log.info("kernel %s: relay unreachable (%s); retrying", self.kernel_id, exc)
+                self._outage(time.time() - min(5.0, 0.1 * 2**tries))
                 await asyncio.sleep(min(5.0, 0.1 * 2**tries))  # retry backoff
                 tries += 1
                 continue
+            self._outage(self.link.outage(self.kernel_id))
             self._since = page.next_since
-            for f in page.frames:
-                parts = [base64.b64decode(p) for p in f.parts]
-                if f.channel == "shell":
-                    self._answered(parts)
-                await self.socks[f.channel].send_multipart(parts)
-            if page.state == "ended":
-                self._end(page.reason or "kernel died: its session ended")
+            for m in page.messages:
+                if m.channel == "shell":
+                    self._answered(m.parts)
+                await self.socks[m.channel].send_multipart(m.parts)
+            status = page.status
+            if status.state == "ended":
+                self._end(status.reason or "kernel died: its session ended")
                 return
-            if page.state == "exited" and page.generation >= self.generation:
+            if status.state == "exited" and status.generation >= self.generation:
                 if self.exit_code is None:
                     self.exit_code = 1
                     self.changed.set()
-            if page.state != self.state:
-                self.state = page.state
+            if status.state != self.state:
+                self.state = status.state
                 self.changed.set()
             # An in-process link may answer without suspending: let the loop's others run.
             await asyncio.sleep(0)
+
+    def _outage(self, since: float | None) -> None:
+        """Tell the running cells once per outage that the control plane is away."""
+        if since is None:
+            self._told_outage = None
+            return
+        if self._told_outage is not None or time.time() - since < OUTAGE_NOTICE:
+            return
+        self._told_outage = since
+        when = time.strftime("%H:%M:%S", time.localtime(since))
+        for ident, header in list(self._pending.values()):
+            text = (
+                f"[gpulayer] the control plane is unreachable since {when}; "
+                "output will resume when it is back\n"
+            )
+            self._say(ident, header, "stream", {"name": "stderr", "text": text})
 
     async def _reattach(self) -> None:
         assert self.on_lost_key is not None
@@ -211,17 +264,33 @@ class LocalRelay:
     # -- the cells in flight (to answer them if the kernel dies under them) ----------------------
 
     def _remember(self, parts: list[bytes]) -> None:
-        header = _header(parts)
+        header = part(parts, 2)
         if header is not None and header.get("msg_type") == "execute_request":
             i = parts.index(DELIM)
             self._pending[str(header.get("msg_id"))] = (parts[:i], header)
 
     def _answered(self, parts: list[bytes]) -> None:
-        parent = _part(parts, 3)
+        parent = part(parts, 3)
         if parent is not None:
             self._pending.pop(str(parent.get("msg_id")), None)
 
     def _tell(self, ident: list[bytes], parent: dict[str, Any], why: str) -> None:
+        error = {"ename": "KernelDied", "evalue": why, "traceback": [why]}
+        self._say(ident, parent, "error", error)
+        self._say(ident, parent, "status", {"execution_state": "idle"})
+        reply = {"status": "error", "execution_count": None, **error}
+        self._say(ident, parent, "execute_reply", reply, shell=True)
+
+    def _say(
+        self,
+        ident: list[bytes],
+        parent: dict[str, Any],
+        msg_type: str,
+        content: dict[str, Any],
+        *,
+        shell: bool = False,
+    ) -> None:
+        """A message of the relay's own to a cell's client, signed with the connection's key."""
         from jupyter_client.session import Session
 
         key = self.conn.get("key", b"")
@@ -230,23 +299,7 @@ class LocalRelay:
             signature_scheme=self.conn.get("signature_scheme", "hmac-sha256"),
             username="gpulayer",
         )
-        iopub, shell = self.socks["iopub"], self.socks["shell"]
-        error = {"ename": "KernelDied", "evalue": why, "traceback": [why]}
-        session.send(iopub, "error", error, parent=parent)
-        session.send(iopub, "status", {"execution_state": "idle"}, parent=parent)
-        reply = {"status": "error", "execution_count": None, **error}
-        session.send(shell, "execute_reply", reply, parent=parent, ident=ident)
-
-
-def _part(parts: list[bytes], offset: int) -> dict[str, Any] | None:
-    import json
-
-    try:
-        value = json.loads(parts[parts.index(DELIM) + offset])
-    except (ValueError, IndexError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _header(parts: list[bytes]) -> dict[str, Any] | None:
-    return _part(parts, 2)
+        if shell:
+            session.send(self.socks["shell"], msg_type, content, parent=parent, ident=ident)
+        else:
+            session.send(self.socks["iopub"], msg_type, content, parent=parent)

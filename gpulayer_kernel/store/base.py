@@ -156,6 +156,14 @@ class MetadataStore(abc.ABC):
     async def read_logs(self, job_id: str, since: int, limit: int) -> list[LogRecord]: ...
 
     @abc.abstractmethod
+    async def read_log_page(
+        self, job_id: str, since: int, limit: int, max_bytes: int
+    ) -> tuple[list[LogRecord], bool]:
+        """At most ``limit`` records after ``since``, stopping once their text and display data
+        reach ``max_bytes`` characters (the first record always comes); and whether more wait.
+        The rows are read one at a time: a page never holds much more than ``max_bytes``."""
+
+    @abc.abstractmethod
     async def max_log_seq(self, job_id: str) -> int: ...
 
     async def count_jobs(self) -> dict[str, int]:

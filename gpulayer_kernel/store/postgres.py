@@ -204,6 +204,31 @@ class PostgresStore(SqlStore):
             for run in queue:
                 await con.executemany(numbered(run.sql), run.rows)
 
+    async def _fetch_page(
+        self,
+        sql: str,
+        params: Sequence[Any],
+        limit: int,
+        budget: int,
+        size: Callable[[Any], int],
+    ) -> tuple[list[Any], bool]:
+        rows: list[Any] = []
+        used = 0
+        try:
+            # A cursor (in a transaction, as PostgreSQL's cursors live) fetches a few rows at a
+            # time: the rows past the page are never sent here.
+            async with self.pool.acquire() as con, con.transaction():
+                async for row in con.cursor(numbered(sql), *params, prefetch=8):
+                    if len(rows) >= limit or (rows and used >= budget):
+                        return rows, True
+                    rows.append(row)
+                    used += size(row)
+        except Exception as exc:
+            if self._is_connection_error(exc):
+                raise self._lost(exc) from None
+            raise
+        return rows, False
+
     async def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         try:
             return list(await self.pool.fetch(numbered(sql), *params))

@@ -16,7 +16,7 @@ import abc
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -201,23 +201,28 @@ class SqlStore(ProvisioningRows, IdempotencyRows, AuditRows, GroupCommit, Metada
         )
 
     async def read_logs(self, job_id: str, since: int, limit: int) -> list[LogRecord]:
-        rows = await self._fetchall(
-            "SELECT seq, time, stream, rank, text, cell, data FROM logs WHERE job_id = ? "
-            "AND seq > ? ORDER BY seq LIMIT ?",
-            (job_id, since, limit),
+        rows = await self._fetchall(_READ_LOGS, (job_id, since, limit))
+        return [_log_record(r) for r in rows]
+
+    async def read_log_page(
+        self, job_id: str, since: int, limit: int, max_bytes: int
+    ) -> tuple[list[LogRecord], bool]:
+        rows, more = await self._fetch_page(
+            _READ_LOGS, (job_id, since, limit + 1), limit, max_bytes, _row_size
         )
-        return [
-            LogRecord.model_construct(
-                seq=r[0],
-                time=r[1],
-                stream=r[2],
-                rank=r[3],
-                text=r[4],
-                cell=r[5],
-                data=None if r[6] is None else json.loads(r[6]),
-            )
-            for r in rows
-        ]
+        return [_log_record(r) for r in rows], more
+
+    @abc.abstractmethod
+    async def _fetch_page(
+        self,
+        sql: str,
+        params: Sequence[Any],
+        limit: int,
+        budget: int,
+        size: Callable[[Any], int],
+    ) -> tuple[list[Any], bool]:
+        """Rows of ``sql`` one at a time, until ``limit`` rows or ``budget`` by ``size`` (the
+        first row always comes); and whether another row follows."""
 
     async def max_log_seq(self, job_id: str) -> int:
         row = await self._fetchone(
@@ -402,3 +407,26 @@ class SqlStore(ProvisioningRows, IdempotencyRows, AuditRows, GroupCommit, Metada
         await self._write(
             _UPSERT_SECRET, [(s.owner, s.name, s.value, s.updated_at) for s in secrets]
         )
+
+
+_READ_LOGS = (
+    "SELECT seq, time, stream, rank, text, cell, data FROM logs WHERE job_id = ? "
+    "AND seq > ? ORDER BY seq LIMIT ?"
+)
+
+
+def _row_size(row: Any) -> int:
+    """A log row's text and display data, in characters (what a page's budget counts)."""
+    return len(row[4]) + (0 if row[6] is None else len(row[6]))
+
+
+def _log_record(r: Any) -> LogRecord:
+    return LogRecord.model_construct(
+        seq=r[0],
+        time=r[1],
+        stream=r[2],
+        rank=r[3],
+        text=r[4],
+        cell=r[5],
+        data=None if r[6] is None else json.loads(r[6]),
+    )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +193,16 @@ class SqliteStore(SqlStore):
     async def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         return await self.thread.call(_fetchall, sql, params)
 
+    async def _fetch_page(
+        self,
+        sql: str,
+        params: Sequence[Any],
+        limit: int,
+        budget: int,
+        size: Callable[[Any], int],
+    ) -> tuple[list[Any], bool]:
+        return await self.thread.call(_fetch_page, sql, params, limit, budget, size)
+
 
 def _commit(conn: sqlite3.Connection, queue: Sequence[Run]) -> None:
     """One transaction on the store's thread: every run in queue order, rows in order within
@@ -217,3 +227,23 @@ def _rollback(conn: sqlite3.Connection) -> None:
 
 def _fetchall(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[Any]:
     return conn.execute(sql, params).fetchall()
+
+
+def _fetch_page(
+    conn: sqlite3.Connection,
+    sql: str,
+    params: Sequence[Any],
+    limit: int,
+    budget: int,
+    size: Callable[[Any], int],
+) -> tuple[list[Any], bool]:
+    """One row at a time from the cursor (one thread hop): the rows past the page are never read
+    into memory, only the one that says more follow."""
+    rows: list[Any] = []
+    used = 0
+    for row in conn.execute(sql, params):
+        if len(rows) >= limit or (rows and used >= budget):
+            return rows, True
+        rows.append(row)
+        used += size(row)
+    return rows, False

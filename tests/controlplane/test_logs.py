@@ -10,7 +10,8 @@ import pytest
 
 from gpulayer_kernel.contracts import Job, JobSpec, JobState, LogLine
 from gpulayer_kernel.contracts.jobs import CommandWorkload
-from gpulayer_kernel.controlplane.logs import TAIL_CACHE, LogTails
+from gpulayer_kernel.controlplane import logs
+from gpulayer_kernel.controlplane.logs import PAGE_BYTES, TAIL_BYTES, LogTails, record_size
 from gpulayer_kernel.controlplane.signals import Signals
 from gpulayer_kernel.redact import Redactor
 from gpulayer_kernel.store import SqliteStore
@@ -79,10 +80,48 @@ async def test_a_long_tail_keeps_its_newest_lines_and_reads_older_ones_from_the_
     t: Tails,
 ) -> None:
     t.tails.open(JOB.id)
-    await t.say(*(str(i) for i in range(TAIL_CACHE + 10)))
-    assert [r.seq for r in await t.tails.read(JOB.id, 0, 3)] == [1, 2, 3]
-    last = await t.tails.read(JOB.id, TAIL_CACHE + 8, 5)
-    assert [r.seq for r in last] == [TAIL_CACHE + 9, TAIL_CACHE + 10]
+    piece = "y" * (64 << 10)  # a piece of a long line, as a worker ships it
+    n = 2 * TAIL_BYTES // len(piece)
+    await t.say(*(f"{i} {piece}" for i in range(n)))
+    assert t.tails.held <= TAIL_BYTES  # bytes, not a count of records (issue 32)
+    first = await t.tails.read(JOB.id, 0, 3)
+    assert [r.seq for r in first] == [1, 2, 3]  # from the store
+    last = await t.tails.read(JOB.id, n - 2, 5)
+    assert [r.seq for r in last] == [n - 1, n]
+    assert sum(record_size(r) for r in await t.tails.read(JOB.id, 0, 5000)) <= PAGE_BYTES + (
+        100 << 10
+    )
+
+
+async def test_every_tail_together_stays_under_its_bound(
+    t: Tails, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logs, "TAILS_BYTES", 8 << 20)
+    emoji = "\U0001f600" * (16 << 10)  # 64 KiB of text, 4 bytes a character in memory
+    jobs = [f"j{i:011d}" for i in range(12)]
+    for job in jobs:
+        t.tails.open(job)
+        lines = [LogLine(time=0.0, stream="stdout", text=emoji) for _ in range(20)]
+        await t.tails.append(job, lines)
+        assert t.tails.held <= (8 << 20) + 20 * record_size((await t.tails.read(job, 0, 1))[0])
+    assert t.tails.held <= 8 << 20
+    for job in jobs:  # nothing is lost: what left memory is read from the store, page by page
+        seqs: list[int] = []
+        while page := await t.tails.read(job, seqs[-1] if seqs else 0, 100):
+            seqs += [r.seq for r in page]
+        assert seqs == list(range(1, 21))
+        t.tails.forget(job)
+    assert t.tails.held == 0
+
+
+async def test_a_page_of_big_records_is_cut_by_bytes_and_says_more(t: Tails) -> None:
+    t.tails.open(JOB.id)
+    big = "z" * (1 << 20)
+    await t.say(big, big, big, big, big, big)
+    records, more = await t.tails.read_more(JOB.id, 0, 5000)
+    assert 1 <= len(records) < 6 and more
+    records, more = await t.tails.read_more(JOB.id, 5, 5000)
+    assert [r.seq for r in records] == [6] and not more
 
 
 async def test_the_long_poll_waits_for_a_line_or_the_clock(t: Tails) -> None:

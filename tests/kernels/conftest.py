@@ -75,9 +75,8 @@ class Plane:
 
 
 @pytest.fixture
-def gl_plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plane]:
-    """A control plane with worker ``w1`` (2 simulated GPUs) on the kernels' host loop, and
-    a Jupyter data dir holding the 1- and 2-GPU kernel specs."""
+def gl_kernelspecs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jupyter's folders under ``tmp_path``, holding the 1-, 2- and 4-GPU kernel specs."""
     for var in ("JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTER_CONFIG_DIR", "IPYTHONDIR"):
         (tmp_path / var).mkdir()
         monkeypatch.setenv(var, str(tmp_path / var))
@@ -87,6 +86,12 @@ def gl_plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plane]
     for gpus in (1, 2):
         spec.install(gpus=gpus, gpu_kind=[], user=True, wait=20)
     spec.install(gpus=4, gpu_kind=[], user=True, wait=1.5, name="gpulayer-4gpu")
+
+
+@pytest.fixture
+def gl_plane(gl_kernelspecs: None, tmp_path: Path) -> Iterator[Plane]:
+    """A control plane with worker ``w1`` (2 simulated GPUs) on the kernels' host loop, and
+    a Jupyter data dir holding the 1- and 2-GPU kernel specs."""
     h = host()
 
     async def up() -> ControlPlane:

@@ -121,15 +121,18 @@ async def test_a_kernel_outlives_the_relays_memory_as_after_a_restart(gl_plane: 
     """What a control-plane restart loses is the relay's memory (keys, lanes): the session is
     restored from the store (ADR 0019). The Jupyter host re-attaches with its key; the kernel,
     its state and its client stay."""
-    from gpulayer_kernel.controlplane.sessions import kernels
-
     km, kc = await start()
     try:
         await run(kc, "y = 7")
-        kernels._RELAYS.pop(gl_plane.cp)  # the relay's memory, gone as in a restart
+        # The relay's memory (keys and lanes), gone as in a restart.
+        gl_plane.call(_forget_kernels(gl_plane))
         reply, out = await run(kc, "print(y * 6)")
         assert reply["content"]["status"] == "ok"
         assert texts(out).strip() == "42"
     finally:
         kc.stop_channels()
         await km.shutdown_kernel()
+
+
+async def _forget_kernels(plane: Plane) -> None:
+    plane.cp.kernels._kernels.clear()

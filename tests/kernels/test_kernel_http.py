@@ -9,10 +9,11 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from gpulayer_kernel.contracts import JobState, SessionHolder
-from gpulayer_kernel.contracts.kernels import KernelConnection, KernelFrame, KernelStart
+from gpulayer_kernel.contracts.kernels import KernelConnection, KernelStart
 from gpulayer_kernel.errors import GPUlayerError
 from gpulayer_kernel.kernels.link import HttpLink
 from gpulayer_kernel.security.roles import Role
+from gpulayer_kernel.wire.kernels import KernelMessage
 
 from ..api.conftest import Api
 from ..api.conftest import gl_api as gl_api  # the served-API fixture, used here too
@@ -25,9 +26,9 @@ async def test_the_kernel_routes_over_http(gl_api: Api) -> None:
         info = await link.start(req)  # no worker has a GPU: it waits, with its sentence
         assert info.kernel and info.job.state == JobState.QUEUED
         assert "job" in await link.explain(info.id)  # the scheduler's sentence names it
-        await link.send(info.id, [KernelFrame(channel="shell", parts=["e30="])])
+        await link.send(info.id, [KernelMessage("shell", [b"{}"])])
         page = await link.receive(info.id, 0, 0.2)
-        assert page.state == "waiting" and page.frames == []
+        assert page.status.state == "waiting" and page.messages == []
         assert (await link.attach(info.id, KernelConnection(key="k" * 32))).id == info.id
         with pytest.raises(GPUlayerError) as err:
             await link.receive("nosuchkernel", 0, 0)
@@ -39,7 +40,7 @@ async def test_the_kernel_routes_over_http(gl_api: Api) -> None:
         await anonymous.close()
         await link.stop(info.id, "test over")
         page = await link.receive(info.id, 0, 5)
-        assert page.state == "ended" and "cancelled" in (page.reason or "")
+        assert page.status.state == "ended" and "cancelled" in (page.status.reason or "")
     finally:
         await link.close()
 
@@ -60,7 +61,7 @@ async def test_a_token_lacking_the_role_or_the_ownership_is_refused_over_http(gl
             assert (err.value.status, err.value.code) == (403, "role_forbidden"), who
         info = await alice.start(req)
         assert info.job.owner == "alice"
-        frame = KernelFrame(channel="shell", parts=["e30="])
+        frame = KernelMessage("shell", [b"{}"])
         refusals = {"bob": "not_yours", "vera": "role_forbidden", "narrowed": "role_forbidden"}
         for who, code in refusals.items():
             link = others[who]

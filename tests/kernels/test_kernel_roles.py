@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from gpulayer_kernel.contracts import SessionHolder
-from gpulayer_kernel.contracts.kernels import KernelFrame, KernelStart
-from gpulayer_kernel.controlplane.sessions.kernels import relay_for
+from gpulayer_kernel.contracts.kernels import KernelStart
 from gpulayer_kernel.errors import GPUlayerError
 from gpulayer_kernel.security.roles import Identity, Role
+from gpulayer_kernel.wire.kernels import KernelMessage
 
 from .conftest import Plane
 
@@ -19,11 +19,11 @@ CAROL = Identity("carol", Role.VIEWER)
 
 
 def test_only_the_owner_drives_a_kernel(gl_plane: Plane) -> None:
-    relay = relay_for(gl_plane.cp)
+    relay = gl_plane.cp.kernels
     req = KernelStart(gpus=1, key="k" * 32, holder=SessionHolder(client="alice-kernel"))
     info = gl_plane.call(relay.start(req, ALICE))
     assert info.kernel and info.job.owner == "alice"
-    frame = KernelFrame(channel="shell", parts=["e30="])
+    frame = KernelMessage("shell", [b"{}"])
     gl_plane.call(relay.send(info.id, [frame], ALICE))
     for who, code in ((BOB, "not_yours"), (CAROL, "role_forbidden")):
         with pytest.raises(GPUlayerError) as err:
@@ -36,6 +36,6 @@ def test_only_the_owner_drives_a_kernel(gl_plane: Plane) -> None:
     seen = gl_plane.call(gl_plane.cp.get_session(info.id, who=Identity("carol", Role.ADMIN)))
     assert seen.kernel
     with pytest.raises(GPUlayerError) as err:
-        gl_plane.call(relay.send(info.id, [KernelFrame(channel="iopub", parts=[])], ALICE))
+        gl_plane.call(relay.send(info.id, [KernelMessage("iopub", [])], ALICE))
     assert err.value.code == "bad_channel"
     gl_plane.call(gl_plane.cp.stop_session(info.id))

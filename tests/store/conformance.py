@@ -203,6 +203,26 @@ class StoreConformance:
         assert [(r.seq, r.text, r.stream) for r in got] == [(8, "line 8", "stdout")]
         assert [r.text for r in await store.read_logs("b", 0, 100)] == ["line 1", "line 2"]
 
+    async def test_a_log_page_is_bounded_by_bytes_and_says_whether_more_follow(
+        self, store: MetadataStore
+    ) -> None:
+        # Issue 32: a page is cut by size, not only by count (a record can be 64 KiB); the
+        # first record always comes, so a page never stalls on one big record.
+        big = "x" * 1000
+        records = [LogRecord(seq=i, time=0.0, stream="stdout", text=big) for i in range(1, 11)]
+        await store.append_logs("a", records)
+        page, more = await store.read_log_page("a", 0, 100, 2500)
+        assert [r.seq for r in page] == [1, 2, 3] and more
+        page, more = await store.read_log_page("a", 3, 100, 10)
+        assert [r.seq for r in page] == [4] and more
+        page, more = await store.read_log_page("a", 8, 100, 1 << 20)
+        assert [r.seq for r in page] == [9, 10] and not more
+        page, more = await store.read_log_page("a", 0, 4, 1 << 20)
+        assert [r.seq for r in page] == [1, 2, 3, 4] and more
+        assert await store.read_log_page("a", 10, 100, 10) == ([], False)
+        page, more = await store.read_log_page("a", 6, 4, 1 << 20)
+        assert [r.seq for r in page] == [7, 8, 9, 10] and not more
+
     async def test_log_records_keep_every_field(self, store: MetadataStore) -> None:
         record = LogRecord(seq=1, time=12.5, stream="stderr", rank=3, text="boom ünïcode")
         display = LogRecord(

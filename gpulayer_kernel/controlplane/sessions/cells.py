@@ -145,13 +145,13 @@ class SessionCells:
         whether more records wait there (a full page was read: the follower asks again)."""
         found: list[LogRecord] = []
         while True:
-            page = await self.tails.read(job_id, since, PAGE)
+            page, more = await self.tails.read_more(job_id, since, PAGE)
             if not page:
                 return found, since, False
             since = page[-1].seq
             found += [r for r in page if r.cell == number]
-            if found or len(page) < PAGE:
-                return found, since, len(page) == PAGE
+            if found or not more:
+                return found, since, more
 
     def _next(self, s: LiveSession) -> None:
         """Start the next queued cell when none runs (and the ranks are up)."""

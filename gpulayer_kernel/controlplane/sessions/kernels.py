@@ -1,93 +1,108 @@
 """GPU kernels on the control plane (ADR 0021): the relay of a placed ipykernel's messages.
 
-A GPU kernel is a session (``SessionWorkload(kernel=True)``, started through the sessions part),
+A GPU kernel is a session (``SessionWorkload(kernel=True)``, started through the session table),
 so placement, queueing, quotas, the ledger, idle culling and loss are the session's. This part
 adds, per kernel and in memory only:
 
 - the connection's HMAC key, handed to the worker that starts the kernel process (never stored:
   a restarted control plane learns it again when the Jupyter host re-attaches);
-- two queues of raw ZMQ messages (:class:`Lane`), *down* (Jupyter host -> worker) and *up*
-  (worker -> Jupyter host), each long-polled by the side that reads it with a cursor: a message
-  stays until the reader asks from past it, so an answer lost on the wire is sent again;
+- two lanes of raw ZMQ messages (``lanes.py``), *down* (Jupyter host -> worker) and *up* (worker
+  -> Jupyter host), bounded in bytes, each read by its side with a cursor: a message stays until
+  the reader acknowledges it, so one lost on the wire is sent again. The sides read and write them
+  over a stream (``api/streams.py``: one WebSocket per side, the usual way), over HTTP long-polls
+  (the fallback), or in-process (the embedded control plane);
 - what the relay can see without reading the messages' content: the kernel's iopub status
   (busy/idle, from the frame's header) keeps the session from being idle-culled mid-cell.
 
 The frames pass through unchanged: they are signed by the kernel or the Jupyter client with the
-key both already have, and nothing here signs or rewrites them.
+key both already have, and nothing here signs or rewrites them. When the kernel's session ends,
+its lanes are freed at once; the kernel is remembered (why it ended) among the last ``KEPT``.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import secrets
-import weakref
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ...clock import Clock
 from ...contracts import JobState, Resources, SessionInfo, SessionSpec
 from ...contracts.kernels import (
+    LANE_BYTES,
+    WAITING_BYTES,
     KernelConnection,
     KernelExit,
-    KernelFrame,
-    KernelPage,
     KernelStart,
     KernelState,
 )
-from ...errors import Conflict, InvalidInput, NotFound
+from ...errors import Conflict, Forbidden, InvalidInput, NotFound
 from ...security.roles import Identity, check_act
-from ..signals import Signal
+from ...wire.kernels import KernelMessage, part
+from ..dispatch import Dispatcher
+from ..jobs import JobTable
+from ..signals import Signal, first_of
+from .lanes import Budget, Lane
 
 if TYPE_CHECKING:
-    from ..core import ControlPlane
+    from .table import SessionTable
 
 KEPT = 256  # kernels remembered before the ended ones are forgotten
-LANE_LIMIT = 20_000  # messages a lane keeps for a reader that does not come (oldest dropped)
-DELIM = b"<IDS|MSG>"
 
 
 @dataclass
-class Lane:
-    """One direction's messages, numbered; ``after(since)`` drops what the reader has seen."""
+class KernelStatus:
+    """Where a kernel is, as its Jupyter host is told: ``state``, the process's ``generation``,
+    and why it waits, exited or ended."""
 
-    signal: Signal
-    items: deque[tuple[int, KernelFrame]] = field(default_factory=deque)
-    seq: int = 0
+    state: KernelState
+    generation: int
+    reason: str | None = None
 
-    def put(self, frames: list[KernelFrame]) -> None:
-        for f in frames:
-            self.seq += 1
-            self.items.append((self.seq, f))
-        while len(self.items) > LANE_LIMIT:
-            self.items.popleft()
-        if frames:
-            self.signal.fire()
-
-    def after(self, since: int) -> list[KernelFrame]:
-        while self.items and self.items[0][0] <= since:
-            self.items.popleft()
-        return [f for _, f in self.items]
+    def as_json(self) -> dict[str, object]:
+        return {"state": self.state, "generation": self.generation, "reason": self.reason}
 
 
 @dataclass
+class LanePage:
+    """What one read of a lane gives: messages after the reader's cursor, where to go on from
+    (which acknowledges the rest), and the kernel's status."""
+
+    messages: list[KernelMessage]
+    next_since: int
+    status: KernelStatus
+
+
 class LiveKernel:
-    id: str
-    owner: str
-    connection: KernelConnection
-    down: Lane
-    up: Lane
-    exited: KernelExit | None = None
-    started: int = -1  # the generation whose process said it runs (its first up message)
-    exit_seq: int = 0  # the up lane's seq when the process exited
+    """One kernel's key, lanes and process state."""
+
+    def __init__(self, job_id: str, owner: str, conn: KernelConnection, down: Lane, up: Lane):
+        self.id = job_id
+        self.owner = owner
+        self.connection = conn
+        self.down = down
+        self.up = up
+        self.exited: KernelExit | None = None
+        self.started = -1  # the generation whose process said it runs (its first up message)
+        self.exit_seq = 0  # the up lane's seq when the process exited
+        self.changed = Signal(down.signal._clock)  # its status changed (a stream tells its host)
 
 
 class KernelRelay:
-    """Every live kernel's key and message lanes; a part of the ControlPlane (``relay_for``)."""
+    """Every live kernel's key and message lanes (built by ``wiring.py``)."""
 
-    def __init__(self, cp: ControlPlane) -> None:
-        self.cp = cp
-        self.clock = cp.clock
+    def __init__(
+        self,
+        jobs: JobTable,
+        dispatch: Dispatcher,
+        sessions: SessionTable,
+        *,
+        clock: Clock,
+    ) -> None:
+        self.jobs = jobs
+        self.dispatch = dispatch
+        self.sessions = sessions
+        self.clock = clock
+        self.budget = Budget()
         self._kernels: dict[str, LiveKernel] = {}
         self._waiting: dict[str, Signal] = {}  # workers asking for a kernel not attached yet
 
@@ -103,7 +118,7 @@ class KernelRelay:
             wait_for_capacity=req.wait_for_capacity,
             kernel=True,
         )
-        info = await self.cp.start_session(spec, who=who)
+        info = await self.sessions.start(spec, who)
         conn = KernelConnection(key=req.key, signature_scheme=req.signature_scheme)
         self._register(info.id, info.job.owner, conn)
         return info
@@ -112,52 +127,91 @@ class KernelRelay:
         self, ref: str, conn: KernelConnection, who: Identity | None = None
     ) -> SessionInfo:
         """Take a live kernel back after a control-plane restart (the key lives in memory)."""
-        info = await self.cp.get_session(ref, who=who)
+        s, job = await self.sessions.find(ref, who)
+        info = self.sessions.info(s, job)
         check_act(who, info.job.owner, f"kernel {info.name}")
         if not info.job.spec.workload.kernel:  # type: ignore[union-attr]
             raise InvalidInput(f"session {info.name} is not a kernel", code="not_a_kernel")
-        k = self._kernels.get(info.id)
-        if k is None:
+        if info.id not in self._kernels:
             self._register(info.id, info.job.owner, conn)
         return info
 
-    async def send(self, ref: str, frames: list[KernelFrame], who: Identity | None = None) -> None:
-        """Messages for the kernel (shell, control, stdin)."""
-        k = self._acting(ref, who)
-        if any(f.channel == "iopub" for f in frames):
+    def acting(self, ref: str, who: Identity | None) -> LiveKernel:
+        """The kernel ``who`` may drive; ``NotFound`` or ``Forbidden`` otherwise."""
+        k = self._kernels.get(ref)
+        if k is None:
+            raise _unknown(ref)
+        check_act(who, k.owner, f"kernel {ref}")
+        return k
+
+    async def send(
+        self, ref: str, messages: list[KernelMessage], who: Identity | None = None
+    ) -> None:
+        """Messages for the kernel (shell, control, stdin); ``Busy`` when its lane is full."""
+        k = self.acting(ref, who)
+        self.check_down(k, messages)
+        k.down.put(messages)
+        self.sent_down(k, messages)
+
+    def check_down(self, k: LiveKernel, messages: list[KernelMessage]) -> None:
+        """Refuse what the host may not send: iopub, a message too large for the lane, anything
+        to a kernel whose session is over."""
+        if any(m.channel == "iopub" for m in messages):
             raise InvalidInput("the Jupyter host sends no iopub messages", code="bad_channel")
-        k.down.put(frames)
-        if any(f.channel == "shell" for f in frames):
-            self._touch(k.id, busy=None)
+        status = self.status(k)
+        if status.state == "ended":
+            raise Conflict(
+                f"kernel {k.id} has ended: {status.reason}",
+                hint="start a new kernel (restart it from the notebook's Kernel menu)",
+                details={"kernel": k.id},
+                code="kernel_ended",
+            )
+        k.down.limit = self.down_limit(k)
+        for m in messages:
+            if self.waiting(k):
+                k.down.check(m, "a kernel that is not up yet", most=WAITING_BYTES)
+            else:
+                k.down.check(m, "the relay")
+
+    def sent_down(self, k: LiveKernel, messages: list[KernelMessage]) -> None:
+        if any(m.channel == "shell" for m in messages):
+            self.sessions.touch(k.id, None)
+
+    def waiting(self, k: LiveKernel) -> bool:
+        return self.status(k).state == "waiting"
+
+    def down_limit(self, k: LiveKernel) -> int:
+        """A kernel not up yet takes a small buffer of its host's messages, no more."""
+        return WAITING_BYTES if self.waiting(k) else LANE_BYTES
 
     async def receive(
         self, ref: str, since: int, wait: float, who: Identity | None = None
-    ) -> KernelPage:
-        """The kernel's messages after ``since``; long-polls ``wait`` seconds for one or for the
-        kernel's end (its session's job ending wakes it)."""
-        k = self._acting(ref, who)
+    ) -> LanePage:
+        """The kernel's messages after ``since`` (acknowledging the rest); long-polls ``wait``
+        seconds for one or for a change of the kernel's status."""
+        k = self.acting(ref, who)
+        k.up.ack(since)
         deadline = self.clock.monotonic() + max(0.0, wait)
         while True:
-            frames = k.up.after(since)
-            page = self._page(k, frames, since)
-            left = deadline - self.clock.monotonic()
+            found = k.up.after(since)
+            status = self.status(k)
             told = k.exited is None or k.exit_seq <= since  # the reader saw the exit
-            if frames or page.state == "ended" or not told or left <= 0:
-                return page
-            up = k.up.signal.wait(left)
-            await _first(up, self.cp.jobs.changed(k.id, left))
+            left = deadline - self.clock.monotonic()
+            if found or status.state == "ended" or not told or left <= 0:
+                return LanePage([m for _, m in found], max(since, k.up.seq), status)
+            await first_of(self.clock, left, k.up.signal, k.changed)
 
     async def interrupt(self, ref: str, who: Identity | None = None) -> None:
         """SIGINT to the kernel process (ipykernel's interrupt: KeyboardInterrupt in the cell)."""
-        k = self._acting(ref, who)
+        k = self.acting(ref, who)
         for worker_id in self._workers(k.id):
-            self.cp.dispatch.interrupt(worker_id, k.id)
+            self.dispatch.interrupt(worker_id, k.id)
 
     async def restart(
         self, ref: str, conn: KernelConnection | None = None, who: Identity | None = None
-    ) -> KernelPage:
+    ) -> LanePage:
         """A new kernel process on the same GPUs (the old one's state is lost)."""
-        k = self._acting(ref, who)
+        k = self.acting(ref, who)
         workers = self._workers(k.id)
         if not workers:
             raise Conflict(f"kernel {k.id} is not placed yet: nothing to restart", code="not_up")
@@ -167,11 +221,12 @@ class KernelRelay:
             signature_scheme=conn.signature_scheme if conn else k.connection.signature_scheme,
             generation=k.connection.generation + 1,
         )
-        k.down.items.clear()
+        k.down.clear()
         k.exited = None
         for worker_id in workers:
-            self.cp.dispatch.restart(worker_id, k.id)
-        return self._page(k, [], k.up.seq)
+            self.dispatch.restart(worker_id, k.id)
+        k.changed.fire()
+        return LanePage([], k.up.seq, self.status(k))
 
     # -- the worker's calls -----------------------------------------------------------------------
 
@@ -186,30 +241,62 @@ class KernelRelay:
             sig = self._waiting.setdefault(job_id, Signal(self.clock))
             await sig.wait(left)
 
-    async def worker_send(self, job_id: str, frames: list[KernelFrame]) -> None:
+    def worker_kernel(self, job_id: str, worker_id: str | None = None) -> LiveKernel:
+        """The kernel of a session placed on ``worker_id`` (None: in-process, the caller's);
+        another worker's token reads nothing of it (403 ``not_yours``)."""
         k = self._kernels.get(job_id)
         if k is None:
-            raise self._unknown(job_id)
-        k.started = k.connection.generation
-        for f in frames:
-            if f.channel == "iopub" and (state := _status(f)) is not None:
-                self._touch(k.id, busy=state == "busy")
-        k.up.put(frames)
+            raise _unknown(job_id)
+        if worker_id is not None:
+            job = self.jobs.cached(job_id)
+            placed = job.placement.worker_ids if job and job.placement else ()
+            if worker_id not in placed:
+                raise Forbidden(
+                    f"kernel {job_id} is not placed on this worker",
+                    hint="a worker relays only the kernels of the sessions it runs",
+                    details={"kernel": job_id},
+                    code="not_yours",
+                )
+        return k
 
-    async def worker_receive(self, job_id: str, since: int, wait: float) -> KernelPage:
+    async def worker_send(
+        self, job_id: str, messages: list[KernelMessage], worker_id: str | None = None
+    ) -> None:
+        k = self.worker_kernel(job_id, worker_id)
+        for m in messages:
+            k.up.check(m, "the relay")
+        k.up.put(messages, shed_iopub=True)
+        self.sent_up(k, messages)
+
+    def sent_up(self, k: LiveKernel, messages: list[KernelMessage]) -> None:
+        """The kernel said something: it runs; its busy/idle status keeps the session's clock."""
+        if k.started != k.connection.generation:
+            k.started = k.connection.generation
+            k.changed.fire()
+        for m in messages:
+            if m.channel == "iopub" and (state := _status(m)) is not None:
+                self.sessions.touch(k.id, state == "busy")
+
+    async def worker_receive(
+        self, job_id: str, since: int, wait: float, worker_id: str | None = None
+    ) -> LanePage:
         k = self._kernels.get(job_id)
+        if k is not None:
+            self.worker_kernel(job_id, worker_id)
         if k is None:
             # A restarted control plane, before the Jupyter host came back: nothing to send yet.
             await self.connection(job_id, wait)
             k = self._kernels.get(job_id)
             if k is None:
-                return KernelPage(state="waiting", reason="the Jupyter host has not attached")
+                return LanePage([], since, KernelStatus("waiting", 0, "no Jupyter host yet"))
+            self.worker_kernel(job_id, worker_id)
+        k.down.ack(since)
         deadline = self.clock.monotonic() + max(0.0, wait)
         while True:
-            frames = k.down.after(since)
+            found = k.down.after(since)
             left = deadline - self.clock.monotonic()
-            if frames or left <= 0:
-                return self._page(k, frames, since, lane=k.down)
+            if found or left <= 0:
+                return LanePage([m for _, m in found], max(since, k.down.seq), self.status(k))
             await k.down.signal.wait(left)
 
     async def worker_exited(self, job_id: str, report: KernelExit) -> None:
@@ -221,87 +308,73 @@ class KernelRelay:
         k.up.seq += 1
         k.exit_seq = k.up.seq
         k.up.signal.fire()
+        k.changed.fire()
+
+    # -- the control plane's calls -----------------------------------------------------------------
+
+    def job_changed(self, job_id: str, terminal: bool) -> None:
+        """Its session changed (wiring): readers hear of it; an ended kernel's lanes are freed."""
+        k = self._kernels.get(job_id)
+        if k is None:
+            return
+        if terminal:
+            k.down.clear()
+            k.up.clear()
+        k.changed.fire()
+
+    def status(self, k: LiveKernel) -> KernelStatus:
+        job = self.jobs.cached(k.id)
+        gen = k.connection.generation
+        if job is None:
+            return KernelStatus("ended", gen, _died(None, None))
+        if job.state.terminal:
+            return KernelStatus("ended", gen, _died(job.state, job.reason))
+        if k.exited is not None:
+            return KernelStatus("exited", gen, k.exited.reason)
+        if job.state == JobState.RUNNING and k.started == gen:
+            return KernelStatus("up", gen)
+        return KernelStatus("waiting", gen, None if job.state == JobState.RUNNING else job.reason)
 
     # -- internals --------------------------------------------------------------------------------
 
     def _lane(self) -> Lane:
         # Numbered from now in microseconds, not from 0: a reader's cursor from a previous life
         # of the control plane is behind every message of this one, so nothing new is skipped.
-        return Lane(Signal(self.clock), seq=int(self.clock.now() * 1_000_000))
+        return Lane(self.clock, self.budget, int(self.clock.now() * 1_000_000))
 
     def _register(self, job_id: str, owner: str, conn: KernelConnection) -> None:
         if len(self._kernels) >= KEPT:
             # Ended kernels stay (their readers learn why) until there are many of them.
             for old in [i for i in self._kernels if self._ended(i)]:
                 del self._kernels[old]
-        self._kernels[job_id] = LiveKernel(
-            job_id,
-            owner,
-            conn,
-            self._lane(),
-            self._lane(),
-        )
+        self._kernels[job_id] = LiveKernel(job_id, owner, conn, self._lane(), self._lane())
         sig = self._waiting.pop(job_id, None)
         if sig is not None:
             sig.fire()
 
     def _ended(self, job_id: str) -> bool:
-        job = self.cp.jobs.cached(job_id)
+        job = self.jobs.cached(job_id)
         return job is None or job.state.terminal
 
-    def _acting(self, ref: str, who: Identity | None) -> LiveKernel:
-        k = self._kernels.get(ref)
-        if k is None:
-            raise self._unknown(ref)
-        check_act(who, k.owner, f"kernel {ref}")
-        return k
-
-    def _unknown(self, ref: str) -> NotFound:
-        return NotFound(
-            f"no live kernel {ref!r} on this control plane",
-            hint="a restarted control plane learns its kernels again when their Jupyter host "
-            "re-attaches (POST /kernels/{id}/attach); otherwise start the kernel again",
-            details={"kernel": ref},
-            code="kernel_not_found",
-        )
-
     def _workers(self, job_id: str) -> list[str]:
-        job = self.cp.jobs.cached(job_id)
+        job = self.jobs.cached(job_id)
         if job is None or job.state != JobState.RUNNING or job.placement is None:
             return []
         return list(job.placement.worker_ids)
 
-    def _page(
-        self, k: LiveKernel, frames: list[KernelFrame], since: int, lane: Lane | None = None
-    ) -> KernelPage:
-        lane = lane or k.up
-        job = self.cp.jobs.cached(k.id)
-        state: KernelState = "waiting"
-        reason: str | None = None
-        if job is None or job.state.terminal:
-            state = "ended"
-            reason = _died(job.state if job else None, job.reason if job else None)
-        elif k.exited is not None:
-            state, reason = "exited", k.exited.reason
-        elif job.state == JobState.RUNNING and k.started == k.connection.generation:
-            state = "up"
-        elif job.state != JobState.RUNNING:
-            reason = job.reason
-        return KernelPage(
-            frames=frames,
-            next_since=max(since, lane.seq),
-            state=state,
-            generation=k.connection.generation,
-            reason=reason,
-        )
 
-    def _touch(self, job_id: str, busy: bool | None) -> None:
-        touch = getattr(self.cp.sessions, "touch", None)
-        if touch is not None:
-            touch(job_id, busy)
+def _unknown(ref: str) -> NotFound:
+    return NotFound(
+        f"no live kernel {ref!r} on this control plane",
+        hint="a restarted control plane learns its kernels again when their Jupyter host "
+        "re-attaches (POST /kernels/{id}/attach); otherwise start the kernel again",
+        details={"kernel": ref},
+        code="kernel_not_found",
+    )
 
 
 def _died(state: JobState | None, reason: str | None) -> str:
+    """Why a kernel's session is over, in the words its cells get."""
     if state == JobState.LOST:
         why = reason or "its worker was lost"
         return f"kernel died: {why}"
@@ -310,42 +383,11 @@ def _died(state: JobState | None, reason: str | None) -> str:
     return f"kernel ended: its session was {state.value}" + (f" ({reason})" if reason else "")
 
 
-def _status(f: KernelFrame) -> str | None:
+def _status(m: KernelMessage) -> str | None:
     """The execution state of an iopub ``status`` message (header and content are JSON)."""
-    try:
-        parts = f.parts
-        i = parts.index(_DELIM64)
-        header = json.loads(base64.b64decode(parts[i + 2]))
-        if header.get("msg_type") != "status":
-            return None
-        content = json.loads(base64.b64decode(parts[i + 5]))
-        state = content.get("execution_state")
-        return state if isinstance(state, str) else None
-    except (ValueError, IndexError, TypeError):
+    header = m.header()
+    if header is None or header.get("msg_type") != "status":
         return None
-
-
-_DELIM64 = base64.b64encode(DELIM).decode()
-
-
-async def _first(*aws: object) -> None:
-    """Wait for whichever of the waits ends first; cancel the others."""
-    import asyncio
-
-    tasks = [asyncio.ensure_future(a) for a in aws]  # type: ignore[call-overload]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in tasks:
-            t.cancel()
-
-
-_RELAYS: weakref.WeakKeyDictionary[ControlPlane, KernelRelay] = weakref.WeakKeyDictionary()
-
-
-def relay_for(cp: ControlPlane) -> KernelRelay:
-    """The control plane's kernel relay, made on first use (it holds nothing durable)."""
-    relay = _RELAYS.get(cp)
-    if relay is None:
-        relay = _RELAYS[cp] = KernelRelay(cp)
-    return relay
+    content = part(m.parts, 5)
+    state = content.get("execution_state") if content else None
+    return state if isinstance(state, str) else None

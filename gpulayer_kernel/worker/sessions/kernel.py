@@ -7,14 +7,18 @@ loopback ports, and starts ``ipykernel_launcher`` in its own process group with 
 environment (its GPUs' ``CUDA_VISIBLE_DEVICES``). It connects to those ports as a client (DEALER
 for shell, control and stdin; SUB for iopub) and relays raw multipart messages:
 
-- *down*: a long-poll on the control plane's lane for this kernel, each message sent on its
+- *down*: the control plane's lane for this kernel, read on one WebSocket stream
+  (``wire/stream.py``; HTTP long-polls where WebSockets do not pass), each message sent on its
   channel as it came (the Jupyter clients' routing identities stay in front of the delimiter, so
   the kernel's replies carry them back: one DEALER serves every client, with no table);
-- *up*: whatever the kernel sends, batched while the previous request is in flight.
+- *up*: whatever the kernel sends, batched while the previous send is in flight. An iopub message
+  over ``OUTPUT_CAP`` (a 20 MB print, a huge image) is replaced by a note of its size, signed
+  with the kernel's key: it never blocks the lane, and the cell goes on.
 
-Only outbound HTTP leaves the worker (it works behind NAT, as the worker's own long-poll); no ZMQ
-port is reachable from another machine. Heartbeats are answered on the Jupyter host: the kernel's
-liveness is its session's (a lost worker ends the session, and the host says so).
+Only outbound connections leave the worker (it works behind NAT, as the worker's own
+long-poll); no ZMQ port is reachable from another machine. Heartbeats are answered on the Jupyter
+host: the kernel's liveness is its session's (a lost worker ends the session, and the host says
+so).
 
 An interrupt is SIGINT to the kernel's process group (ipykernel's ``interrupt_mode = "signal"``);
 a restart kills the process and starts another with the key the control plane holds now; the
@@ -25,7 +29,6 @@ the Jupyter host restarts the kernel or stops its session.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import os
@@ -34,8 +37,19 @@ import sys
 from typing import Any, Protocol
 
 from ...contracts import JobAssignment
-from ...contracts.kernels import Channel, KernelConnection, KernelExit, KernelFrame, KernelPage
-from ...errors import GPUlayerError, NotFound
+from ...contracts.kernels import (
+    OUTPUT_CAP,
+    Channel,
+    KernelConnection,
+    KernelExit,
+    KernelFrames,
+    KernelPage,
+)
+from ...controlplane.sessions.kernels import KernelStatus, LanePage
+from ...display import human_bytes
+from ...errors import Busy, GPUlayerError, NotFound, TooLarge
+from ...wire.kernels import KernelMessage, from_frames, to_frames
+from ...wire.stream import Stream, StreamUnsupported
 from ..backoff import backoff
 from ..config import ExecutorConfig
 from ..exits import describe_exit
@@ -47,44 +61,59 @@ from .executor import SessionExecutor
 
 log = logging.getLogger("gpulayer.worker")
 
-LONG_POLL = 25.0  # seconds one down long-poll waits; the relay answers at once on news
+LONG_POLL = 25.0  # seconds one read of the down lane waits; news comes at once
 STOP_WAIT = 3.0  # seconds the kernel gets to leave after SIGTERM before SIGKILL
 CHANNELS: tuple[Channel, ...] = ("shell", "control", "stdin")
 
 
 class KernelLink(Protocol):
-    """The worker's calls on the control plane's kernel relay (in-process or over HTTP)."""
+    """The worker's calls on the control plane's kernel relay (in-process or over the network)."""
 
     async def connection(self, job_id: str, wait: float) -> KernelConnection | None: ...
-    async def receive(self, job_id: str, since: int, wait: float) -> KernelPage: ...
-    async def send(self, job_id: str, frames: list[KernelFrame]) -> None: ...
+    async def receive(self, job_id: str, since: int, wait: float) -> LanePage: ...
+    async def send(self, job_id: str, messages: list[KernelMessage]) -> None: ...
     async def exited(self, job_id: str, report: KernelExit) -> None: ...
+    async def close(self) -> None: ...
 
 
 class _InProcessLink:
     def __init__(self, transport: InProcessTransport) -> None:
-        from ...controlplane.sessions.kernels import relay_for
-
-        self.relay = relay_for(transport.cp)
+        self.relay = transport.cp.kernels
 
     async def connection(self, job_id: str, wait: float) -> KernelConnection | None:
         return await self.relay.connection(job_id, wait)
 
-    async def receive(self, job_id: str, since: int, wait: float) -> KernelPage:
+    async def receive(self, job_id: str, since: int, wait: float) -> LanePage:
         return await self.relay.worker_receive(job_id, since, wait)
 
-    async def send(self, job_id: str, frames: list[KernelFrame]) -> None:
-        await self.relay.worker_send(job_id, frames)
+    async def send(self, job_id: str, messages: list[KernelMessage]) -> None:
+        await self.relay.worker_send(job_id, messages)
 
     async def exited(self, job_id: str, report: KernelExit) -> None:
         await self.relay.worker_exited(job_id, report)
 
+    async def close(self) -> None:
+        pass
+
 
 class _HttpLink:
-    """Through the worker's own HTTP transport: its session token, failover and TLS rules."""
+    """Through the worker's own HTTP transport: its session token, failover and TLS rules; the
+    messages on a stream (the ``frames`` routes where WebSockets do not pass)."""
 
     def __init__(self, transport: Any) -> None:
         self.t = transport
+        self._stream: Stream | None = None
+        self._plain = False
+
+    def _on(self, job_id: str) -> Stream:
+        if self._stream is None:
+            self._stream = Stream(
+                self.t.servers.urls,
+                f"/worker/jobs/{job_id}/kernel/stream",
+                lambda: self.t.session_token or "",
+                ca_cert=self.t._ca_cert,
+            )
+        return self._stream
 
     async def connection(self, job_id: str, wait: float) -> KernelConnection | None:
         try:
@@ -98,23 +127,42 @@ class _HttpLink:
             return None
         return KernelConnection.model_validate_json(resp.content)
 
-    async def receive(self, job_id: str, since: int, wait: float) -> KernelPage:
+    async def receive(self, job_id: str, since: int, wait: float) -> LanePage:
+        if not self._plain:
+            try:
+                found = await self._on(job_id).receive(since, wait)
+                last = found[-1][0] if found else since
+                return LanePage([m for _, m in found], last, KernelStatus("up", 0))
+            except StreamUnsupported:
+                self._plain = True
         resp = await self.t._request(
             "GET",
             f"/worker/jobs/{job_id}/kernel/frames",
             params={"since": str(since), "wait": str(wait)},
             timeout=wait + 30,
         )
-        return KernelPage.model_validate_json(resp.content)
+        page = KernelPage.model_validate_json(resp.content)
+        status = KernelStatus(page.state, page.generation, page.reason)
+        return LanePage(from_frames(page.frames), page.next_since, status)
 
-    async def send(self, job_id: str, frames: list[KernelFrame]) -> None:
-        body = '{"frames":[' + ",".join(f.model_dump_json() for f in frames) + "]}"
+    async def send(self, job_id: str, messages: list[KernelMessage]) -> None:
+        if not self._plain:
+            try:
+                await self._on(job_id).send(messages)
+                return
+            except StreamUnsupported:
+                self._plain = True
+        body = KernelFrames.model_construct(frames=to_frames(messages)).model_dump_json()
         await self.t._request("POST", f"/worker/jobs/{job_id}/kernel/frames", body=body)
 
     async def exited(self, job_id: str, report: KernelExit) -> None:
         await self.t._request(
             "POST", f"/worker/jobs/{job_id}/kernel/exit", body=report.model_dump_json()
         )
+
+    async def close(self) -> None:
+        if self._stream is not None:
+            await self._stream.close()
 
 
 def link_for(transport: Transport) -> KernelLink:
@@ -150,9 +198,10 @@ class KernelExecutor(SessionExecutor):
         self._socks: dict[Channel, Any] = {}
         self._ctx: Any = None
         self._pumps: list[asyncio.Task[None]] = []
-        self._outbox: list[KernelFrame] = []
+        self._outbox: list[KernelMessage] = []
         self._has_out = asyncio.Event()
         self._since = 0
+        self._conn: KernelConnection | None = None  # the running process's key
         self._quiet = False  # a stop or restart of ours: the process's end is not news
 
     # -- the agent's side ------------------------------------------------------------------------
@@ -185,6 +234,7 @@ class KernelExecutor(SessionExecutor):
         for t in self._pumps:
             t.cancel()
         await self._stop_kernel()
+        await self.link.close()
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -209,6 +259,7 @@ class KernelExecutor(SessionExecutor):
 
         conn = await self._connection()
         self.generation = conn.generation
+        self._conn = conn
         self.dir.mkdir(parents=True, exist_ok=True)
         path = str(self.dir / f"kernel-{conn.generation}.json")
         # Loopback ports on this machine only: the Jupyter host reaches them through the relay.
@@ -294,17 +345,39 @@ class KernelExecutor(SessionExecutor):
                 tries += 1
                 continue
             self._since = page.next_since
-            for f in page.frames:
-                sock = self._socks.get(f.channel)
+            for m in page.messages:
+                sock = self._socks.get(m.channel)
                 if sock is not None:
-                    await sock.send_multipart([base64.b64decode(p) for p in f.parts])
+                    await sock.send_multipart(m.parts)
 
     async def _read(self, channel: Channel, sock: Any) -> None:
         while True:
             parts = await sock.recv_multipart(copy=True)
-            enc = [base64.b64encode(p).decode() for p in parts]
-            self._outbox.append(KernelFrame.model_construct(channel=channel, parts=enc))
+            m = KernelMessage(channel, parts)
+            if channel == "iopub" and m.size > OUTPUT_CAP:
+                m = self._note_instead(m)
+            self._outbox.append(m)
             self._has_out.set()
+
+    def _note_instead(self, m: KernelMessage) -> KernelMessage:
+        """An iopub message over the cap, as a note of what it was (signed with the key)."""
+        from jupyter_client.session import Session
+
+        header = m.header() or {}
+        what = header.get("msg_type", "message")
+        text = (
+            f"[gpulayer] output dropped: a {human_bytes(m.size)} {what} message is over the "
+            f"{human_bytes(OUTPUT_CAP)} a GPU kernel's output message may be; write big "
+            "results to a file instead\n"
+        )
+        log.warning("kernel %s: %s", self.job.id, text.strip())
+        conn = self._conn
+        assert conn is not None
+        session = Session(
+            key=conn.key.encode(), signature_scheme=conn.signature_scheme, username="gpulayer"
+        )
+        msg = session.msg("stream", {"name": "stderr", "text": text}, parent=m.parent() or {})
+        return KernelMessage("iopub", session.serialize(msg, ident=m.idents() or None))
 
     async def _up(self) -> None:
         """The kernel's messages to the relay: everything that came while the last went."""
@@ -313,13 +386,22 @@ class KernelExecutor(SessionExecutor):
             await self._has_out.wait()
             self._has_out.clear()
             batch, self._outbox = self._outbox, []
-            while True:
+            while batch:
                 try:
                     await self.link.send(self.job.id, batch)
                     tries = 0
                     break
                 except asyncio.CancelledError:
                     raise
+                except TooLarge as exc:
+                    # A message the relay will never take: dropped, the rest goes on.
+                    log.warning("kernel %s: %s", self.job.id, exc.message)
+                    size = int(exc.details.get("size", -1))
+                    kept = [m for m in batch if m.size != size]
+                    batch = kept if len(kept) < len(batch) else batch[1:]
+                except Busy:
+                    await self.clock.sleep(min(1.0, 0.05 * 2**tries))  # the lane drains: again
+                    tries += 1
                 except Exception as exc:
                     # Kept and sent again: the kernel's replies are not lost to a restart of
                     # the control plane (the Jupyter host re-attaches meanwhile).
