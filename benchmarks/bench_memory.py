@@ -30,8 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-
 from _machine import describe
+
 from gpulayer_kernel import bundles
 from gpulayer_kernel.contracts import (
     CellRequest,
@@ -174,9 +174,12 @@ def main() -> int:
     args = ap.parse_args()
     print(f"machine: {describe()}; load {os.getloadavg()[0]:.2f}")
     peak = 0.0
-    with tempfile.TemporaryDirectory(prefix="gl-bench-memory-") as tmp, served(Path(tmp)) as (
-        server,
-        pid,
+    with (
+        tempfile.TemporaryDirectory(prefix="gl-bench-memory-") as tmp,
+        served(Path(tmp)) as (
+            server,
+            pid,
+        ),
     ):
         print(f"server pid {pid}: {rss_mib(pid):.1f} MiB at rest")
         for name in args.cases.split(","):

@@ -50,6 +50,7 @@ from ..contracts import ADMIN_USER
 from ..embedded import Embedded
 from ..errors import GPUlayerError, Unavailable
 from ..home import HOME_ENV
+from ..kernels.host import local_plane
 from ..security import Identity, Role, TokenKind, TokenService
 
 log = logging.getLogger("gpulayer.jupyter")
@@ -93,6 +94,7 @@ class ControlPlaneHost:
         self.tokens = TokenService(self.embedded.store, users=self.embedded.cp.users)
         self.context = make_context(self.embedded.cp, self.tokens)
         self.loopback: ApiServer | None = None
+        self._published = ""  # the loopback URL kernels of this process reach in-process
         self.kernel_token_id: str | None = None
         self._saved_env: dict[str, str | None] = {}
         preset = os.environ.get(URL_ENV)
@@ -179,6 +181,9 @@ class ControlPlaneHost:
             self.loopback = ApiServer(self.embedded.cp, self.tokens)
             url = await self.loopback.start("127.0.0.1", 0)
             self.embedded.lock.publish({"url": url, "token": secret, "jupyter": jupyter_url})
+            # This process's GPU kernels reach it in-process (one thread hop, no HTTP).
+            local_plane(url, self.embedded.cp, Identity(owner, Role.ADMIN))
+            self._published = url
             self._set_env(
                 {URL_ENV: url, TOKEN_ENV: secret, HOME_ENV: str(self.embedded.layout.root)}
             )
@@ -223,6 +228,8 @@ class ControlPlaneHost:
         if was != "ready":
             return
         await self.context.drain()
+        if self._published:
+            local_plane(self._published, None)
         if self.loopback is not None:
             await self.loopback.stop()
             self.loopback = None

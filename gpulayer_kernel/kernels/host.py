@@ -7,6 +7,10 @@ for every kernel of the process. The control plane is found as the magics find i
 (``client.connect.find_remote``): ``GPULAYER_URL``, else the live owner of ``$GPULAYER_HOME``,
 else an embedded one opened here, with a local worker, serving the API on loopback so that other
 processes (the CLI, the panel's server) reach it.
+
+When the control plane found is this very process's (``gpulayer lab``: the Jupyter server
+extension hosts it, and publishes its address for the kernels), the link calls it directly on its
+loop (:func:`local_plane`): one thread hop per call instead of an HTTP request through loopback.
 """
 
 from __future__ import annotations
@@ -15,11 +19,30 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .link import CpLink, HostLink, HttpLink
 
+if TYPE_CHECKING:
+    from ..controlplane import ControlPlane
+    from ..security.roles import Identity
+
 T = TypeVar("T")
+
+# The control planes this process hosts, by the URL it published for its kernels.
+_LOCAL: dict[str, tuple[ControlPlane, asyncio.AbstractEventLoop, Identity]] = {}
+
+
+def local_plane(url: str, cp: ControlPlane | None, who: Identity | None = None) -> None:
+    """Publish (``cp``) or withdraw (None) a control plane this process serves at ``url``, run
+    on the calling loop; kernels reaching ``url`` call it in-process, acting as ``who``."""
+    key = url.rstrip("/")
+    if cp is None:
+        _LOCAL.pop(key, None)
+        return
+    from ..security.roles import Identity, Role
+
+    _LOCAL[key] = (cp, asyncio.get_running_loop(), who or Identity("admin", Role.ADMIN))
 
 
 class Host:
@@ -56,6 +79,10 @@ class Host:
 
         remote = find_remote()
         if remote is not None:
+            here = _LOCAL.get(remote[0].rstrip("/"))
+            if here is not None:
+                cp, loop, who = here
+                return CpLink(cp, who, loop=loop)
             return HttpLink(*remote)
         from ..embedded import Embedded, ServeOptions
 

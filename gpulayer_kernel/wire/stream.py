@@ -58,7 +58,7 @@ from .kernels import (
 log = logging.getLogger("gpulayer.wire")
 
 CONNECT_TIMEOUT = 10.0  # seconds to open a connection and be answered (a hung server: next URL)
-PING_EVERY = 15.0  # seconds between pings; a connection silent twice that long is dead
+PING_EVERY = 15.0  # seconds between pings; one unanswered for as long means a dead connection
 UNACKED_BYTES = 16 << 20  # bytes sent and not yet acknowledged before ``send`` waits
 
 
@@ -219,11 +219,11 @@ class Stream:
             ssl_options=client_verify(self.ca_cert) if scheme == "wss" else None,
         )
         try:
-            return await tornado.websocket.websocket_connect(
+            conn = await tornado.websocket.websocket_connect(
                 request,
                 max_message_size=MAX_MESSAGE + (1 << 20),
                 ping_interval=PING_EVERY,
-                ping_timeout=2 * PING_EVERY,
+                ping_timeout=PING_EVERY,
             )
         except tornado.httpclient.HTTPClientError as exc:
             raise _refusal(exc) from None
@@ -233,6 +233,11 @@ class Stream:
                 hint="is the control plane running? the stream is opened again",
                 code="server_unreachable",
             ) from None
+        # Small messages one after another (a reply, then its status): without this, Nagle's
+        # algorithm holds the second until the first is acknowledged (up to 40 ms on Linux).
+        if conn.protocol is not None and conn.protocol.stream is not None:
+            conn.protocol.stream.set_nodelay(True)
+        return conn
 
     def _token(self) -> str:
         return self.token() if callable(self.token) else self.token
