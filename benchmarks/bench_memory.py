@@ -182,17 +182,16 @@ def main() -> int:
         ),
     ):
         print(f"server pid {pid}: {rss_mib(pid):.1f} MiB at rest")
+        cases: dict[str, Callable[[], object]] = {
+            "session": lambda: case_session(server, args.cells, args.emoji_mib),
+            "lines": lambda: case_lines(server, args.jobs, args.line_mib),
+            "kernel": lambda: case_kernel(server, args.posts, args.frame_mib),
+        }
         for name in args.cases.split(","):
-            if name == "session":
-                fn: Callable[[], object] = lambda: case_session(server, args.cells, args.emoji_mib)
-            elif name == "lines":
-                fn = lambda: case_lines(server, args.jobs, args.line_mib)  # noqa: E731
-            elif name == "kernel":
-                fn = lambda: case_kernel(server, args.posts, args.frame_mib)  # noqa: E731
-            else:
-                print(f"unknown case {name!r}", file=sys.stderr)
+            if name not in cases:
+                print(f"unknown case {name!r} (one of {', '.join(cases)})", file=sys.stderr)
                 return 2
-            _, case_peak, _, _ = run_case(name, pid, fn)
+            _, case_peak, _, _ = run_case(name, pid, cases[name])
             peak = max(peak, case_peak)
     print(f"peak {peak:.1f} MiB against a ceiling of {args.ceiling_mib:.0f} MiB")
     print(f"{peak / args.ceiling_mib:.2f}x the ceiling")
