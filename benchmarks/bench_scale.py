@@ -155,15 +155,20 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def pass_seconds(metrics: str) -> tuple[float, float]:
-    """(passes, mean seconds a pass) from the server's Prometheus text."""
+def histogram(metrics: str, name: str) -> tuple[float, float]:
+    """(count, mean seconds) of a histogram in the server's Prometheus text."""
     total = count = 0.0
     for line in metrics.splitlines():
-        if line.startswith("gpulayer_scheduling_pass_seconds_sum"):
+        if line.startswith(f"{name}_sum"):
             total = float(line.split()[-1])
-        elif line.startswith("gpulayer_scheduling_pass_seconds_count"):
+        elif line.startswith(f"{name}_count"):
             count = float(line.split()[-1])
     return count, (total / count if count else float("nan"))
+
+
+def pass_seconds(metrics: str) -> tuple[float, float]:
+    """(passes, mean seconds a pass) from the server's Prometheus text."""
+    return histogram(metrics, "gpulayer_scheduling_pass_seconds")
 
 
 def over_a_second(metrics: str) -> dict[str, int]:
@@ -267,6 +272,7 @@ async def one_count(args: argparse.Namespace, workers: int, tmp: Path) -> dict[s
             for p in procs:
                 p.join(60)
             passes1, pass_mean = pass_seconds(metrics)
+            commits, commit_mean = histogram(metrics, "gpulayer_store_commit_seconds")
             replaced: list[float] = []
             while not shared.replaced.empty():
                 replaced.append(shared.replaced.get())
@@ -291,7 +297,8 @@ async def one_count(args: argparse.Namespace, workers: int, tmp: Path) -> dict[s
                 f"{joined_in:.1f}s, queued in {queued_in:.1f}s; submit p50 "
                 f"{out['submit_p50']:.1f} ms p99 {out['submit_p99']:.1f} ms; a freed GPU placed "
                 f"p50 {out['place_p50']:.0f} ms p99 {out['place_p99']:.0f} ms ({len(replaced)}); "
-                f"pass {out['pass_ms']:.0f} ms ({out['passes']:.0f} passes); server RSS "
+                f"pass {out['pass_ms']:.0f} ms ({out['passes']:.0f} passes); store commit "
+                f"{commit_mean * 1000:.1f} ms ({commits:.0f}); server RSS "
                 f"{rss_peak:.0f} MiB, CPU {cpu_share:.0%} of a core; requests over 1 s: "
                 f"{slow or 'none'}",
                 flush=True,
