@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import httpx
 
 from ..contracts import SessionInfo
-from ..contracts.kernels import KernelConnection, KernelFrames, KernelPage, KernelStart
+from ..contracts.kernels import KernelConnection, KernelPage, KernelStart
 from ..controlplane.sessions.kernels import KernelStatus, LanePage
-from ..wire.kernels import KernelMessage, from_frames, to_frames
+from ..wire.kernels import KernelMessage, frames_body, from_frames
 from ..wire.stream import Stream, StreamUnsupported
 
 if TYPE_CHECKING:
@@ -178,8 +178,7 @@ class HttpLink:
                 return
             except StreamUnsupported:
                 self._plain = True
-        body = KernelFrames.model_construct(frames=to_frames(messages)).model_dump_json()
-        await self._call("POST", f"/kernels/{kernel_id}/frames", body)
+        await self._call("POST", f"/kernels/{kernel_id}/frames", frames_body(messages))
 
     async def receive(self, kernel_id: str, since: int, wait: float) -> LanePage:
         if not self._plain:

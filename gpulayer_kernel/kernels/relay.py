@@ -30,15 +30,15 @@ import zmq
 import zmq.asyncio
 
 from ..contracts.kernels import Channel
-from ..errors import Busy, GPUlayerError, NotFound, TooLarge
+from ..errors import GPUlayerError, NotFound, TooLarge
 from ..wire.kernels import DELIM, KernelMessage, part
+from ..wire.outbox import Outbox
 from .link import HostLink
 
 log = logging.getLogger("gpulayer.kernels")
 
 LONG_POLL = 2.0  # seconds one read of the up lane waits (on a stream: a local wait, no request)
 OUTAGE_NOTICE = 3.0  # seconds unreachable before a running cell is told
-OUTBOX_BYTES = 32 << 20  # bytes from Jupyter's clients held here before reading them pauses
 ROUTED: tuple[Channel, ...] = ("shell", "control", "stdin")
 BIND = {"shell": zmq.ROUTER, "control": zmq.ROUTER, "stdin": zmq.ROUTER, "iopub": zmq.PUB}
 
@@ -61,10 +61,12 @@ class LocalRelay:
         self.ctx = zmq.asyncio.Context()
         self.socks: dict[str, zmq.asyncio.Socket] = {}
         self.tasks: list[asyncio.Task[Any]] = []
-        self._outbox: list[KernelMessage] = []
-        self._outbox_bytes = 0
-        self._has_out = asyncio.Event()
-        self._room = asyncio.Event()
+        self.outbox = Outbox(
+            lambda batch: self.link.send(self.kernel_id, batch),
+            f"kernel {kernel_id}",
+            refused=self._refused,
+            lost=self._lost,
+        )
         self._told_outage: float | None = None
         self._since = 0
         self.state = "waiting"
@@ -89,7 +91,7 @@ class LocalRelay:
         self.socks["hb"] = hb
         self.tasks = [asyncio.ensure_future(self._read(ch)) for ch in ROUTED] + [
             asyncio.ensure_future(self._heartbeat(hb)),
-            asyncio.ensure_future(self._up()),
+            asyncio.ensure_future(self.outbox.run()),
             asyncio.ensure_future(self._down()),
         ]
 
@@ -112,66 +114,30 @@ class LocalRelay:
     async def _read(self, channel: Channel) -> None:
         sock = self.socks[channel]
         while True:
-            while self._outbox_bytes > OUTBOX_BYTES:  # the lane is full: ZMQ queues meanwhile
-                self._room.clear()
-                await self._room.wait()
+            await self.outbox.room()  # the lane is full: ZMQ queues meanwhile
             parts = await sock.recv_multipart()
             if channel == "shell":
                 self._remember(parts)
-            m = KernelMessage(channel, parts)
-            self._outbox.append(m)
-            self._outbox_bytes += m.size
-            self._has_out.set()
+            self.outbox.put(KernelMessage(channel, parts))
 
     async def _heartbeat(self, sock: zmq.asyncio.Socket) -> None:
         # Answered here: the kernel's liveness is its session's, which the relay reports.
         while True:
             await sock.send(await sock.recv())
 
-    async def _up(self) -> None:
-        tries = 0
-        while True:
-            await self._has_out.wait()
-            self._has_out.clear()
-            batch, self._outbox = self._outbox, []
-            while batch:
-                try:
-                    await self.link.send(self.kernel_id, batch)
-                    tries = 0
-                    break
-                except asyncio.CancelledError:
-                    raise
-                except NotFound as exc:
-                    if exc.code == "kernel_not_found" and self.on_lost_key is not None:
-                        await self._reattach()
-                        continue
-                    log.warning("kernel %s: %s", self.kernel_id, exc.message)
-                    break
-                except TooLarge as exc:
-                    # One message can never go: drop it, say so to its cell; send the rest.
-                    batch = self._drop_too_large(batch, exc)
-                except Busy:
-                    await asyncio.sleep(min(1.0, 0.05 * 2**tries))  # the lane drains: again
-                    tries += 1
-                except Exception as exc:
-                    log.info("kernel %s: sending failed (%s); retrying", self.kernel_id, exc)
-                    await asyncio.sleep(min(5.0, 0.1 * 2**tries))  # retry backoff
-                    tries += 1
-            self._outbox_bytes = sum(m.size for m in self._outbox)
-            self._room.set()
+    def _refused(self, m: KernelMessage, exc: TooLarge) -> None:
+        """A message the relay will never take: its cell is answered with why."""
+        header = m.header()
+        if m.channel == "shell" and header and header.get("msg_type") == "execute_request":
+            self._pending.pop(str(header.get("msg_id")), None)
+            self._tell(m.idents(), header, f"{exc.message} ({exc.hint})")
 
-    def _drop_too_large(self, batch: list[KernelMessage], exc: TooLarge) -> list[KernelMessage]:
-        size = int(exc.details.get("size", -1))
-        kept = [m for m in batch if m.size != size]
-        for m in batch:
-            if m.size != size:
-                continue
-            log.warning("kernel %s: %s", self.kernel_id, exc.message)
-            header = m.header()
-            if m.channel == "shell" and header and header.get("msg_type") == "execute_request":
-                self._pending.pop(str(header.get("msg_id")), None)
-                self._tell(m.idents(), header, f"{exc.message} ({exc.hint})")
-        return kept if len(kept) < len(batch) else batch[1:]
+    async def _lost(self, exc: NotFound) -> bool:
+        """A restarted control plane forgot the kernel: re-attach, then send again."""
+        if exc.code != "kernel_not_found" or self.on_lost_key is None:
+            return False
+        await self._reattach()
+        return True
 
     # -- the kernel -> Jupyter's clients -----------------------------------------------------------
 

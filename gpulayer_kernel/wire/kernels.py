@@ -134,6 +134,13 @@ def to_frames(messages: Iterable[KernelMessage]) -> list[KernelFrame]:
     ]
 
 
+def frames_body(messages: Iterable[KernelMessage]) -> str:
+    """The JSON body of a ``frames`` POST (``KernelFrames``) carrying ``messages``."""
+    from ..contracts.kernels import KernelFrames
+
+    return KernelFrames.model_construct(frames=to_frames(messages)).model_dump_json()
+
+
 def from_frames(frames: Iterable[KernelFrame]) -> list[KernelMessage]:
     """The HTTP routes' frames as messages; ValueError names a part that is not base64."""
     out = []

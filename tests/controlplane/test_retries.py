@@ -122,7 +122,8 @@ async def test_a_gang_is_retried_only_when_it_asks(gl_cp: ControlPlane) -> None:
     )
     await fail_once(gl_cp, wid, asked.id)
     again = await gl_cp.get(asked.id)
-    assert (again.state, again.attempts) == (JobState.QUEUED, 1)
+    # Retried: its next attempt waits, or a scheduling pass has placed it already.
+    assert again.attempts == 1 and again.state in (JobState.QUEUED, JobState.PLACED), again
 
 
 async def test_a_bad_retry_field_is_refused_naming_it() -> None:

@@ -42,13 +42,13 @@ from ...contracts.kernels import (
     Channel,
     KernelConnection,
     KernelExit,
-    KernelFrames,
     KernelPage,
 )
 from ...controlplane.sessions.kernels import KernelStatus, LanePage
 from ...display import human_bytes
-from ...errors import Busy, GPUlayerError, NotFound, TooLarge
-from ...wire.kernels import KernelMessage, from_frames, to_frames
+from ...errors import GPUlayerError, NotFound
+from ...wire.kernels import KernelMessage, frames_body, from_frames
+from ...wire.outbox import Outbox
 from ...wire.stream import Stream, StreamUnsupported
 from ..backoff import backoff
 from ..config import ExecutorConfig
@@ -152,7 +152,7 @@ class _HttpLink:
                 return
             except StreamUnsupported:
                 self._plain = True
-        body = KernelFrames.model_construct(frames=to_frames(messages)).model_dump_json()
+        body = frames_body(messages)
         await self.t._request("POST", f"/worker/jobs/{job_id}/kernel/frames", body=body)
 
     async def exited(self, job_id: str, report: KernelExit) -> None:
@@ -198,8 +198,11 @@ class KernelExecutor(SessionExecutor):
         self._socks: dict[Channel, Any] = {}
         self._ctx: Any = None
         self._pumps: list[asyncio.Task[None]] = []
-        self._outbox: list[KernelMessage] = []
-        self._has_out = asyncio.Event()
+        self.outbox = Outbox(
+            lambda batch: self.link.send(self.job.id, batch),
+            f"kernel {self.job.id}",
+            sleep=self.clock.sleep,
+        )
         self._since = 0
         self._conn: KernelConnection | None = None  # the running process's key
         self._quiet = False  # a stop or restart of ours: the process's end is not news
@@ -220,7 +223,7 @@ class KernelExecutor(SessionExecutor):
 
     async def _serve(self) -> None:
         self._pumps.append(asyncio.create_task(self._down()))
-        self._pumps.append(asyncio.create_task(self._up()))
+        self._pumps.append(asyncio.create_task(self.outbox.run()))
         while not self._cancel.is_set():
             item = await self._queue.get()
             if item == "stop":
@@ -352,12 +355,12 @@ class KernelExecutor(SessionExecutor):
 
     async def _read(self, channel: Channel, sock: Any) -> None:
         while True:
+            await self.outbox.room()
             parts = await sock.recv_multipart(copy=True)
             m = KernelMessage(channel, parts)
             if channel == "iopub" and m.size > OUTPUT_CAP:
                 m = self._note_instead(m)
-            self._outbox.append(m)
-            self._has_out.set()
+            self.outbox.put(m)
 
     def _note_instead(self, m: KernelMessage) -> KernelMessage:
         """An iopub message over the cap, as a note of what it was (signed with the key)."""
@@ -378,36 +381,6 @@ class KernelExecutor(SessionExecutor):
         )
         msg = session.msg("stream", {"name": "stderr", "text": text}, parent=m.parent() or {})
         return KernelMessage("iopub", session.serialize(msg, ident=m.idents() or None))
-
-    async def _up(self) -> None:
-        """The kernel's messages to the relay: everything that came while the last went."""
-        tries = 0
-        while True:
-            await self._has_out.wait()
-            self._has_out.clear()
-            batch, self._outbox = self._outbox, []
-            while batch:
-                try:
-                    await self.link.send(self.job.id, batch)
-                    tries = 0
-                    break
-                except asyncio.CancelledError:
-                    raise
-                except TooLarge as exc:
-                    # A message the relay will never take: dropped, the rest goes on.
-                    log.warning("kernel %s: %s", self.job.id, exc.message)
-                    size = int(exc.details.get("size", -1))
-                    kept = [m for m in batch if m.size != size]
-                    batch = kept if len(kept) < len(batch) else batch[1:]
-                except Busy:
-                    await self.clock.sleep(min(1.0, 0.05 * 2**tries))  # the lane drains: again
-                    tries += 1
-                except Exception as exc:
-                    # Kept and sent again: the kernel's replies are not lost to a restart of
-                    # the control plane (the Jupyter host re-attaches meanwhile).
-                    log.info("kernel %s: sending failed (%s); retrying", self.job.id, exc)
-                    await self.clock.sleep(backoff(tries))  # retry backoff
-                    tries += 1
 
     async def _log_output(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
