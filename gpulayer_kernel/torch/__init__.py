@@ -36,6 +36,7 @@ from .errors import (
     DependencyMissing,
     HookMissing,
     LossNotFinite,
+    ManualOptimizationInvalid,
     MetricInvalid,
     MetricNotFound,
     NoTrainingData,
@@ -43,6 +44,7 @@ from .errors import (
     PrecisionUnsupported,
     SchedulerUnsupported,
     TrainingStepInvalid,
+    UnusedParameters,
     ValidationStepInvalid,
 )
 from .loggers import CSVLogger, Logger, TensorBoardLogger
@@ -66,6 +68,7 @@ __all__ = [
     "HookMissing",
     "Logger",
     "LossNotFinite",
+    "ManualOptimizationInvalid",
     "MetricInvalid",
     "MetricNotFound",
     "ModelCheckpoint",
@@ -78,6 +81,7 @@ __all__ = [
     "Trainer",
     "TrainerConfig",
     "TrainingStepInvalid",
+    "UnusedParameters",
     "ValidationStepInvalid",
     "accumulate",
     "all_reduce_mean",

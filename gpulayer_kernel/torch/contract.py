@@ -77,6 +77,23 @@ def check_training_step(value: object, module: torch.nn.Module) -> torch.Tensor:
     )
 
 
+def check_manual_step(value: object, module: torch.nn.Module) -> torch.Tensor | None:
+    """What a manual ``training_step`` returned, if it is None or a one-element tensor.
+
+    With ``automatic_optimization = False`` the step did its own backward; a returned loss is
+    only shown (and checked for NaN), so it may be detached.
+    """
+    if value is None or (isinstance(value, torch.Tensor) and value.numel() == 1):
+        return value
+    method = f"{type(module).__name__}.training_step"
+    raise _bad_step(
+        f"{method} (automatic_optimization = False) returned {_describe(value)}; it may return "
+        "None or a scalar tensor to show as the loss",
+        "return the loss tensor you want in the progress (e.g. the generator's), or nothing",
+        value,
+    )
+
+
 def _bad_step(message: str, hint: str, value: object) -> TrainingStepInvalid:
     details = {"method": "training_step", "returned": _describe(value)}
     return TrainingStepInvalid(message, hint=hint, details=details)
@@ -232,8 +249,10 @@ def _setup_hint(optimizers: list[Any], schedulers: list[Any]) -> str:
     """The GPUlayer return equivalent to what was found, when there is exactly one."""
     if len(optimizers) > 1:
         return (
-            "the Trainer trains with one optimizer: use one optimizer with parameter groups, "
-            "e.g. AdamW([{'params': a}, {'params': b, 'lr': 1e-4}])"
+            "several optimizers need manual optimization: set automatic_optimization = False and "
+            "step them in training_step (self.optimizers(), self.manual_backward(loss)); or use "
+            "one optimizer with parameter groups, e.g. AdamW([{'params': a}, {'params': b, "
+            "'lr': 1e-4}])"
         )
     if len(optimizers) == 1 and not schedulers:
         return "return the optimizer itself"

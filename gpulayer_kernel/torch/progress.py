@@ -11,6 +11,7 @@ line otherwise.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -120,17 +121,25 @@ class MetricWindow:
         raise LossNotFinite(step, bad_rank, value)
 
 
+#: set in the ranks of a session and of a GPU kernel (worker/sessions/ranks.py)
+SESSION_ENV = "GPULAYER_SESSION"
+
+
 class ProgressDisplay:
     """Shows reduced metrics: the job's progress messages in a job, a text line elsewhere.
 
-    Only rank zero shows anything. On a terminal the line redraws in place (carriage return);
-    in a notebook or a log it prints one line per report.
+    Only rank zero shows anything. A one-shot job's widget draws its progress messages (lines
+    would show twice); a session's or a GPU kernel's cell prints the lines as a local kernel
+    does (its output is what the notebook shows while the cell runs) and reports the progress
+    too, for the panel. On a terminal the line redraws in place (carriage return); in a
+    notebook or a log it prints one line per report.
     """
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stdout
         self.enabled = is_rank_zero()
         self.in_job = job.in_job()
+        self.lines = not self.in_job or bool(os.environ.get(SESSION_ENV))
         self.redraw = bool(getattr(self.stream, "isatty", lambda: False)())
         self.open_line = False
 
@@ -141,6 +150,7 @@ class ProgressDisplay:
         clean = {key: _json_number(value) for key, value in fields.items()}
         if self.in_job:
             job.progress(**clean)
+        if not self.lines:
             return
         line = format_line(clean)
         if self.redraw:
