@@ -2,7 +2,8 @@
 
 Importing this package imports torch but never initialises CUDA, so a kernel can import it
 and still fork workers. Start with :class:`Module`, :class:`TrainerConfig` and :class:`Trainer`
-(with :class:`Callback`, :class:`EarlyStopping`, :class:`ModelCheckpoint` and the loggers);
+(with :class:`Callback`, :class:`EarlyStopping`, :class:`ModelCheckpoint` and the loggers:
+CSV, TensorBoard, W&B, MLflow);
 for a loop of your own, :func:`prepare`, :func:`backward`, :func:`accumulate`, :func:`gather`,
 :func:`save_state`. docs/trainer.md has a complete example, docs/migrating.md the way over from
 Lightning and accelerate.
@@ -52,6 +53,7 @@ from .model_checkpoint import ModelCheckpoint
 from .module import Module
 from .own_loop import accumulate, backward, gather, load_state, prepare, save_state, unwrap
 from .progress import PEAK_FLOPS, peak_flops
+from .trackers import MLflowLogger, WandbLogger
 from .trainer import FitResult, Trainer
 
 __all__ = [
@@ -68,6 +70,7 @@ __all__ = [
     "HookMissing",
     "Logger",
     "LossNotFinite",
+    "MLflowLogger",
     "ManualOptimizationInvalid",
     "MetricInvalid",
     "MetricNotFound",
@@ -83,6 +86,7 @@ __all__ = [
     "TrainingStepInvalid",
     "UnusedParameters",
     "ValidationStepInvalid",
+    "WandbLogger",
     "accumulate",
     "all_reduce_mean",
     "backward",
