@@ -48,6 +48,7 @@ from .errors import (
     UnusedParameters,
     ValidationStepInvalid,
 )
+from .lightning import from_lightning, to_lightning
 from .loggers import CSVLogger, Logger, TensorBoardLogger
 from .model_checkpoint import ModelCheckpoint
 from .module import Module
@@ -94,6 +95,7 @@ __all__ = [
     "destroy_distributed",
     "device",
     "distributed_loader",
+    "from_lightning",
     "gather",
     "init_distributed",
     "is_rank_zero",
@@ -107,6 +109,7 @@ __all__ = [
     "save_state",
     "seed_everything",
     "to_device",
+    "to_lightning",
     "unwrap",
     "world_size",
 ]
