@@ -259,9 +259,13 @@ class _NoGradientSync:
 
 
 def make_strategy(module: Module, dev: torch.device, config: TrainerConfig) -> Strategy:
-    """The strategy ``config.strategy`` asks for at this world size (one process: unwrapped)."""
-    if world_size() <= 1 or not dist.is_initialized():
+    """The strategy ``config.strategy`` asks for at this world size: no process group, the
+    module unwrapped; FSDP over any group (one rank of one GPU still shards); else DDP over
+    several ranks."""
+    if not dist.is_initialized():
         return Strategy(module, dev, config)
     if config.strategy == "fsdp":
         return FSDPStrategy(module, dev, config)
-    return DDPStrategy(module, dev, config)
+    if world_size() > 1:
+        return DDPStrategy(module, dev, config)
+    return Strategy(module, dev, config)
