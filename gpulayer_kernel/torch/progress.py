@@ -80,31 +80,35 @@ class MetricWindow:
         window = torch.stack(self.losses).float().flatten()  # autocast may give bf16 losses
         finite = torch.isfinite(window)
         n = window.numel()
-        first_bad = torch.where(finite, n, torch.arange(n, device=window.device)).min()
+        size = world_size()
         # float64 keeps logged values as logged (MPS has no float64: float32 there)
         dtype = torch.float32 if window.device.type == "mps" else torch.float64
         empty = window.new_zeros(0, dtype=dtype)
         synced = empty if synced is None else synced.to(window.device, dtype)
         local = empty if local is None else local.to(window.device, dtype)
+        # The count of bad losses rides in the same all_reduce: only when some rank saw one
+        # does the rare path find the first (one more sync and one more collective).
         stats = torch.cat(
             [
                 torch.where(finite, window, 0.0).sum().reshape(1).to(dtype),
                 window.new_tensor([float(self.samples), float(stop)], dtype=dtype),
+                (~finite).sum().reshape(1).to(dtype),
                 synced,
             ]
         )
-        if world_size() > 1:
+        if size > 1:
             dist.all_reduce(stats)
-        # The window's one host copy: everything reduced above, the local metrics, first_bad.
-        host = torch.cat([stats, local, first_bad.to(dtype).reshape(1)]).tolist()
-        bad_index = int(host[-1])
-        loss_sum, samples, stops = host[0], host[1], host[2]
-        bad_step = first_step + bad_index // accumulate if bad_index < n else None
-        self._raise_if_bad(bad_step, window, bad_index)
+        # The window's one host copy: everything reduced above, and the local metrics.
+        host = torch.cat([stats, local]).tolist()
+        loss_sum, samples, stops, bad = host[0], host[1], host[2], host[3]
+        if bad:
+            first_bad = int(torch.where(finite, n, torch.arange(n, device=window.device)).min())
+            bad_step = first_step + first_bad // accumulate if first_bad < n else None
+            self._raise_if_bad(bad_step, window, first_bad)
         elapsed = max(time.perf_counter() - self.started, 1e-9)
-        count = n * world_size()
+        count = n * size
         self.losses, self.samples, self.started = [], 0, time.perf_counter()
-        return loss_sum / count, samples / elapsed, host[3:-1], stops > 0
+        return loss_sum / count, samples / elapsed, host[4:], stops > 0
 
     def _raise_if_bad(self, bad_step: int | None, window: torch.Tensor, index: int) -> None:
         sentinel = 2**62
