@@ -145,6 +145,11 @@ class TrainerConfig(Contract):
                 "find_unused_parameters and static_graph are DDP options; strategy='fsdp' "
                 "needs neither (unused parameters simply get no gradient)"
             )
+        if self.strategy == "fsdp" and self.precision == "16-mixed":
+            raise ValueError(
+                "precision '16-mixed' with strategy='fsdp': its GradScaler is not wired to "
+                "sharded gradients; use 'bf16-mixed' (no scaler needed)"
+            )
         if self.checkpoint_format == "sharded" and self.strategy != "fsdp":
             raise ValueError(
                 "checkpoint_format='sharded' saves FSDP shards; set strategy='fsdp' (a DDP "

@@ -261,6 +261,31 @@ def _setup_hint(optimizers: list[Any], schedulers: list[Any]) -> str:
     return _SETUP_HINT
 
 
+def check_fit(module: object, val_loader: object, config: TrainerConfig, dev: torch.device) -> None:
+    """What ``fit`` refuses before touching anything: not a Module, a val_loader without
+    ``validation_step``, '16-mixed' off CUDA."""
+    from ..errors import InvalidInput
+    from .errors import PrecisionUnsupported
+    from .module import Module, has_validation_step
+
+    if not isinstance(module, Module):
+        raise InvalidInput(
+            f"fit() needs a gpulayer_kernel.torch.Module, got {type(module).__name__}",
+            hint="subclass gpulayer_kernel.torch.Module and define training_step and "
+            "configure_optimizers",
+        )
+    if val_loader is not None and not has_validation_step(module):
+        raise InvalidInput(
+            f"val_loader given but {type(module).__name__} does not define validation_step",
+            hint="define validation_step(batch) -> dict[str, Tensor], or drop val_loader",
+        )
+    if config.precision == "16-mixed" and dev.type != "cuda":
+        raise PrecisionUnsupported(
+            f"precision '16-mixed' needs a CUDA device; this rank trains on {dev.type}",
+            hint="use precision='bf16-mixed' (runs on CPUs and recent GPUs) or '32'",
+        )
+
+
 def check_train_loader(loader: Iterable[Any], config: TrainerConfig) -> None:
     """Raise :class:`NoTrainingData` when ``loader``'s length says no optimizer step can run.
 

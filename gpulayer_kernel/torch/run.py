@@ -34,15 +34,20 @@ from .checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from .contract import check_manual_step, check_optimizers, check_train_loader, check_training_step
+from .contract import (
+    check_fit,
+    check_manual_step,
+    check_optimizers,
+    check_train_loader,
+    check_training_step,
+)
 from .data import loader_length
-from .errors import PrecisionUnsupported
 from .loggers import Logger
 from .loops import evaluate
 from .manual import ManualOptimization, broadcast_module, setup_manual
 from .metrics import MetricLog
 from .model_checkpoint import ModelCheckpoint
-from .module import Module, has_validation_step
+from .module import Module
 from .precision import autocast_for
 from .progress import MetricWindow, ProgressDisplay, peak_flops
 from .resume import check_config, resolve
@@ -136,22 +141,7 @@ class _Run:
     ) -> _Run:
         """Check the inputs, move the module, build optimizers, then seed or restore state."""
         cfg = trainer.config
-        if not isinstance(module, Module):
-            raise InvalidInput(
-                f"fit() needs a gpulayer_kernel.torch.Module, got {type(module).__name__}",
-                hint="subclass gpulayer_kernel.torch.Module and define training_step and "
-                "configure_optimizers",
-            )
-        if val_loader is not None and not has_validation_step(module):
-            raise InvalidInput(
-                f"val_loader given but {type(module).__name__} does not define validation_step",
-                hint="define validation_step(batch) -> dict[str, Tensor], or drop val_loader",
-            )
-        if cfg.precision == "16-mixed" and dev.type != "cuda":
-            raise PrecisionUnsupported(
-                f"precision '16-mixed' needs a CUDA device; this rank trains on {dev.type}",
-                hint="use precision='bf16-mixed' (runs on CPUs and recent GPUs) or '32'",
-            )
+        check_fit(module, val_loader, cfg, dev)
         check_train_loader(train_loader, cfg)
         callbacks, checkpointers = trainer.fit_callbacks()
         checkpoint = None
@@ -174,12 +164,6 @@ class _Run:
             strategy = Strategy(module, dev, cfg)  # no DDP: each opt.step() averages gradients
             optimizer, scheduler = manual.raw[0], None
         else:
-            if cfg.strategy == "fsdp" and cfg.precision == "16-mixed":
-                raise PrecisionUnsupported(
-                    "precision '16-mixed' with strategy='fsdp': its GradScaler is not wired "
-                    "to sharded gradients here",
-                    hint="use precision='bf16-mixed' (no scaler needed) with FSDP",
-                )
             # The optimizer is built after sharding: FSDP's optimizer must hold the shards.
             strategy = make_strategy(module, dev, cfg)
             optimizer, scheduler = check_optimizers(module.configure_optimizers(), module)

@@ -127,6 +127,8 @@ def test_ddp_options_and_sharded_checkpoints_are_checked_in_the_config() -> None
         TrainerConfig(max_steps=1, checkpoint_format="sharded")
     with pytest.raises(ValidationError, match="strategy"):
         TrainerConfig(max_steps=1, strategy="deepspeed")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="use 'bf16-mixed'"):
+        TrainerConfig(max_steps=1, strategy="fsdp", precision="16-mixed")
     assert TrainerConfig(max_steps=1, static_graph=True).static_graph
 
 
