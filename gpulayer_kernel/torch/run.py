@@ -245,6 +245,9 @@ class _Run:
         elif self.manual is not None:
             for optimizer, state in zip(self.manual.raw, checkpoint["optimizers"], strict=True):
                 optimizer.load_state_dict(state)
+            states = checkpoint.get("schedulers", [])
+            for scheduler, state in zip(self.manual.schedulers, states, strict=True):
+                scheduler.load_state_dict(state)
         else:
             self.strategy.load_optimizer(self.optimizer, checkpoint["optimizer"])
         if self.scheduler is not None and checkpoint.get("scheduler") is not None:
@@ -419,6 +422,7 @@ class _Run:
             checkpoint["optimizer"] = self.strategy.optimizer_state(self.optimizer)
         if self.manual is not None:
             checkpoint["optimizers"] = [o.state_dict() for o in self.manual.raw]
+            checkpoint["schedulers"] = [s.state_dict() for s in self.manual.schedulers]
         checkpoint.update(
             scheduler=self.scheduler.scheduler.state_dict() if self.scheduler else None,
             scaler=self.scaler.state_dict() if self.scaler.is_enabled() else None,

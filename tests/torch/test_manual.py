@@ -92,6 +92,13 @@ def test_separate_learning_rates_and_schedulers_stepped_by_hand(single_process: 
     assert model._gl_manual is None, "the module forgets the fit's optimizers once it ends"
     saved = torch.load(result.checkpoint, weights_only=True)
     assert [g["param_groups"][0]["lr"] for g in saved["optimizers"]] == [0.025, 0.0025]
+    assert [s["last_epoch"] for s in saved["schedulers"]] == [2, 2]
+    # resumed, the schedulers go on from where they were (step 3 halves the rates once more)
+    again = TwoRates()
+    more = Trainer(max_steps=3, log_every=1, loggers=[], checkpoint_dir=str(single_process / "r"))
+    resumed = more.fit(again, batches(16, 4), resume=result.checkpoint)
+    saved = torch.load(resumed.checkpoint, weights_only=True)
+    assert [g["param_groups"][0]["lr"] for g in saved["optimizers"]] == [0.0125, 0.00125]
 
 
 def test_what_manual_optimization_cannot_do_is_refused_up_front(single_process: Path) -> None:
