@@ -19,6 +19,10 @@ set-up time until the first batch is printed separately.
 every step (``prog_bar=True``) and a CSVLogger, and Lightning with the same ``self.log(...,
 prog_bar=True)``, its progress bar and its CSVLogger. The last line is
 ``trainer_with_metrics/raw ratio: R``.
+
+``--fsdp`` (issue 36) also runs ``bench_fsdp.py`` under ``torchrun --nproc-per-node 2`` (gloo on
+the CPU; NCCL with ``--gpu``): the Trainer's ``strategy="fsdp"`` against a hand-written
+``fully_shard`` loop of the same model, and whether both end with the same parameters.
 """
 
 from __future__ import annotations
@@ -438,13 +442,16 @@ def main() -> int:
     parser.add_argument(
         "--mlp-only", action="store_true", help="skip the transformer block (the MLP rows only)"
     )
+    parser.add_argument(
+        "--fsdp", action="store_true", help="also the FSDP rows (bench_fsdp.py, 2 ranks)"
+    )
     args = parser.parse_args()
     if args.clock == "cpu":
         CLOCK[0] = time.process_time
     warnings.filterwarnings("ignore")  # Lightning's advice (workers, log intervals) is noise here
     torch.set_num_threads(args.threads)
     if args.gpu:
-        return gpu(args)
+        return gpu(args) or fsdp(args)
 
     device = torch.device("cpu")
     rounds = args.rounds or (2 if args.quick else 12)  # a multiple of 3, 4 and 6 contenders
@@ -484,7 +491,28 @@ def main() -> int:
         t / r for t, r in zip(rates["trainer_with_metrics"], rates["raw"], strict=True)
     )
     print(f"trainer_with_metrics/raw ratio: {with_metrics_ratio:.3f}")
-    return 0
+    return fsdp(args)
+
+
+def fsdp(args: argparse.Namespace) -> int:
+    """``--fsdp``: bench_fsdp.py under torchrun with 2 ranks; its lines as they come."""
+    if not args.fsdp:
+        return 0
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    options = ["--quick"] if args.quick else []
+    options += ["--gpu"] if args.gpu else []
+    options += ["--rounds", str(args.rounds)] if args.rounds else []
+    ranks = min(2, torch.cuda.device_count()) if args.gpu else 2
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}"]
+    done = subprocess.run(
+        [*command, str(here / "bench_fsdp.py"), *options], capture_output=True, text=True
+    )
+    print(done.stdout, end="")
+    if done.returncode:
+        print(done.stderr[-3000:], file=sys.stderr)
+    return done.returncode
 
 
 def gpu(args: argparse.Namespace) -> int:

@@ -3,7 +3,8 @@
 Each step prints what it saw and exits 0 when every check held, 1 with the reason otherwise (the
 shell script runs them with a time limit and writes the report). They run against the embedded
 control plane on the ``$GPULAYER_HOME`` and ``$GPULAYER_CACHE_DIR`` the script made, on the real
-GPUs: no simulated device anywhere here. Steps: probe, placement, cell, session, nccl, trainer.
+GPUs: no simulated device anywhere here. Steps: probe, placement, cell, session, nccl, trainer,
+fsdp; and deps, which the script runs first, on any machine (what imports, torch's version).
 """
 
 from __future__ import annotations
@@ -211,13 +212,70 @@ def trainer() -> None:
     check(re.search(r"trainer/raw \(gpt\): \d", done.stdout), "the Trainer/raw ratio")
 
 
+def deps() -> None:
+    """Every package a step imports (named when missing), and torch's version or its absence."""
+    import importlib
+
+    missing = []
+    for name in (
+        "pydantic",
+        "httpx",
+        "tornado",
+        "cryptography",
+        "prometheus_client",
+        "jupyter_client",
+        "zmq",
+        "ipykernel",
+        "IPython",
+        "numpy",
+        "gpulayer_kernel",
+    ):
+        try:
+            module = importlib.import_module(name)
+            print(f"# {name} {getattr(module, '__version__', '')}".rstrip())
+        except ImportError as exc:
+            missing.append(f"{name} ({exc})")
+    try:
+        import torch
+
+        print(f"# torch {torch.__version__}")
+    except ImportError:
+        print("# torch: not installed (every step needs it where there is a GPU)")
+    if missing:
+        print("missing: " + ", ".join(missing))
+        raise CheckFailed("missing: " + ", ".join(missing))
+
+
+def fsdp() -> None:
+    """bench_fsdp.py on NCCL: the Trainer's FSDP against a hand-written fully_shard loop."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    check(gpus >= 1, f"torch sees {gpus} GPU(s)")
+    quick = ["--quick"] if "--quick" in sys.argv else []
+    launch = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={min(gpus, 2)}"]
+    done = subprocess.run(
+        [*launch, str(HERE / "bench_fsdp.py"), "--gpu", *quick],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    print(done.stdout, done.stderr[-4000:], sep="\n")
+    check(done.returncode == 0, f"bench_fsdp.py --gpu exited {done.returncode}")
+    check("skipped" not in done.stdout, "it ran on the GPU (not skipped)")
+    check("same parameters as the hand-written loop: yes" in done.stdout, "the same parameters")
+    check(re.search(r"trainer/hand \d", done.stdout), "the Trainer/hand ratio")
+
+
 STEPS: dict[str, Callable[[], None]] = {
+    "deps": deps,
     "probe": probe,
     "placement": placement,
     "cell": cell,
     "session": session,
     "nccl": nccl,
     "trainer": trainer,
+    "fsdp": fsdp,
 }
 
 

@@ -13,6 +13,16 @@
 #   4. session      a session on one GPU: state kept on the device between two cells
 #   5. nccl         torch.distributed with the nccl backend on one device, inside a gpulayer job
 #   6. trainer      benchmarks/bench_trainer.py --gpu: bf16 GPT, raw loop vs Trainer, with MFU
+#   7. fsdp         the Trainer's strategy='fsdp' (torch's fully_shard) on NCCL against DDP and a
+#                   hand-written fully_shard loop: same parameters, and samples/s side by side
+#                   (every GPU, up to 2 ranks; one GPU: a one-rank group, still sharded by FSDP)
+#
+# Before anything else it makes sure the project's dependencies import. A machine with Python
+# and torch but nothing else and no package index: run benchmarks/gpu_wheels.sh where an index is
+# reachable, bring the checkout with its .whl/ folder; this script then makes .whl/env (a venv
+# that sees $PYTHON's torch), installs every wheel there with `pip install --no-index --no-deps
+# --target`, puts it on PYTHONPATH and runs every step with that venv's python (so the worker's
+# jobs, session ranks and torchrun's ranks, which start from sys.executable, have them too).
 # Everything each step printed goes to the report (default ./gpu-check-report.txt), then one line
 # per step, PASS or FAIL, and the verdict.
 #
@@ -34,7 +44,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --report) [ $# -ge 2 ] || die "--report needs a file"; REPORT=$2; shift 2 ;;
     --quick) QUICK=--quick; shift ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (try --help)" ;;
   esac
 done
@@ -44,6 +54,32 @@ fi
 STEP_TIMEOUT=${GPU_CHECK_STEP_TIMEOUT:-240}
 : > "$REPORT" || die "cannot write the report $REPORT"
 REPORT=$(cd "$(dirname "$REPORT")" && pwd)/$(basename "$REPORT")
+
+# -- the dependencies: from .whl/ without an index, when it is there ------------------------------
+WHEELS=${GPU_CHECK_WHEELS:-$ROOT/.whl}
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  ENV_DIR=$WHEELS/env
+  rm -rf "$ENV_DIR"
+  "$PYTHON" -m venv --without-pip --system-site-packages "$ENV_DIR" ||
+    die "cannot make a venv with $PYTHON"
+  SITE=$("$ENV_DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  set -- "$WHEELS"/*.whl
+  say "installing $# wheels from $WHEELS (no index)"
+  "$PYTHON" -m pip install --quiet --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl \
+    >> "$REPORT" 2>&1 || die "pip install --no-index from $WHEELS failed (see $REPORT)"
+  # $PYTHON's torch, wherever it lives (its own venv, the user site, the system): on the path
+  # after the wheels, through a .pth file in the venv's site-packages
+  "$PYTHON" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' \
+    > "$SITE/gpu-check-torch.pth" 2>/dev/null || rm -f "$SITE/gpu-check-torch.pth"
+  PYTHON=$ENV_DIR/bin/python
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# Every dependency a step imports, named when missing; torch's version (or its absence).
+if ! PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" "$HERE/gpu_check.py" deps \
+  >> "$REPORT" 2>&1; then
+  die "a dependency is missing: $(grep '^missing:' "$REPORT" | tail -1); without a package index, run benchmarks/gpu_wheels.sh where there is one and bring its .whl/"
+fi
+say "the dependencies import with $PYTHON"
 
 # -- is there a GPU to check? ---------------------------------------------------------------------
 # GPU_CHECK_ROOT: where /proc and /dev are looked for (the suite's tests point it elsewhere).
@@ -109,6 +145,7 @@ run_step cell "$PYTHON" "$STEPS" cell
 run_step session "$PYTHON" "$STEPS" session
 run_step nccl "$PYTHON" "$STEPS" nccl
 run_step trainer "$PYTHON" "$STEPS" trainer ${QUICK:+"$QUICK"}
+run_step fsdp "$PYTHON" "$STEPS" fsdp ${QUICK:+"$QUICK"}
 
 {
   echo ""

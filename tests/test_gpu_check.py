@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
-STEPS = ("probe", "placement", "cell", "session", "nccl", "trainer")
+STEPS = ("probe", "placement", "cell", "session", "nccl", "trainer", "fsdp")
 BROKEN_SMI = """#!/bin/sh
 echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
 exit 9
@@ -24,6 +24,7 @@ def script_env(tmp_path: Path, path: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
     env.update(PATH=path, PYTHON=sys.executable, GPU_CHECK_ROOT=str(tmp_path / "root"))
     env["GPU_CHECK_STEP_TIMEOUT"] = "120"
+    env["GPU_CHECK_WHEELS"] = str(tmp_path / "no-wheels")  # a checkout's .whl/ stays out of it
     return env
 
 
@@ -41,7 +42,21 @@ def _without_nvidia_smi(tmp_path: Path) -> str:
     """A PATH with the usual tools and no nvidia-smi, whatever this machine has."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("sh", "date", "uname", "dirname", "basename", "mktemp", "rm", "cat", "sed"):
+    for tool in (
+        "sh",
+        "date",
+        "uname",
+        "dirname",
+        "basename",
+        "mktemp",
+        "rm",
+        "cat",
+        "sed",
+        "ls",
+        "wc",
+        "tr",
+        "grep",
+    ):
         for folder in ("/usr/bin", "/bin"):
             if (Path(folder) / tool).exists():
                 (bin_dir / tool).symlink_to(Path(folder) / tool)

@@ -256,8 +256,10 @@ class Outcomes:
             self.dispatch.stop(job, but=worker_id)
             reason = f"node {node.node_rank} ({node.worker_name}): {report.reason or 'failed'}"
             dead = self.workers.dead_peer(job.placement.worker_ids, but=worker_id)
-            if dead is not None:  # a rank that "lost a peer": say which worker died first
-                reason = f"{dead}; {reason}"
+            if dead is not None and not job.cancel_requested:
+                # A peer's worker died first (this node's ranks only lost it): the gang is
+                # lost, as when the control plane notices the death before this report.
+                return await self.retry_or_lose(job, f"{dead}; {reason}", "lost")
             return await self._finish(job, report.model_copy(update={"reason": reason}))
         nodes = len(job.placement.nodes)
         fields: dict[str, Any] = {"artifacts": [*job.artifacts, *report.artifacts]}

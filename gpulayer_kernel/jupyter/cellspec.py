@@ -9,6 +9,8 @@ words of the errors a cell shows for bad input.
 from __future__ import annotations
 
 import ast
+import builtins
+import inspect
 import json
 import os
 from collections.abc import Mapping
@@ -118,6 +120,61 @@ def check_syntax(cell: str) -> None:
             hint="a %%gpulayer cell runs as plain Python on the worker (no ! or % lines)",
             code="cell_syntax",
         ) from None
+
+
+# Names IPython puts in every kernel's namespace; a cell that reads them means something else.
+_KERNEL_ONLY = frozenset({"In", "Out", "get_ipython", "exit", "quit"})
+
+
+def check_kernel_names(cell: str, ns: Mapping[str, Any], inputs: list[str]) -> None:
+    """Refuse a one-shot cell that reads names defined only in the kernel (issue 36).
+
+    The job runs in a fresh namespace on the worker, so such a name is a ``NameError`` there,
+    on every rank, after the job started. A name counts as the cell's own when the cell binds it
+    anywhere (assignment, def, class, import, parameter, loop, with, except, match), when
+    ``--in`` sends it, or when it is a builtin; a ``from m import *`` turns the check off.
+    """
+    tree = ast.parse(CELL_HEADER + cell, filename=CELL_FILE)
+    bound = {n.strip() for spec in inputs for n in spec.split(",")} | set(dir(builtins))
+    read: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load):
+                read.setdefault(node.id, node.lineno - 1)  # line 1 is the magic's line
+            else:
+                bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return  # what a star import binds is unknown here
+                bound.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            bound.update(node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            bound.add(node.rest)
+    missing = [n for n in read if n not in bound and n in ns and n not in _KERNEL_ONLY]
+    if not missing:
+        return
+    name = missing[0]
+    what = "module" if inspect.ismodule(ns[name]) else type(ns[name]).__name__
+    others = f" (also: {', '.join(missing[1:4])})" if len(missing) > 1 else ""
+    value = "" if what in ("function", "module", "type") else f"; a value can travel: --in {name}"
+    raise CellError(
+        f"line {read[name]} of the cell uses {name!r} ({what}), which is defined in the kernel, "
+        f"not in the cell{others}: the cell runs in a fresh namespace on the worker",
+        hint="defined in the kernel: define it in the cell, or send its module with --files "
+        f"and import it there{value}",
+        details={"names": missing},
+        code="cell_name_undefined",
+    )
 
 
 def bundle(cell: str, files: list[str], inputs: bytes | None = None) -> tuple[str, bytes]:

@@ -38,6 +38,7 @@ from .cellspec import (
     bundle,
     cell_error,
     cell_inputs,
+    check_kernel_names,
     check_syntax,
     env_values,
     notebook_path,
@@ -274,6 +275,7 @@ class GPUlayerMagics(Magics):
         if not cell.strip():
             raise CellError("the cell is empty", hint="write the code to run below %%gpulayer")
         check_syntax(cell)
+        check_kernel_names(cell, self.ns, args.inputs)
         inputs, moved = cell_inputs(self.ns, args.inputs)
         digest, data = bundle(cell, args.files, moved)
         notebook = notebook_path(self.ns)

@@ -2,7 +2,8 @@
 
 Importing this package imports torch but never initialises CUDA, so a kernel can import it
 and still fork workers. Start with :class:`Module`, :class:`TrainerConfig` and :class:`Trainer`
-(with :class:`Callback`, :class:`EarlyStopping`, :class:`ModelCheckpoint` and the loggers);
+(with :class:`Callback`, :class:`EarlyStopping`, :class:`ModelCheckpoint` and the loggers:
+CSV, TensorBoard, W&B, MLflow);
 for a loop of your own, :func:`prepare`, :func:`backward`, :func:`accumulate`, :func:`gather`,
 :func:`save_state`. docs/trainer.md has a complete example, docs/migrating.md the way over from
 Lightning and accelerate.
@@ -36,6 +37,7 @@ from .errors import (
     DependencyMissing,
     HookMissing,
     LossNotFinite,
+    ManualOptimizationInvalid,
     MetricInvalid,
     MetricNotFound,
     NoTrainingData,
@@ -43,13 +45,16 @@ from .errors import (
     PrecisionUnsupported,
     SchedulerUnsupported,
     TrainingStepInvalid,
+    UnusedParameters,
     ValidationStepInvalid,
 )
+from .lightning import from_lightning, to_lightning
 from .loggers import CSVLogger, Logger, TensorBoardLogger
 from .model_checkpoint import ModelCheckpoint
 from .module import Module
 from .own_loop import accumulate, backward, gather, load_state, prepare, save_state, unwrap
 from .progress import PEAK_FLOPS, peak_flops
+from .trackers import MLflowLogger, WandbLogger
 from .trainer import FitResult, Trainer
 
 __all__ = [
@@ -66,6 +71,8 @@ __all__ = [
     "HookMissing",
     "Logger",
     "LossNotFinite",
+    "MLflowLogger",
+    "ManualOptimizationInvalid",
     "MetricInvalid",
     "MetricNotFound",
     "ModelCheckpoint",
@@ -78,7 +85,9 @@ __all__ = [
     "Trainer",
     "TrainerConfig",
     "TrainingStepInvalid",
+    "UnusedParameters",
     "ValidationStepInvalid",
+    "WandbLogger",
     "accumulate",
     "all_reduce_mean",
     "backward",
@@ -86,6 +95,7 @@ __all__ = [
     "destroy_distributed",
     "device",
     "distributed_loader",
+    "from_lightning",
     "gather",
     "init_distributed",
     "is_rank_zero",
@@ -99,6 +109,7 @@ __all__ = [
     "save_state",
     "seed_everything",
     "to_device",
+    "to_lightning",
     "unwrap",
     "world_size",
 ]

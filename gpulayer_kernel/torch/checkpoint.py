@@ -28,6 +28,10 @@ from .errors import CheckpointInvalid
 
 FORMAT = "gpulayer.torch.checkpoint"
 VERSION = 1
+#: in a sharded checkpoint's directory: everything but the model and optimizer shards, written
+#: by rank zero after the shards (``torch.distributed.checkpoint`` files beside it)
+SHARDED_REST = "trainer.pt"
+SHARDED_SUFFIX = ".dcp"
 
 
 def artifact_name(path: Path) -> str | None:
@@ -110,11 +114,22 @@ def load_checkpoint(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[
 
     Tensors load onto the CPU; the Trainer moves them to its device.
     """
+    sharded: str | None = None
     if isinstance(source, Mapping):
         checkpoint = dict(source)
         where = "the checkpoint dict"
     else:
         where = os.fspath(source)
+        if os.path.isdir(where):  # a sharded checkpoint: its shards are read by the strategy
+            sharded = where
+            if not os.path.isfile(os.path.join(where, SHARDED_REST)):
+                raise CheckpointInvalid(
+                    f"{where} is a directory without {SHARDED_REST}: not a finished sharded "
+                    "checkpoint",
+                    hint="pass a directory that Trainer.fit wrote with checkpoint_format="
+                    "'sharded' (an unfinished save lacks the file)",
+                )
+            where = os.path.join(where, SHARDED_REST)
         try:
             checkpoint = torch.load(where, map_location="cpu", weights_only=True)
         except FileNotFoundError:
@@ -139,4 +154,6 @@ def load_checkpoint(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[
             f"{where} has checkpoint version {version!r}; this GPUlayer reads up to {VERSION}",
             hint="upgrade gpulayer to resume from it",
         )
+    if sharded is not None:
+        checkpoint["sharded"] = sharded
     return checkpoint

@@ -10,6 +10,8 @@ from pydantic import Field, field_validator, model_validator
 from ..contracts import Contract
 
 Precision = Literal["32", "bf16-mixed", "16-mixed"]
+Strategy = Literal["auto", "ddp", "fsdp"]
+CheckpointFormat = Literal["full", "sharded"]
 
 #: Fields that change what a step computes: resuming under different values is refused unless
 #: the fit names them in ``override`` (the others, lengths and cadences, may change freely).
@@ -87,6 +89,28 @@ class TrainerConfig(Contract):
         "during the fit: reproducible GPU runs, at some speed",
     )
 
+    strategy: Strategy = Field(
+        default="auto",
+        description="how several ranks share the model: 'auto' and 'ddp' replicate it "
+        "(DistributedDataParallel); 'fsdp' shards parameters, gradients and optimizer state "
+        "across ranks (torch's fully_shard, FSDP2). One process trains unwrapped either way",
+    )
+    find_unused_parameters: bool = Field(
+        default=False,
+        description="DDP: let parameters take no part in some steps' loss (costs a graph walk "
+        "per step); the alternative is requires_grad_(False) on parameters never used",
+    )
+    static_graph: bool = Field(
+        default=False,
+        description="DDP: the set of used parameters never changes between steps (lets DDP "
+        "skip work, and allows unused parameters at no per-step cost)",
+    )
+    checkpoint_format: CheckpointFormat = Field(
+        default="full",
+        description="'full': one .pt file written by rank zero; 'sharded' (strategy='fsdp'): a "
+        "directory in which each rank writes its own shards (torch.distributed.checkpoint)",
+    )
+
     @field_validator("max_time", mode="before")
     @classmethod
     def _seconds(cls, value: Any) -> Any:
@@ -116,6 +140,21 @@ class TrainerConfig(Contract):
     def _one_length(self) -> Self:
         if self.max_steps is not None and self.max_epochs is not None:
             raise ValueError("set exactly one of max_steps or max_epochs (both given)")
+        if self.strategy == "fsdp" and (self.find_unused_parameters or self.static_graph):
+            raise ValueError(
+                "find_unused_parameters and static_graph are DDP options; strategy='fsdp' "
+                "needs neither (unused parameters simply get no gradient)"
+            )
+        if self.strategy == "fsdp" and self.precision == "16-mixed":
+            raise ValueError(
+                "precision '16-mixed' with strategy='fsdp': its GradScaler is not wired to "
+                "sharded gradients; use 'bf16-mixed' (no scaler needed)"
+            )
+        if self.checkpoint_format == "sharded" and self.strategy != "fsdp":
+            raise ValueError(
+                "checkpoint_format='sharded' saves FSDP shards; set strategy='fsdp' (a DDP "
+                "model is whole on every rank: 'full' is all there is to save)"
+            )
         if self.max_steps is None and self.max_epochs is None:
             if not (self.fast_dev_run or self.max_time):
                 raise ValueError("set exactly one of max_steps or max_epochs (neither given)")

@@ -77,6 +77,23 @@ def check_training_step(value: object, module: torch.nn.Module) -> torch.Tensor:
     )
 
 
+def check_manual_step(value: object, module: torch.nn.Module) -> torch.Tensor | None:
+    """What a manual ``training_step`` returned, if it is None or a one-element tensor.
+
+    With ``automatic_optimization = False`` the step did its own backward; a returned loss is
+    only shown (and checked for NaN), so it may be detached.
+    """
+    if value is None or (isinstance(value, torch.Tensor) and value.numel() == 1):
+        return value
+    method = f"{type(module).__name__}.training_step"
+    raise _bad_step(
+        f"{method} (automatic_optimization = False) returned {_describe(value)}; it may return "
+        "None or a scalar tensor to show as the loss",
+        "return the loss tensor you want in the progress (e.g. the generator's), or nothing",
+        value,
+    )
+
+
 def _bad_step(message: str, hint: str, value: object) -> TrainingStepInvalid:
     details = {"method": "training_step", "returned": _describe(value)}
     return TrainingStepInvalid(message, hint=hint, details=details)
@@ -232,14 +249,41 @@ def _setup_hint(optimizers: list[Any], schedulers: list[Any]) -> str:
     """The GPUlayer return equivalent to what was found, when there is exactly one."""
     if len(optimizers) > 1:
         return (
-            "the Trainer trains with one optimizer: use one optimizer with parameter groups, "
-            "e.g. AdamW([{'params': a}, {'params': b, 'lr': 1e-4}])"
+            "several optimizers need manual optimization: set automatic_optimization = False and "
+            "step them in training_step (self.optimizers(), self.manual_backward(loss)); or use "
+            "one optimizer with parameter groups, e.g. AdamW([{'params': a}, {'params': b, "
+            "'lr': 1e-4}])"
         )
     if len(optimizers) == 1 and not schedulers:
         return "return the optimizer itself"
     if len(optimizers) == 1 and len(schedulers) == 1:
         return "return (optimizer, scheduler)" + _PER_STEP
     return _SETUP_HINT
+
+
+def check_fit(module: object, val_loader: object, config: TrainerConfig, dev: torch.device) -> None:
+    """What ``fit`` refuses before touching anything: not a Module, a val_loader without
+    ``validation_step``, '16-mixed' off CUDA."""
+    from ..errors import InvalidInput
+    from .errors import PrecisionUnsupported
+    from .module import Module, has_validation_step
+
+    if not isinstance(module, Module):
+        raise InvalidInput(
+            f"fit() needs a gpulayer_kernel.torch.Module, got {type(module).__name__}",
+            hint="subclass gpulayer_kernel.torch.Module and define training_step and "
+            "configure_optimizers",
+        )
+    if val_loader is not None and not has_validation_step(module):
+        raise InvalidInput(
+            f"val_loader given but {type(module).__name__} does not define validation_step",
+            hint="define validation_step(batch) -> dict[str, Tensor], or drop val_loader",
+        )
+    if config.precision == "16-mixed" and dev.type != "cuda":
+        raise PrecisionUnsupported(
+            f"precision '16-mixed' needs a CUDA device; this rank trains on {dev.type}",
+            hint="use precision='bf16-mixed' (runs on CPUs and recent GPUs) or '32'",
+        )
 
 
 def check_train_loader(loader: Iterable[Any], config: TrainerConfig) -> None:

@@ -14,7 +14,9 @@ GPUlayerError
 │   ├── CallbackInvalid (400 callback_invalid)                  save_top_k without monitor, ...
 │   ├── ConfigChanged (409 config_changed)                      resume under a different config
 │   ├── HookMissing (400 hook_missing)                          predict() without predict_step
-│   └── DependencyMissing (400 dependency_missing)              TensorBoard / matplotlib absent
+│   ├── DependencyMissing (400 dependency_missing)              TensorBoard / matplotlib absent
+│   ├── UnusedParameters (400 unused_parameters)                DDP: parameters outside the loss
+│   └── ManualOptimizationInvalid (400 manual_optimization_invalid)  a Trainer option it can't use
 ├── CallbackFailed (500 callback_failed)                        a callback raised: names it
 └── LossNotFinite (500 loss_not_finite)                         training diverged at a named step
 
@@ -116,6 +118,20 @@ class DependencyMissing(InvalidInput):
     """An optional package a feature needs is not installed (tensorboard, matplotlib)."""
 
     code = "dependency_missing"
+    status = 400
+
+
+class UnusedParameters(InvalidInput):
+    """Under DDP, parameters that require grad took no part in the loss; names them."""
+
+    code = "unused_parameters"
+    status = 400
+
+
+class ManualOptimizationInvalid(InvalidInput):
+    """``automatic_optimization = False`` with an option only automatic optimization has."""
+
+    code = "manual_optimization_invalid"
     status = 400
 
 

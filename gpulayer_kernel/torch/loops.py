@@ -75,12 +75,14 @@ def evaluate(
     hook: str = "validation_step",
     limit: int | None = None,
     hidden: set[str] | None = None,
+    call: Callable[[Any], Any] | None = None,
 ) -> dict[str, float]:
     """Mean of each metric over batches and ranks: returned dicts as ``val_``/``test_<key>``,
     ``self.log`` values under their own names. At most ``limit`` batches per rank; the names
-    logged without ``prog_bar`` are added to ``hidden``."""
+    logged without ``prog_bar`` are added to ``hidden``. ``call`` runs the hook on a batch
+    (FSDP: through the sharded root, which gathers the parameters); default: the module's."""
     prefix = "val_" if hook == "validation_step" else "test_"
-    step = getattr(module, hook)
+    step = call or getattr(module, hook)
     sums: dict[str, torch.Tensor] = {}
     batches = 0
     with _Evaluating(module, device, hook) as log:
@@ -123,11 +125,13 @@ def predict(
     device: torch.device,
     autocast: Autocast,
     limit: int | None = None,
+    call: Callable[[Any], Any] | None = None,
 ) -> list[Any]:
     """``predict_step`` of every batch (this rank's batches), in order, as returned."""
+    step = call or module.predict_step
     outputs = []
     with _Evaluating(module, device, "predict"):
         for batch in itertools.islice(loader, limit):
             with autocast():
-                outputs.append(module.predict_step(to_device(batch, device)))
+                outputs.append(step(to_device(batch, device)))
     return outputs

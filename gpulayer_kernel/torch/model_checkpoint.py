@@ -15,11 +15,13 @@ before each save, so a NaN loss is caught before it reaches a file.
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..ranks import is_rank_zero
 from .callbacks import Callback, Trainer, rank_zero_decides
+from .checkpoint import SHARDED_SUFFIX
 from .errors import CallbackInvalid, MetricNotFound
 
 if TYPE_CHECKING:
@@ -97,8 +99,9 @@ class ModelCheckpoint(Callback):
 
     def _save_or_check(self, trainer: Trainer) -> None:
         step = trainer.step
+        suffix = SHARDED_SUFFIX if trainer.config.checkpoint_format == "sharded" else ".pt"
         if self.monitor is None:
-            path = self.directory / f"step-{step:08d}.pt"
+            path = self.directory / f"step-{step:08d}{suffix}"
             self._write(trainer, path)
             kept = [p for p in self.newest if p != str(path)] + [str(path)]
             self.newest = self._prune(kept, self.keep_newest)
@@ -106,16 +109,16 @@ class ModelCheckpoint(Callback):
             score = self._score(trainer)
             better = rank_zero_decides(self._would_keep(score), trainer.device)
             if better:
-                name = f"step-{step:08d}-{_safe(self.monitor)}={score:.6g}.pt"
+                name = f"step-{step:08d}-{_safe(self.monitor)}={score:.6g}{suffix}"
                 path = self.directory / name
                 self.best_k[str(path)] = score
                 doomed = self._over_k()  # out of the state before it is saved in the file
                 self._write(trainer, path)
                 for old in doomed:
                     if is_rank_zero():
-                        Path(old).unlink(missing_ok=True)
+                        _remove(Path(old))
             if self.save_last:
-                self._write(trainer, self.directory / "last.pt", last=True)
+                self._write(trainer, self.directory / f"last{suffix}", last=True)
         self.saved_step = step
 
     def _write(self, trainer: Trainer, path: Path, last: bool = False) -> None:
@@ -158,7 +161,7 @@ class ModelCheckpoint(Callback):
     def _prune(self, kept: list[str], keep: int) -> list[str]:
         for old in kept[:-keep]:
             if is_rank_zero():
-                Path(old).unlink(missing_ok=True)
+                _remove(Path(old))
         return kept[-keep:]
 
     # -- state ---------------------------------------------------------------------------------
@@ -230,6 +233,14 @@ def check_mode(who: str, mode: str) -> None:
             hint="mode='min' for a loss, mode='max' for an accuracy",
             details={"field": "mode"},
         )
+
+
+def _remove(path: Path) -> None:
+    """Delete a checkpoint: a file, or a sharded checkpoint's directory."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _safe(name: str) -> str:

@@ -10,6 +10,7 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 
 if TYPE_CHECKING:
+    from .manual import ManualOptimization
     from .metrics import MetricLog
 
 OptimizerSetup: TypeAlias = (
@@ -36,6 +37,11 @@ class Module(torch.nn.Module, abc.ABC):
 
     #: set by the Trainer for the duration of a loop; None: ``log`` is a no-op
     _gl_metrics: MetricLog | None = None
+    #: False: ``training_step`` does its own backward and optimizer steps (Lightning's manual
+    #: optimization): ``self.optimizers()``, ``self.manual_backward(loss)``, ``opt.step()``
+    automatic_optimization: bool = True
+    #: set by the Trainer during a fit with ``automatic_optimization = False``
+    _gl_manual: ManualOptimization | None = None
 
     def log(
         self,
@@ -78,7 +84,8 @@ class Module(torch.nn.Module, abc.ABC):
 
         A bare scheduler steps once per optimizer step; Lightning's scheduler config
         ``{"scheduler": s, "interval": "epoch", "frequency": 1, "monitor": "val_loss"}`` says
-        otherwise (``ReduceLROnPlateau`` needs its ``monitor``). Lists of optimizers are refused.
+        otherwise (``ReduceLROnPlateau`` needs its ``monitor``). Several optimizers (a list, or
+        Lightning's ``([optimizers], [schedulers])``) need ``automatic_optimization = False``.
         """
 
     def validation_step(self, batch: Any) -> dict[str, torch.Tensor] | None:
@@ -97,6 +104,54 @@ class Module(torch.nn.Module, abc.ABC):
     def predict_step(self, batch: Any) -> Any:
         """The prediction for one batch, collected by :meth:`Trainer.predict` (default: none)."""
         raise NotImplementedError(f"{type(self).__name__} does not define predict_step")
+
+    def fsdp_units(self) -> list[torch.nn.Module]:
+        """Submodules that ``strategy='fsdp'`` shards as units of their own (default: none).
+
+        Each unit's parameters are gathered just before it runs and freed after, so peak memory
+        holds one unit whole at a time; return the repeated blocks (transformer layers). The
+        rest is one unit with the module itself.
+        """
+        return []
+
+    # -- manual optimization (automatic_optimization = False) -------------------------------------
+
+    def _manual(self, what: str) -> ManualOptimization:
+        if self._gl_manual is None:
+            from .errors import ManualOptimizationInvalid
+
+            raise ManualOptimizationInvalid(
+                f"self.{what} works inside training_step of a fit with automatic_optimization "
+                f"= False; {type(self).__name__} is not in one",
+                hint=f"set automatic_optimization = False on {type(self).__name__} and call "
+                f"self.{what} from training_step",
+                details={"method": what},
+            )
+        return self._gl_manual
+
+    def optimizers(self) -> Any:
+        """The optimizer(s) ``configure_optimizers`` returned: one, or a list of several.
+
+        Their ``step()`` averages gradients across ranks (and unscales under '16-mixed')."""
+        optimizers = self._manual("optimizers()").optimizers
+        return optimizers[0] if len(optimizers) == 1 else list(optimizers)
+
+    def lr_schedulers(self) -> Any:
+        """The scheduler(s) returned with the optimizers (None: none); step them yourself."""
+        schedulers = self._manual("lr_schedulers()").schedulers
+        if not schedulers:
+            return None
+        return schedulers[0] if len(schedulers) == 1 else list(schedulers)
+
+    def manual_backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, scaled under '16-mixed'."""
+        self._manual("manual_backward()").backward(loss)
+
+    def clip_gradients(
+        self, optimizer: Any, gradient_clip_val: float, gradient_clip_algorithm: str = "norm"
+    ) -> None:
+        """Clip the gradients of ``optimizer``'s parameters (by global norm, or by value)."""
+        self._manual("clip_gradients()").clip(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def flops_per_sample(self) -> float | None:
         """Training FLOPs (forward and backward) per sample, for MFU; None when unknown.

@@ -39,7 +39,7 @@ from .checkpoint import capture_rng, restore_rng, save_checkpoint
 from .config import Precision
 from .data import to_device
 from .errors import CheckpointInvalid, PrecisionUnsupported
-from .run import autocast_for
+from .precision import autocast_for
 
 STATE_FORMAT = "gpulayer.torch.state"
 

@@ -11,6 +11,7 @@ line otherwise.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -79,31 +80,35 @@ class MetricWindow:
         window = torch.stack(self.losses).float().flatten()  # autocast may give bf16 losses
         finite = torch.isfinite(window)
         n = window.numel()
-        first_bad = torch.where(finite, n, torch.arange(n, device=window.device)).min()
+        size = world_size()
         # float64 keeps logged values as logged (MPS has no float64: float32 there)
         dtype = torch.float32 if window.device.type == "mps" else torch.float64
         empty = window.new_zeros(0, dtype=dtype)
         synced = empty if synced is None else synced.to(window.device, dtype)
         local = empty if local is None else local.to(window.device, dtype)
+        # The count of bad losses rides in the same all_reduce: only when some rank saw one
+        # does the rare path find the first (one more sync and one more collective).
         stats = torch.cat(
             [
                 torch.where(finite, window, 0.0).sum().reshape(1).to(dtype),
                 window.new_tensor([float(self.samples), float(stop)], dtype=dtype),
+                (~finite).sum().reshape(1).to(dtype),
                 synced,
             ]
         )
-        if world_size() > 1:
+        if size > 1:
             dist.all_reduce(stats)
-        # The window's one host copy: everything reduced above, the local metrics, first_bad.
-        host = torch.cat([stats, local, first_bad.to(dtype).reshape(1)]).tolist()
-        bad_index = int(host[-1])
-        loss_sum, samples, stops = host[0], host[1], host[2]
-        bad_step = first_step + bad_index // accumulate if bad_index < n else None
-        self._raise_if_bad(bad_step, window, bad_index)
+        # The window's one host copy: everything reduced above, and the local metrics.
+        host = torch.cat([stats, local]).tolist()
+        loss_sum, samples, stops, bad = host[0], host[1], host[2], host[3]
+        if bad:
+            first_bad = int(torch.where(finite, n, torch.arange(n, device=window.device)).min())
+            bad_step = first_step + first_bad // accumulate if first_bad < n else None
+            self._raise_if_bad(bad_step, window, first_bad)
         elapsed = max(time.perf_counter() - self.started, 1e-9)
-        count = n * world_size()
+        count = n * size
         self.losses, self.samples, self.started = [], 0, time.perf_counter()
-        return loss_sum / count, samples / elapsed, host[3:-1], stops > 0
+        return loss_sum / count, samples / elapsed, host[4:], stops > 0
 
     def _raise_if_bad(self, bad_step: int | None, window: torch.Tensor, index: int) -> None:
         sentinel = 2**62
@@ -120,17 +125,25 @@ class MetricWindow:
         raise LossNotFinite(step, bad_rank, value)
 
 
+#: set in the ranks of a session and of a GPU kernel (worker/sessions/ranks.py)
+SESSION_ENV = "GPULAYER_SESSION"
+
+
 class ProgressDisplay:
     """Shows reduced metrics: the job's progress messages in a job, a text line elsewhere.
 
-    Only rank zero shows anything. On a terminal the line redraws in place (carriage return);
-    in a notebook or a log it prints one line per report.
+    Only rank zero shows anything. A one-shot job's widget draws its progress messages (lines
+    would show twice); a session's or a GPU kernel's cell prints the lines as a local kernel
+    does (its output is what the notebook shows while the cell runs) and reports the progress
+    too, for the panel. On a terminal the line redraws in place (carriage return); in a
+    notebook or a log it prints one line per report.
     """
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stdout
         self.enabled = is_rank_zero()
         self.in_job = job.in_job()
+        self.lines = not self.in_job or bool(os.environ.get(SESSION_ENV))
         self.redraw = bool(getattr(self.stream, "isatty", lambda: False)())
         self.open_line = False
 
@@ -141,6 +154,7 @@ class ProgressDisplay:
         clean = {key: _json_number(value) for key, value in fields.items()}
         if self.in_job:
             job.progress(**clean)
+        if not self.lines:
             return
         line = format_line(clean)
         if self.redraw:

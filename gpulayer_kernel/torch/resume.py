@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import job
-from .checkpoint import load_checkpoint
+from .checkpoint import SHARDED_REST, SHARDED_SUFFIX, load_checkpoint
 from .config import EXACT_FIELDS, TrainerConfig
 from .errors import CheckpointInvalid, ConfigChanged
 
@@ -50,10 +50,10 @@ def resolve(
     if text == "last":
         return load_checkpoint(last or _newest(directory))
     path = Path(text)
-    if path.is_file():
+    if path.exists():  # a file, or a sharded checkpoint's directory
         return load_checkpoint(path)
     for candidate in _artifact_paths(text):
-        if candidate.is_file():
+        if candidate.exists():
             return load_checkpoint(candidate)
     match = _JOB_ARTIFACT.match(text)
     if match:
@@ -62,7 +62,12 @@ def resolve(
 
 
 def _newest(directory: Path) -> Path:
-    files = [p for p in directory.glob("*.pt") if p.is_file()] if directory.is_dir() else []
+    files = (
+        [p for p in directory.glob("*.pt") if p.is_file()]
+        + [p for p in directory.glob(f"*{SHARDED_SUFFIX}") if (p / SHARDED_REST).is_file()]
+        if directory.is_dir()
+        else []
+    )
     if not files:
         raise CheckpointInvalid(
             f"ckpt_path='last': no checkpoint in {directory}",

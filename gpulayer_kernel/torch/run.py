@@ -8,39 +8,51 @@ validate, save and stop; callbacks hear about each (callbacks.py has the order).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import InvalidInput
 from ..ranks import barrier, is_rank_zero, rank, seed_everything
 from ..ranks import world_size as get_world_size
 from .callbacks import CallbackList, Trainer
-from .checkpoint import FORMAT, VERSION, capture_rng, restore_rng, save_checkpoint
-from .contract import check_optimizers, check_train_loader, check_training_step
+from .checkpoint import (
+    FORMAT,
+    SHARDED_REST,
+    VERSION,
+    capture_rng,
+    restore_rng,
+    save_checkpoint,
+)
+from .contract import (
+    check_fit,
+    check_manual_step,
+    check_optimizers,
+    check_train_loader,
+    check_training_step,
+)
 from .data import loader_length
-from .errors import PrecisionUnsupported
 from .loggers import Logger
 from .loops import evaluate
+from .manual import ManualOptimization, broadcast_module, setup_manual
 from .metrics import MetricLog
 from .model_checkpoint import ModelCheckpoint
-from .module import Module, has_validation_step
+from .module import Module
+from .precision import autocast_for
 from .progress import MetricWindow, ProgressDisplay, peak_flops
 from .resume import check_config, resolve
 from .scheduling import ScheduledLR
+from .strategies import FSDPStrategy, Strategy, make_strategy
 
 
 class _Owner(Trainer, Protocol):
@@ -55,46 +67,6 @@ class _Owner(Trainer, Protocol):
 Metrics = dict[str, float | None]
 #: progress fields that are bookkeeping, not metrics (never hidden, never charted as a loss)
 _ALWAYS_SHOWN = ("loss", "samples_per_s", "mfu", "lr")
-
-
-class _TrainingStep(torch.nn.Module):
-    """Routes DDP's forward to ``training_step``, so DDP's gradient hooks see every step."""
-
-    def __init__(self, module: Module) -> None:
-        super().__init__()
-        self.module = module
-
-    def forward(self, batch: Any) -> torch.Tensor:
-        return self.module.training_step(batch)
-
-
-def autocast_for(precision: str, dev: torch.device) -> Callable[[], AbstractContextManager[Any]]:
-    """A factory of the autocast context for ``precision`` on ``dev`` (nullcontext for 32)."""
-    if precision == "32":
-        return nullcontext  # entering a disabled autocast still costs a few microseconds
-    dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float16
-    return functools.partial(torch.autocast, device_type=dev.type, dtype=dtype)
-
-
-@contextlib.contextmanager
-def determinism(on: bool) -> Iterator[None]:
-    """Deterministic algorithms (and cuDNN) for the duration, as they were before afterwards."""
-    if not on:
-        yield
-        return
-    before = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.backends.cudnn.deterministic,
-        torch.backends.cudnn.benchmark,
-    )
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it to comply
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before[0])
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1:]
 
 
 def _limit(value: int | float | None, batches: int | None, field_name: str) -> int | None:
@@ -119,9 +91,12 @@ class _Run:
     optimizer: torch.optim.Optimizer
     scheduler: ScheduledLR | None
     scaler: torch.amp.GradScaler
+    strategy: Strategy
     train_step: Callable[[Any], torch.Tensor]
     no_sync: Callable[[], AbstractContextManager[Any]]
     autocast: Callable[[], AbstractContextManager[Any]]
+    manual: ManualOptimization | None  # automatic_optimization = False: the step's own steps
+    before_step: Callable[[], None] | None  # once, before the first optimizer step
     val_loader: Iterable[Any] | None
     params: list[torch.nn.Parameter]
     callbacks: CallbackList
@@ -148,6 +123,7 @@ class _Run:
     val_limit: int | None = None
     deadline: float | None = None  # time.monotonic() at which max_time is up
     timed_out: bool = False
+    no_loss: bool = False  # a manual training_step returns None: "loss" is not known
     epoch_report: bool = False  # something reads metrics at each epoch's end: reduce there
     flops: float | None = None  # training FLOPs per sample, for MFU
     peak: float | None = None  # the device's peak FLOP/s, for MFU
@@ -165,22 +141,7 @@ class _Run:
     ) -> _Run:
         """Check the inputs, move the module, build optimizers, then seed or restore state."""
         cfg = trainer.config
-        if not isinstance(module, Module):
-            raise InvalidInput(
-                f"fit() needs a gpulayer_kernel.torch.Module, got {type(module).__name__}",
-                hint="subclass gpulayer_kernel.torch.Module and define training_step and "
-                "configure_optimizers",
-            )
-        if val_loader is not None and not has_validation_step(module):
-            raise InvalidInput(
-                f"val_loader given but {type(module).__name__} does not define validation_step",
-                hint="define validation_step(batch) -> dict[str, Tensor], or drop val_loader",
-            )
-        if cfg.precision == "16-mixed" and dev.type != "cuda":
-            raise PrecisionUnsupported(
-                f"precision '16-mixed' needs a CUDA device; this rank trains on {dev.type}",
-                hint="use precision='bf16-mixed' (runs on CPUs and recent GPUs) or '32'",
-            )
+        check_fit(module, val_loader, cfg, dev)
         check_train_loader(train_loader, cfg)
         callbacks, checkpointers = trainer.fit_callbacks()
         checkpoint = None
@@ -191,19 +152,21 @@ class _Run:
             seed_everything(cfg.seed + rank())  # distinct dropout masks per rank
         module.to(dev)
         module.train()
-        if checkpoint is not None:
-            module.load_state_dict(checkpoint["model"])
-        optimizer, scheduler = check_optimizers(module.configure_optimizers(), module)
+        if checkpoint is not None and "model" in checkpoint:
+            module.load_state_dict(checkpoint["model"])  # before sharding: a full state
         scaler = torch.amp.GradScaler(dev.type, enabled=cfg.precision == "16-mixed")
         if cfg.compile:
             module.compile()  # compiles __call__ in place: self(...) in the hooks is compiled
-        train_step: Callable[[Any], torch.Tensor] = module.training_step
-        no_sync: Callable[[], AbstractContextManager[Any]] = nullcontext
-        if get_world_size() > 1:
-            ddp = DistributedDataParallel(
-                _TrainingStep(module), device_ids=[dev.index] if dev.type == "cuda" else None
-            )
-            train_step, no_sync = ddp, ddp.no_sync
+        manual = None
+        if not module.automatic_optimization:
+            manual = setup_manual(module, module.configure_optimizers(), cfg, scaler)
+            broadcast_module(module)  # the replicas start equal, as DDP would make them
+            strategy = Strategy(module, dev, cfg)  # no DDP: each opt.step() averages gradients
+            optimizer, scheduler = manual.raw[0], None
+        else:
+            # The optimizer is built after sharding: FSDP's optimizer must hold the shards.
+            strategy = make_strategy(module, dev, cfg)
+            optimizer, scheduler = check_optimizers(module.configure_optimizers(), module)
         run = cls(
             trainer=trainer,
             module=module,
@@ -211,9 +174,12 @@ class _Run:
             optimizer=optimizer,
             scheduler=scheduler,
             scaler=scaler,
-            train_step=train_step,  # replaced just below, by a check of the first call
-            no_sync=no_sync,
+            strategy=strategy,
+            train_step=strategy.train_step,  # replaced just below, by a check of the first call
+            no_sync=strategy.no_sync,
             autocast=autocast_for(cfg.precision, dev),
+            manual=manual,
+            before_step=strategy.before_first_step,
             val_loader=val_loader,
             params=[p for p in module.parameters() if p.requires_grad],
             callbacks=callbacks,
@@ -221,7 +187,7 @@ class _Run:
             loggers=[] if cfg.fast_dev_run else trainer.loggers,
             log=MetricLog(dev),
         )
-        run.train_step = functools.partial(run._first_train_step, train_step)
+        run.train_step = functools.partial(run._first_train_step, strategy.train_step)
         run.epoch_report = (scheduler is not None and scheduler.interval == "epoch") or any(
             not (
                 isinstance(cb, ModelCheckpoint) and cb.every_n_epochs is None and cb.monitor is None
@@ -256,13 +222,34 @@ class _Run:
 
     def _first_train_step(self, step: Callable[[Any], Any], batch: Any) -> torch.Tensor:
         """Run and check the first call of ``training_step``; later calls skip the check."""
-        loss = check_training_step(step(batch), self.module)
+        if self.manual is not None:
+            returned = check_manual_step(step(batch), self.module)
+            self.no_loss = returned is None  # a step that returns nothing: no loss to show
+            placeholder = torch.zeros((), device=self.device)
+            step = functools.partial(_manual_loss, step, self.no_loss, placeholder)
+            loss = placeholder if returned is None else returned.detach()
+        else:
+            loss = check_training_step(step(batch), self.module)
         self.train_step = step  # from now on the bare call: the check costs nothing per step
         return loss
 
+    def first_optimizer_step(self) -> None:
+        """What the strategy checks once, after the first backward (DDP: unused parameters)."""
+        self.before_step = None
+        self.strategy.before_first_step()
+
     def _load(self, checkpoint: dict[str, Any]) -> None:
         """Take optimizer, scheduler, scaler, callbacks' state and position from a checkpoint."""
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        if isinstance(self.strategy, FSDPStrategy) and "sharded" in checkpoint:
+            self.strategy.load_sharded(self.optimizer, checkpoint["sharded"])
+        elif self.manual is not None:
+            for optimizer, state in zip(self.manual.raw, checkpoint["optimizers"], strict=True):
+                optimizer.load_state_dict(state)
+            states = checkpoint.get("schedulers", [])
+            for scheduler, state in zip(self.manual.schedulers, states, strict=True):
+                scheduler.load_state_dict(state)
+        else:
+            self.strategy.load_optimizer(self.optimizer, checkpoint["optimizer"])
         if self.scheduler is not None and checkpoint.get("scheduler") is not None:
             self.scheduler.scheduler.load_state_dict(checkpoint["scheduler"])
         if checkpoint.get("scaler") is not None:
@@ -366,7 +353,8 @@ class _Run:
             )
             per_device = samples_per_s / get_world_size()
             mfu = self.flops * per_device / self.peak if self.flops and self.peak else None
-            self.metrics.update(loss=loss, samples_per_s=samples_per_s, mfu=mfu)
+            self.metrics.update(loss=None if self.no_loss else loss, samples_per_s=samples_per_s)
+            self.metrics["mfu"] = mfu
             self.metrics.update(self.log.unpack(synced, local, values))
             self.hidden |= self.log.hidden_names()
             if stop and not self.timed_out:
@@ -384,6 +372,7 @@ class _Run:
                     self.autocast,
                     limit=self.val_limit,
                     hidden=self.hidden,
+                    call=self.strategy.hook("validation_step"),
                 )
             )
             self.validated_step = self.step
@@ -413,32 +402,51 @@ class _Run:
                 logger.log_hyperparams(params)
 
     def save(self, path: Path) -> Path:
-        """Gather every rank's RNG, let callbacks add state, save on rank zero (atomically)."""
+        """Gather every rank's RNG, let callbacks add state, save on rank zero (atomically).
+
+        Sharded (FSDP): every rank writes its shards into the directory ``path``, then rank
+        zero adds ``trainer.pt`` (the rest of the checkpoint), last, so a directory without it
+        is an unfinished save."""
         rng = capture_rng(self.device)
         states: list[Any] = [rng]
         if get_world_size() > 1:
             states = [None] * get_world_size()
             dist.all_gather_object(states, rng)
         self.last_checkpoint = path
-        checkpoint = {
-            "format": FORMAT,
-            "version": VERSION,
-            "model": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.scheduler.state_dict() if self.scheduler else None,
-            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-            "step": self.step,
-            "epoch": self.epoch,
-            "batch_in_epoch": self.batch_in_epoch,
-            "config": self.trainer.config.model_dump(mode="json"),
-            "rng": states,
-            "callbacks": self.callbacks.state(),
-        }
+        sharded = self.trainer.config.checkpoint_format == "sharded"
+        checkpoint: dict[str, Any] = {"format": FORMAT, "version": VERSION}
+        if sharded and isinstance(self.strategy, FSDPStrategy):
+            self.strategy.save_sharded(self.optimizer, str(path))
+        else:
+            checkpoint["model"] = self.strategy.model_state()  # collective under FSDP
+            checkpoint["optimizer"] = self.strategy.optimizer_state(self.optimizer)
+        if self.manual is not None:
+            checkpoint["optimizers"] = [o.state_dict() for o in self.manual.raw]
+            checkpoint["schedulers"] = [s.state_dict() for s in self.manual.schedulers]
+        checkpoint.update(
+            scheduler=self.scheduler.scheduler.state_dict() if self.scheduler else None,
+            scaler=self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            step=self.step,
+            epoch=self.epoch,
+            batch_in_epoch=self.batch_in_epoch,
+            config=self.trainer.config.model_dump(mode="json"),
+            rng=states,
+            callbacks=self.callbacks.state(),
+        )
         self.callbacks.call("on_checkpoint", self.trainer, self.module, checkpoint)
         if is_rank_zero():
-            save_checkpoint(checkpoint, path)
+            save_checkpoint(checkpoint, path / SHARDED_REST if sharded else path)
         self.window.restart_clock()
         return path
+
+
+def _manual_loss(
+    step: Callable[[Any], Any], none: bool, placeholder: torch.Tensor, batch: Any
+) -> torch.Tensor:
+    """A manual step's loss for the window: its returned tensor, detached, or a placeholder
+    (counted for samples/s, reported as no loss) when the first step returned None."""
+    loss = step(batch)
+    return placeholder if none or loss is None else loss.detach()
 
 
 def _finite(value: float | None) -> float | None:

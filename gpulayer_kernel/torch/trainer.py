@@ -23,13 +23,15 @@ from .callbacks import Callback, CallbackList
 from .checkpoint import artifact_name
 from .config import TrainerConfig
 from .data import batch_size_of, epoch_iterator, loader_length, to_device
-from .errors import NoTrainingData
+from .errors import CheckpointInvalid, NoTrainingData
 from .loggers import CSVLogger, Logger
 from .loops import evaluate, predict, require_hook
 from .model_checkpoint import ModelCheckpoint
 from .module import Module
+from .precision import autocast_for, determinism
 from .resume import resolve
-from .run import _limit, _Run, autocast_for, determinism
+from .run import _limit, _Run
+from .strategies import Strategy
 
 Metrics = dict[str, float | None]
 
@@ -213,6 +215,7 @@ class Trainer:
         )
         self._run = run
         module._gl_metrics = run.log  # self.log in training_step lands here
+        module._gl_manual = run.manual  # self.optimizers() and manual_backward() read it
         try:
             with determinism(cfg.deterministic):
                 run.hyperparams()
@@ -222,9 +225,18 @@ class Trainer:
                     run.restore_rng_once()  # on resume: only now that the data is positioned
                     for batch in run.epoch_batches(batches):
                         batch = to_device(batch, run.device)
-                        run.pending = (run.pending + 1) % cfg.accumulate  # 0: step after this
                         run.batch_in_epoch += 1
-                        # Accumulation micro-batches skip DDP's gradient all-reduce (no_sync).
+                        if run.manual is not None:  # the step does its own backward and steps
+                            with run.autocast():
+                                loss = run.train_step(batch)
+                            run.window.add(loss, batch_size_of(batch))
+                            run.step += 1
+                            run.at_step_end(loss, batch)
+                            if run.finished():
+                                break
+                            continue
+                        run.pending = (run.pending + 1) % cfg.accumulate  # 0: step after this
+                        # Accumulation micro-batches skip the gradient reduction (no_sync).
                         with run.no_sync() if run.pending else nullcontext():
                             with run.autocast():
                                 loss = run.train_step(batch)
@@ -233,6 +245,8 @@ class Trainer:
                             run.scaler.scale(scaled).backward()  # type: ignore[no-untyped-call]
                         if run.pending:
                             continue
+                        if run.before_step is not None:
+                            run.first_optimizer_step()  # DDP: names unused parameters
                         if cfg.grad_clip is not None:
                             run.scaler.unscale_(run.optimizer)
                             torch.nn.utils.clip_grad_norm_(run.params, cfg.grad_clip)
@@ -257,7 +271,7 @@ class Trainer:
             raise
         finally:
             run.display.close()
-            module._gl_metrics = None
+            module._gl_metrics = module._gl_manual = None
         if run.timed_out:
             print0(f"gpulayer: {self.stop_reason}")
         return self._result(run)
@@ -304,15 +318,28 @@ class Trainer:
         require_hook(module, "predict_step", "predict()")
         dev = self._prepare(module, ckpt_path)
         autocast = autocast_for(self.config.precision, dev)
-        return predict(module, loader, dev, autocast, self._val_limit(loader))
+        call = self._strategy_of(module).hook("predict_step")
+        return predict(module, loader, dev, autocast, self._val_limit(loader), call)
+
+    def _strategy_of(self, module: Module) -> Strategy:
+        """The strategy of this Trainer's last fit of ``module`` (FSDP keeps it sharded)."""
+        if self._run is not None and self._run.module is module:
+            return self._run.strategy
+        return Strategy(module, device(), self.config)
 
     def _prepare(self, module: Module, ckpt_path: str | Path | None) -> torch.device:
         init_distributed()
         dev = device()
+        module.to(dev)
         if ckpt_path is not None:
             checkpoint = resolve(ckpt_path, self.checkpoint_dir, *self.best_and_last())
-            module.load_state_dict(checkpoint["model"])
-        module.to(dev)
+            if "model" not in checkpoint:
+                raise CheckpointInvalid(
+                    f"{ckpt_path} is a sharded checkpoint: evaluation loads full ones",
+                    hint="evaluate with checkpoint_format='full', or load the shards with "
+                    "torch.distributed.checkpoint.load first",
+                )
+            self._strategy_of(module).load_model(checkpoint["model"])
         return dev
 
     def _evaluate(
@@ -321,7 +348,15 @@ class Trainer:
         dev = self._prepare(module, ckpt_path)
         autocast = autocast_for(self.config.precision, dev)
         with determinism(self.config.deterministic):
-            metrics = evaluate(module, loader, dev, autocast, hook, self._val_limit(loader))
+            metrics = evaluate(
+                module,
+                loader,
+                dev,
+                autocast,
+                hook,
+                self._val_limit(loader),
+                call=self._strategy_of(module).hook(hook),
+            )
         if is_rank_zero():
             shown = "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
             print0(f"{hook.removesuffix('_step')}: {shown}")

@@ -216,7 +216,7 @@ async def test_a_gang_that_lost_a_peer_names_the_worker_that_died(
     gl_cp.worker_disconnected(w2)  # killed: its long-poll's connection closed unanswered
     report = FinishReport(state="failed", exit_code=1, reason="lost a peer (look at the other)")
     failed = await gl_cp.report_finished(w1, job.id, report)
-    assert failed.state == JobState.FAILED
+    assert failed.state == JobState.LOST  # issue 36: the gang is lost, as docs/distributed.md says
     assert failed.reason is not None and failed.reason.startswith("worker w2 was lost (its ")
     assert re.search(r"; node \d \(w1\): lost a peer", failed.reason)
     # The dead worker takes nothing new meanwhile.

@@ -48,7 +48,7 @@ def run_in_order(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_the_page_has_the_snippets_it_promises() -> None:
-    assert len(snippets("gpulayer")) == 5 and len(snippets("lightning")) == 4
+    assert len(snippets("gpulayer")) == 6 and len(snippets("lightning")) == 5
     assert len(snippets("accelerate")) == 2 and len(snippets("gpulayer", "ipython")) == 1
 
 

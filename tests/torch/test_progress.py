@@ -150,3 +150,23 @@ def test_peak_flops_table(monkeypatch: pytest.MonkeyPatch, name: str, peak: floa
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     assert peak_flops(torch.device("cuda", 0)) == peak
     assert peak_flops(torch.device("cpu")) is None
+
+
+def test_a_session_prints_progress_lines_and_reports_them_too(
+    control_fifo: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36: inside a session (or a GPU kernel) a fit printed nothing until it ended."""
+    monkeypatch.setenv("GPULAYER_SESSION", "job-test")
+    stream = io.StringIO()
+    display = ProgressDisplay(stream)
+    display.update({"step": 10, "total": 100, "epoch": 0, "loss": 0.5})
+    assert stream.getvalue() == "step 10/100  epoch 0  loss 0.5\n"
+    [message] = read_messages(control_fifo)
+    assert message["kind"] == "progress" and message["fields"]["step"] == 10
+
+
+def test_a_one_shot_job_leaves_its_progress_to_the_widget(control_fifo: int) -> None:
+    stream = io.StringIO()
+    ProgressDisplay(stream).update({"step": 1, "total": 2, "epoch": 0, "loss": 0.5})
+    assert stream.getvalue() == "", "the widget draws the messages; lines would show twice"
+    assert [m["fields"]["step"] for m in read_messages(control_fifo)] == [1]
