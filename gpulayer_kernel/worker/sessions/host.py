@@ -45,6 +45,7 @@ from typing import Any
 
 from ... import display, transfer
 from ...errors import MissingExtra
+from ...runner import simulated_note
 from .channel import Channel, OutStream
 from .wire import recv_frame
 
@@ -106,11 +107,25 @@ def make_shell(channel: Channel) -> Any:
     class SessionShell(InteractiveShell):
         error: dict[str, Any] | None = None
 
+        def showtraceback(self, *args: Any, **kwargs: Any) -> None:
+            # A second interrupt while IPython formats the first one's traceback (pygments is
+            # slow) would raise inside the formatter and replace the cell's traceback with its
+            # own frames: the cell is ending anyway, so interrupts wait until it is shown.
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                super().showtraceback(*args, **kwargs)
+            finally:
+                signal.signal(signal.SIGINT, previous)
+
         def _showtraceback(self, etype: Any, evalue: Any, stb: list[str]) -> None:
+            stb = [str(s) for s in stb]
+            note = simulated_note(str(evalue))
+            if note:
+                stb.append(note)
             self.error = {
                 "ename": getattr(etype, "__name__", str(etype)),
                 "evalue": str(evalue)[:20_000],
-                "traceback": [str(s) for s in stb][-2_000:],
+                "traceback": stb[-2_000:],
             }
 
     config = Config()
