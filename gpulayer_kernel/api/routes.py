@@ -77,6 +77,8 @@ from .worker_routes import (
     WorkerRoute,
     WorkHandler,
 )
+from .workspace import USER_ROUTES as WORKSPACE_ROUTES
+from .workspace import WORKER_ROUTES as WORKSPACE_WORKER_ROUTES
 
 USER_ROUTES: tuple[type[GLMixin], ...] = (
     StatusHandler,
@@ -104,6 +106,7 @@ USER_ROUTES: tuple[type[GLMixin], ...] = (
     SecretHandler,
     *SESSION_ROUTES,
     *KERNEL_ROUTES,
+    *WORKSPACE_ROUTES,
     ProvidersHandler,
     InstancesHandler,
     CostsHandler,
@@ -133,6 +136,7 @@ WORKER_ROUTES: tuple[type[WorkerRoute], ...] = (
     LeaveHandler,
     *SESSION_WORKER_ROUTES,
     *KERNEL_WORKER_ROUTES,
+    *WORKSPACE_WORKER_ROUTES,
     DistHandler,
     DistFileHandler,
 )

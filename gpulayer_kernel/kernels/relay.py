@@ -11,7 +11,8 @@ worker's DEALER sends it on, the kernel's reply carries it back and this ROUTER 
 It also tells its provisioner what only the control plane knows: the kernel's process exited
 (``exit_code``), or its session ended (``died``: a lost worker, the idle timeout, a stop). When the
 session ends under a running cell, the cell is answered here with the reason, signed with the
-connection's key (the only messages the relay makes): "kernel died: worker w1 was lost ...".
+connection's key (with the workspace's notes, the only messages the relay makes): "kernel
+died: worker w1 was lost ...".
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ class LocalRelay:
         self.died: str | None = None
         self.changed = asyncio.Event()
         self._pending: dict[str, tuple[list[bytes], dict[str, Any]]] = {}  # execute requests
+        # The workspace's hooks (ADR 0022, ``workspace/kernel.py``): awaited before each
+        # execute_request goes on (its changed files reach the worker first); called after each
+        # execute_reply (outputs come back), its text shown in that cell.
+        self.workspace: Any = None
 
     def start(self) -> None:
         ip = self.conn.get("ip", "127.0.0.1")
@@ -103,8 +108,8 @@ class LocalRelay:
         sock = self.socks[channel]
         while True:
             parts = await sock.recv_multipart()
-            if channel == "shell":
-                self._remember(parts)
+            if channel == "shell" and self._remember(parts) and self.workspace is not None:
+                await self.workspace.before_execute()
             enc = [base64.b64encode(p).decode() for p in parts]
             self._outbox.append(KernelFrame.model_construct(channel=channel, parts=enc))
             self._has_out.set()
@@ -165,6 +170,8 @@ class LocalRelay:
                 if f.channel == "shell":
                     self._answered(parts)
                 await self.socks[f.channel].send_multipart(parts)
+                if f.channel == "shell" and self.workspace is not None:
+                    self._after_execute(parts)
             if page.state == "ended":
                 self._end(page.reason or "kernel died: its session ended")
                 return
@@ -210,26 +217,50 @@ class LocalRelay:
 
     # -- the cells in flight (to answer them if the kernel dies under them) ----------------------
 
-    def _remember(self, parts: list[bytes]) -> None:
+    def _remember(self, parts: list[bytes]) -> bool:
+        """Keep an execute request (True) until its reply comes."""
         header = _header(parts)
         if header is not None and header.get("msg_type") == "execute_request":
             i = parts.index(DELIM)
             self._pending[str(header.get("msg_id"))] = (parts[:i], header)
+            return True
+        return False
+
+    def _after_execute(self, parts: list[bytes]) -> None:
+        header, parent = _header(parts), _part(parts, 3)
+        if header is None or parent is None or header.get("msg_type") != "execute_reply":
+            return
+
+        async def after() -> None:
+            text = await self.workspace.after_execute()
+            if text and self.died is None:
+                self._stream(parent, text)
+
+        self.tasks.append(asyncio.ensure_future(after()))
+        self.tasks = [t for t in self.tasks if not t.done()]
 
     def _answered(self, parts: list[bytes]) -> None:
         parent = _part(parts, 3)
         if parent is not None:
             self._pending.pop(str(parent.get("msg_id")), None)
 
-    def _tell(self, ident: list[bytes], parent: dict[str, Any], why: str) -> None:
+    def _signer(self) -> Any:
         from jupyter_client.session import Session
 
         key = self.conn.get("key", b"")
-        session = Session(
+        return Session(
             key=key if isinstance(key, bytes) else str(key).encode(),
             signature_scheme=self.conn.get("signature_scheme", "hmac-sha256"),
             username="gpulayer",
         )
+
+    def _stream(self, parent: dict[str, Any], text: str) -> None:
+        """A line of the relay's own in the cell's output (the workspace's notes)."""
+        content = {"name": "stderr", "text": text}
+        self._signer().send(self.socks["iopub"], "stream", content, parent=parent)
+
+    def _tell(self, ident: list[bytes], parent: dict[str, Any], why: str) -> None:
+        session = self._signer()
         iopub, shell = self.socks["iopub"], self.socks["shell"]
         error = {"ename": "KernelDied", "evalue": why, "traceback": [why]}
         session.send(iopub, "error", error, parent=parent)

@@ -131,7 +131,7 @@ def fill(template: str, w: World) -> str:
 
 
 def body_for(spec: Op) -> dict[str, Any]:
-    if spec.body == "bytes":
+    if spec.body in ("bytes", "raw"):
         return {"content": b"some artifact"}
     if spec.body is None:
         return {}

@@ -79,6 +79,7 @@ class SessionRanks:
     rank_base: int
     ranks: list[Rank]
     dir: Path
+    cwd: Path
     broken: str | None
     cell: int | None
     output: RankOutput
@@ -166,7 +167,7 @@ class SessionRanks:
 
     async def _spawn(self, local: int, env: dict[str, str]) -> Rank:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        cwd = self.dir
+        cwd = self.cwd  # the workspace (ADR 0022), or the session's own folder
         proc: Spawned | None = None
         try:
             if self.warm is not None and self.config.warm_runner:

@@ -1,0 +1,87 @@
+"""A GPU kernel in its notebook's folder: synced to a worker that does not see it, in place on
+one that does. The kernel reads data.csv, imports helpers.py, sees an edit of helpers.py in
+the next cell, and writes results.csv, which appears in the notebook's folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_client.manager import AsyncKernelManager
+
+from gpulayer_kernel.testing.waiting import until
+
+from ..kernels.conftest import Plane
+from .conftest import notebook_folder
+
+pytestmark = pytest.mark.slow
+
+
+async def start(folder: Path) -> tuple[AsyncKernelManager, Any]:
+    km = AsyncKernelManager(kernel_name="gpulayer-1gpu")
+    await km.start_kernel(cwd=str(folder))
+    kc = km.client()
+    kc.start_channels()
+    await kc.wait_for_ready(timeout=60)
+    return km, kc
+
+
+async def run(kc: Any, code: str) -> tuple[dict[str, Any], str]:
+    seen: list[dict[str, Any]] = []
+    reply = await kc.execute_interactive(code, output_hook=seen.append, timeout=60)
+    text = "".join(m["content"].get("text", "") for m in seen if m["msg_type"] == "stream")
+    errs = [m["content"] for m in seen if m["msg_type"] == "error"]
+    assert reply["content"]["status"] == "ok", (errs, text)
+    return reply, text
+
+
+async def stop(km: AsyncKernelManager, kc: Any) -> None:
+    kc.stop_channels()
+    await km.shutdown_kernel(now=True)
+
+
+async def test_a_synced_kernel_reads_imports_sees_edits_and_writes_back(
+    gl_far: Plane, tmp_path: Path
+) -> None:
+    folder = notebook_folder(tmp_path)
+    km, kc = await start(folder)
+    try:
+        (info,) = gl_far.call(gl_far.cp.list_sessions())
+        _, out = await run(kc, "import os\nprint(os.getcwd())")
+        assert out.strip() != str(folder)  # a copy on the worker, not the folder itself
+        (info,) = gl_far.call(gl_far.cp.list_sessions())
+        assert info.workspace is not None and info.workspace.mode == "synced"
+
+        _, out = await run(kc, "print(open('data.csv').read())")
+        assert "3,4" in out
+        _, out = await run(kc, "import helpers\nprint(helpers.VALUE, helpers.total([1, 2]))")
+        assert out.split() == ["1", "3"]
+
+        (folder / "helpers.py").write_text("VALUE = 2\n\ndef total(rows):\n    return 0\n")
+        _, out = await run(kc, "import importlib\nimportlib.reload(helpers)\nprint(helpers.VALUE)")
+        assert out.strip() == "2"
+
+        _, out = await run(kc, "open('results.csv', 'w').write('x\\n42\\n')")
+        # Outputs come back just after the cell's reply (the next cell never waits for them).
+        results = folder / "results.csv"
+        await until(lambda: results.exists(), 20, what="results.csv written back")
+        assert results.read_text() == "x\n42\n"
+    finally:
+        await stop(km, kc)
+
+
+async def test_an_in_place_kernel_runs_in_the_notebook_folder(
+    gl_near: Plane, tmp_path: Path
+) -> None:
+    folder = notebook_folder(tmp_path)
+    km, kc = await start(folder)
+    try:
+        _, out = await run(kc, "import os, helpers\nprint(os.getcwd(), helpers.VALUE)")
+        assert out.split() == [str(folder), "1"]
+        (info,) = gl_near.call(gl_near.cp.list_sessions())
+        assert info.workspace is not None and info.workspace.mode == "in_place"
+        await run(kc, "open('results.csv', 'w').write('done')")
+        assert (folder / "results.csv").read_text() == "done"
+    finally:
+        await stop(km, kc)
