@@ -139,14 +139,21 @@ class HostWorkspace:
     async def _send(
         self, puts: list[FileEntry], removes: list[FileEntry], *, full: bool, notes: Notes
     ) -> None:
-        await self._upload(puts)
+        failed = await self._upload(puts)
+        if failed:  # changed since they were hashed: they go with the next cell
+            for e in [e for e in puts if e.digest in failed]:
+                notes.add(f"{e.path}: changed while being sent; it goes with the next cell")
+                self.index.files.pop(name_of(e), None)
+                self.detector.dirty(name_of(e))
+            puts = [e for e in puts if e.digest not in failed]
         delta = WorkspaceDelta(
             base=None if full else self.version, version=self.version + 1, put=puts, remove=removes
         )
         answer = await self._call(WorkspaceCall(id=_id(), op="sync", delta=delta))
         if answer.need_full and not full:
             entries = [entry(rel, k) for rel, k in self.index.files.items()]
-            await self._upload(entries)
+            gone = await self._upload(entries)
+            entries = [e for e in entries if e.digest not in gone]
             full_delta = WorkspaceDelta(base=None, version=self.version + 1, put=entries)
             answer = await self._call(WorkspaceCall(id=_id(), op="sync", delta=full_delta))
             puts, removes = entries, []
@@ -160,20 +167,21 @@ class HostWorkspace:
         for n in notes.all() + answer.notes:
             log.warning("workspace %s: %s", self.root, n)
 
-    async def _upload(self, puts: list[FileEntry], progress: Progress | None = None) -> None:
-        """Put the files the store lacks for this user, in packs (read again: a file that
-        changed since it was hashed is hashed again, its entry with it)."""
+    async def _upload(self, puts: list[FileEntry]) -> set[str]:
+        """Put the files the store lacks for this user, in packs, each read again as it is at
+        one moment; the digests whose file no longer has them (changed since it was hashed)."""
         want = {e.digest: e for e in puts}
         missing: list[str] = []
         keys = list(want)
         for i in range(0, len(keys), MISSING_BATCH):
             missing += await self.link.missing(keys[i : i + MISSING_BATCH])
-        if not missing:
-            return
-        broot = self.root
+        failed: set[str] = set()
         for group in packs.batches((d, want[d].size) for d in missing):
-            objs = await asyncio.to_thread(_read_group, broot, [want[d] for d in group])
-            await self.link.put_pack(await asyncio.to_thread(packs.pack, objs))
+            objs = await asyncio.to_thread(_read_group, self.root, [want[d] for d in group])
+            failed.update(set(group) - {d for d, _ in objs})
+            if objs:
+                await self.link.put_pack(await asyncio.to_thread(packs.pack, objs))
+        return failed
 
     # -- outputs ---------------------------------------------------------------------------------
 

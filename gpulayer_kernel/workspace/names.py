@@ -156,8 +156,8 @@ def read_inside(root: str | os.PathLike[str], rel: bytes) -> bytes | None:
             fd = os.open(leaf, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
             with os.fdopen(fd, "rb") as f:
                 return f.read()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+    except (FileNotFoundError, NotADirectoryError, InvalidInput):
+        return None  # a symlink on the way counts as absent
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             return None
@@ -172,7 +172,7 @@ def remove_inside(root: str | os.PathLike[str], rel: bytes) -> bool:
         with _dir_fd(root, dirs, create=False) as dfd:
             os.unlink(leaf, dir_fd=dfd)
             return True
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, InvalidInput):
         return False
 
 

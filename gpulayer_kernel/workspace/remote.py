@@ -240,21 +240,30 @@ class WorkerWorkspace:
                 continue
             total += k.size
             send.append((rel, k))
-        outputs = [entry(rel, k) for rel, k in send]
-        await self._upload(send)
+        sent = await self._upload(send)
+        outputs = [entry(rel, k) for rel, k in send if k.digest in sent]
         for rel, k in send:
-            self.synced[rel] = k.digest
+            if k.digest in sent:
+                self.synced[rel] = k.digest
+            else:
+                notes.add(f"{shown(rel)}: changed while being read; it comes with the next cell")
         return WorkspaceAnswer(
             id=call_id, version=self.version, outputs=outputs, big=big, notes=notes.all()
         )
 
-    async def _upload(self, send: list[tuple[bytes, Known]]) -> None:
+    async def _upload(self, send: list[tuple[bytes, Known]]) -> set[str]:
+        """Put the files in the store (read again, each as it is at one moment); the digests
+        that went (a file that changed since its scan does not, this time)."""
         assert self.dir is not None
         broot = os.fsencode(self.dir)
         by = {k.digest: rel for rel, k in send}
+        sent: set[str] = set()
         for group in packs.batches((k.digest, k.size) for _, k in send):
             objs = await asyncio.to_thread(_read_objects, broot, [(d, by[d]) for d in group])
-            await self.link.put_pack(self.job_id, await asyncio.to_thread(packs.pack, objs))
+            if objs:
+                await self.link.put_pack(self.job_id, await asyncio.to_thread(packs.pack, objs))
+            sent.update(d for d, _ in objs)
+        return sent
 
 
 def _read_objects(broot: bytes, items: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:

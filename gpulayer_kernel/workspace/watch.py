@@ -32,6 +32,7 @@ class Detector:
         self._ino = None
         self._dirs: dict[int, bytes] = {}
         self._lost = True  # until watches are up: everything is news
+        self._again: set[bytes] = set()
         try:
             import inotify_simple
 
@@ -81,12 +82,16 @@ class Detector:
                         if not self.rules.ignored(sub, True):
                             stack.append(sub)
 
+    def dirty(self, rel: bytes) -> None:
+        """Make ``rel`` news at the next drain (a file that could not be sent this time)."""
+        self._again.add(rel)
+
     def drain(self) -> set[bytes] | None:
         """Paths (relative) that changed since the last call; None when that is not known."""
         if self._ino is None:
             return None
         events = self._ino.read(timeout=0)
-        changed: set[bytes] = set()
+        changed, self._again = self._again, set()
         lost = self._lost
         self._lost = False
         f = self._flags

@@ -4,6 +4,9 @@ the next cell, and writes results.csv, which appears in the notebook's folder.""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -83,5 +86,81 @@ async def test_an_in_place_kernel_runs_in_the_notebook_folder(
         assert info.workspace is not None and info.workspace.mode == "in_place"
         await run(kc, "open('results.csv', 'w').write('done')")
         assert (folder / "results.csv").read_text() == "done"
+    finally:
+        await stop(km, kc)
+
+
+async def note(kc: Any, timeout: float = 20.0) -> str:
+    """The workspace's words for the last cell (they come just after its reply)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        left = deadline - asyncio.get_running_loop().time()
+        msg = await kc.get_iopub_msg(timeout=max(0.1, left))
+        text = msg["content"].get("text", "") if msg["msg_type"] == "stream" else ""
+        if "gpulayer:" in text:
+            return str(text)
+
+
+async def test_a_folder_too_big_starts_the_kernel_without_a_workspace_and_says_so(
+    gl_far: Plane, tmp_path: Path
+) -> None:
+    folder = notebook_folder(tmp_path)
+    with open(folder / "weights.bin", "wb") as f:
+        f.truncate(10 << 30)  # sparse
+    km, kc = await start(folder)
+    try:
+        _, out = await run(kc, "import os\nprint(os.path.exists('data.csv'), 6 * 7)")
+        assert out.split()[:2] == ["False", "42"]  # the kernel works, without the folder
+        said = out if "gpulayer:" in out else await note(kc)
+        assert "the workspace was not synced" in said and "weights.bin (10 GiB)" in said
+        assert ".gpulayerignore" in said
+        (folder / ".gpulayerignore").write_text("*.bin\n")  # nothing lost: the folder is as it was
+        assert (folder / "data.csv").read_text().startswith("a,b")
+    finally:
+        await stop(km, kc)
+
+
+async def test_odd_names_reach_the_worker_exactly(gl_far: Plane, tmp_path: Path) -> None:
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    names = [b"new\nline.txt", b"caf\xe9.csv", b"Data.csv", b"data.csv"]
+    for n in names:
+        with open(os.path.join(os.fsencode(folder), n), "wb") as f:
+            f.write(n * 3)
+    km, kc = await start(folder)
+    try:
+        code = (
+            "import os, hashlib\n"
+            "for n in sorted(os.listdir(b'.')):\n"
+            "    print(n.hex(), hashlib.sha256(open(n, 'rb').read()).hexdigest())"
+        )
+        _, out = await run(kc, code)
+        got = dict(line.split() for line in out.strip().splitlines())
+        want = {n.hex(): hashlib.sha256(n * 3).hexdigest() for n in names}
+        assert got == want
+    finally:
+        await stop(km, kc)
+
+
+async def test_a_file_changed_on_both_sides_keeps_both_and_says_so(
+    gl_far: Plane, tmp_path: Path
+) -> None:
+    folder = notebook_folder(tmp_path)
+    km, kc = await start(folder)
+    try:
+        await run(kc, "open('out.txt', 'w').write('worker 1')")
+        out_txt = folder / "out.txt"
+        await until(lambda: out_txt.exists(), 20)
+        # The cell rewrites out.txt while the user edits it here: both changed since the sync.
+        cell = asyncio.ensure_future(
+            run(kc, "import time\ntime.sleep(1.5)\nopen('out.txt', 'w').write('worker 2')")
+        )
+        await asyncio.sleep(0.5)
+        out_txt.write_text("my edit")
+        _, said = await cell
+        said = said if "gpulayer:" in said else await note(kc)
+        assert "out.txt changed here and on the worker" in said
+        assert out_txt.read_text() == "my edit"  # never silently overwritten
+        assert (folder / "out.worker-1.txt").read_text() == "worker 2"
     finally:
         await stop(km, kc)
