@@ -20,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ..contracts.workspace import (
     CollectAsk,
@@ -58,6 +59,7 @@ class WorkspaceLink(Protocol):
 
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes in all)
+T = TypeVar("T")
 
 
 class HostWorkspace:
@@ -174,13 +176,15 @@ class HostWorkspace:
         missing: list[str] = []
         keys = list(want)
         for i in range(0, len(keys), MISSING_BATCH):
-            missing += await self.link.missing(keys[i : i + MISSING_BATCH])
+            batch = keys[i : i + MISSING_BATCH]
+            missing += await _again(partial(self.link.missing, batch), self.root)
         failed: set[str] = set()
         for group in packs.batches((d, want[d].size) for d in missing):
             objs = await asyncio.to_thread(_read_group, self.root, [want[d] for d in group])
             failed.update(set(group) - {d for d, _ in objs})
             if objs:
-                await self.link.put_pack(await asyncio.to_thread(packs.pack, objs))
+                blob = await asyncio.to_thread(packs.pack, objs)
+                await _again(partial(self.link.put_pack, blob), self.root)
         return failed
 
     # -- outputs ---------------------------------------------------------------------------------
@@ -209,7 +213,7 @@ class HostWorkspace:
             return []
         data: dict[str, bytes] = {}
         for group in packs.batches((e.digest, e.size) for e in outputs):
-            blob = await self.link.read_pack(group)
+            blob = await _again(partial(self.link.read_pack, group), self.root)
             data.update(packs.unpack(blob))
         return await asyncio.to_thread(self._apply_outputs, outputs, data)
 
@@ -259,7 +263,8 @@ class HostWorkspace:
             done = 0
             data: dict[str, bytes] = {}
             for group in packs.batches((e.digest, e.size) for e in answer.outputs):
-                data.update(packs.unpack(await self.link.read_pack(group)))
+                blob = await _again(partial(self.link.read_pack, group), self.root)
+                data.update(packs.unpack(blob))
                 done += sum(len(data[d]) for d in group if d in data)
                 if progress is not None:
                     progress(done, total)
@@ -269,21 +274,29 @@ class HostWorkspace:
     async def _call(self, call: WorkspaceCall) -> WorkspaceAnswer:
         """The call, sent again (same id) until the worker answers: a restarted control plane
         or a slow worker costs a retry, never a second application."""
-        tries = 0
-        while True:
-            try:
-                return await self.link.call(self.session_id, call, CALL_WAIT)
-            except GPUlayerError as exc:
-                if exc.code not in ("workspace_timeout", "unavailable", "unreachable") or (
-                    tries >= 40
-                ):
-                    raise
-                log.info("workspace %s: %s; asking again", self.root, exc.message)
-                await asyncio.sleep(min(2.0, 0.05 * 2**tries))  # retry backoff
-                tries += 1
+        return await _again(lambda: self.link.call(self.session_id, call, CALL_WAIT), self.root)
 
     def close(self) -> None:
         self.detector.close()
+
+
+RETRY_FOR = 120.0  # seconds a call is retried while the control plane is away (a restart)
+
+
+async def _again(make: Callable[[], Awaitable[T]], root: Path) -> T:
+    """``make()``, again while the control plane is unreachable or the worker slow to answer."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + RETRY_FOR
+    tries = 0
+    while True:
+        try:
+            return await make()
+        except GPUlayerError as exc:
+            if exc.status != 503 or loop.time() > until:
+                raise
+            log.info("workspace %s: %s; asking again", root, exc.message)
+            await asyncio.sleep(min(2.0, 0.05 * 2**tries))  # retry backoff
+            tries += 1
 
 
 def _id() -> str:
