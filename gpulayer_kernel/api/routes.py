@@ -46,6 +46,7 @@ from .handlers import (
 )
 from .health import HealthHandler, ReadyHandler
 from .job_runs import JobBatchHandler, JobFollowHandler, JobRunHandler
+from .job_tokens import WorkerJobTokenHandler, job_lives
 from .kernels import USER_ROUTES as KERNEL_ROUTES
 from .kernels import WORKER_ROUTES as KERNEL_WORKER_ROUTES
 from .mixin import GLMixin
@@ -137,6 +138,7 @@ WORKER_ROUTES: tuple[type[WorkerRoute], ...] = (
     *SESSION_WORKER_ROUTES,
     *KERNEL_WORKER_ROUTES,
     *WORKSPACE_WORKER_ROUTES,
+    WorkerJobTokenHandler,
     DistHandler,
     DistFileHandler,
 )
@@ -185,6 +187,8 @@ def make_context(
         tokens.users = cp.users  # client tokens act as their users (and a disabled one, not)
     if tokens is not None and tokens.audit is None and cp is not None:
         tokens.audit = cp.audit.record  # token creation and revocation are audited
+    if tokens is not None and tokens.job_live is None and cp is not None:
+        tokens.job_live = job_lives(cp)  # a job token works while its job does (ADR 0022)
     speaks = versions.parse(protocol)
     return ApiContext(
         cp=cp,

@@ -28,6 +28,7 @@ from ...redact import Redactor
 from ...workspace.remote import WorkerWorkspace
 from ..config import ExecutorConfig
 from ..control import ControlReader
+from ..jobtoken import scoped_env
 from ..launch import Launch
 from ..logship import LogShipper
 from ..ports import PortReservations
@@ -82,6 +83,7 @@ class SessionExecutor(SessionCells):
             self.dir = self.dir.with_name(self.dir.name + f"-n{node.node_rank}")
         # The notebook's folder (ADR 0022): the ranks run in it, in place or synced; else here.
         self.cwd = self.dir
+        self.scoped: dict[str, str] = {}  # GPULAYER_URL and a job token (worker/jobtoken.py)
         self.workspace: WorkerWorkspace | None = None
         if getattr(self.job.spec.workload, "workspace", None) is not None:
             self.workspace = workspace_for(self.job.id, transport, self.dir / "workspace")
@@ -182,7 +184,11 @@ class SessionExecutor(SessionCells):
             await self.shipper.close()
 
     async def _prepare_workspace(self) -> None:
-        """Where the ranks run: the notebook's folder in place, a synced copy, or here."""
+        """Where the ranks run: the notebook's folder in place, a synced copy, or here; and
+        how the code reaches this control plane (a job token)."""
+        self.scoped, note = await scoped_env(self.transport, self.job.id)
+        if note:
+            self.system(note)
         if self.workspace is None:
             return
         self.dir.mkdir(parents=True, exist_ok=True)

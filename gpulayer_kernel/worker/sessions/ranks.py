@@ -80,6 +80,7 @@ class SessionRanks:
     ranks: list[Rank]
     dir: Path
     cwd: Path
+    scoped: dict[str, str]
     broken: str | None
     cell: int | None
     output: RankOutput
@@ -114,6 +115,7 @@ class SessionRanks:
         if master is not None:
             gl_env["MASTER_ADDR"], gl_env["MASTER_PORT"] = master[0], str(master[1])
         gl_env.update(device_env(self.a))
+        gl_env.update(self.scoped)  # the control plane that placed it (ADR 0022)
         env = job_env(
             base_env(extra_allowed=self.config.extra_env_allowed),
             spec.env,
