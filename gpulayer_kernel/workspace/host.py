@@ -78,7 +78,7 @@ class HostWorkspace:
         self.session_id = session_id
         self.link = link
         self.caps = caps or Caps.from_env()
-        self.ask = collect or CollectAsk()
+        self.ask = collect or CollectAsk(cap=_env_bytes(BACK_ENV, CollectAsk().cap))
         self.rules = Rules(root)
         self.index = Index()
         self.detector = Detector(root, self.rules)
@@ -281,6 +281,14 @@ class HostWorkspace:
 
 
 RETRY_FOR = 120.0  # seconds a call is retried while the control plane is away (a restart)
+BACK_ENV = "GPULAYER_WORKSPACE_BACK_BYTES"  # a file over this stays on the worker (pull it)
+
+
+def _env_bytes(name: str, default: int) -> int:
+    import os
+
+    raw = os.environ.get(name, "")
+    return int(raw) if raw.isdigit() else default
 
 
 async def _again(make: Callable[[], Awaitable[T]], root: Path) -> T:

@@ -224,18 +224,19 @@ class WorkerWorkspace:
             survey, self.dir, Caps(files=10**7, bytes=1 << 62), Rules(self.dir), self.index
         )
         wanted = {p.encode() for p in ask.paths}
+        forced = wanted | self._asked_inside()  # whatever their size
         changed = [
             (rel, k)
             for rel, k in files.items()
-            if (rel in wanted) or (not wanted and self.synced.get(rel) != k.digest)
+            if (rel in forced) or (not wanted and self.synced.get(rel) != k.digest)
         ]
-        for p in wanted - set(files):
+        for p in forced - set(files):
             notes.add(f"{shown(p)}: no such file on the worker")
         send: list[tuple[bytes, Known]] = []
         big: list[FileEntry] = []
         total = 0
         for rel, k in sorted(changed, key=lambda x: x[1].size):
-            if k.size > ask.cap or total + k.size > ask.total:
+            if rel not in forced and (k.size > ask.cap or total + k.size > ask.total):
                 big.append(entry(rel, k))
                 continue
             total += k.size
@@ -250,6 +251,19 @@ class WorkerWorkspace:
         return WorkspaceAnswer(
             id=call_id, version=self.version, outputs=outputs, big=big, notes=notes.all()
         )
+
+    def _asked_inside(self) -> set[bytes]:
+        """Files ``%gpulayer pull`` asked for from inside a GPU kernel (``pulls.WANTED``)."""
+        from .pulls import WANTED
+
+        assert self.dir is not None
+        path = self.dir / WANTED
+        try:
+            names = path.read_bytes().splitlines()
+            path.unlink()
+        except (FileNotFoundError, NotADirectoryError):
+            return set()
+        return {n.strip() for n in names if n.strip()}
 
     async def _upload(self, send: list[tuple[bytes, Known]]) -> set[str]:
         """Put the files in the store (read again, each as it is at one moment); the digests

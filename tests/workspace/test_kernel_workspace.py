@@ -164,3 +164,39 @@ async def test_a_file_changed_on_both_sides_keeps_both_and_says_so(
         assert (folder / "out.worker-1.txt").read_text() == "worker 2"
     finally:
         await stop(km, kc)
+
+
+async def test_a_big_output_stays_on_the_worker_until_pulled(
+    gl_far: Plane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpulayer_kernel.client.workspace import CpWorkspaceLink
+    from gpulayer_kernel.workspace.pulls import pull_files
+
+    monkeypatch.setenv("GPULAYER_WORKSPACE_BACK_BYTES", "1000")
+    folder = notebook_folder(tmp_path)
+    km, kc = await start(folder)
+    try:
+        _, out = await run(kc, "open('big.bin', 'wb').write(b'x' * 5000)\nNone")
+        said = out if "gpulayer:" in out else await note(kc)
+        assert "left on the worker (over 1000 B): big.bin (4.9 KiB)" in said
+        assert "%gpulayer pull big.bin" in said
+        assert not (folder / "big.bin").exists()
+        # %gpulayer pull inside the GPU kernel: it comes back at the end of that cell
+        await run(kc, "%load_ext gpulayer_kernel")
+        _, out = await run(kc, "%gpulayer pull big.bin")
+        assert "coming back to the notebook's folder at the end of this cell" in out
+        await until(lambda: (folder / "big.bin").exists(), 20)
+        assert (folder / "big.bin").read_bytes() == b"x" * 5000
+        # gpulayer pull (the terminal's way), with progress
+        await run(kc, "open('big2.bin', 'wb').write(b'y' * 3000)\nNone")
+        (info,) = gl_far.call(gl_far.cp.list_sessions())
+        seen: list[tuple[int, int]] = []
+        pulled = gl_far.call(
+            pull_files(
+                CpWorkspaceLink(gl_far.cp), info.id, ["big2.bin"], lambda d, t: seen.append((d, t))
+            )
+        )
+        assert "big2.bin" in pulled and seen[-1] == (3000, 3000)
+        assert (folder / "big2.bin").read_bytes() == b"y" * 3000
+    finally:
+        await stop(km, kc)

@@ -196,6 +196,7 @@ class SessionExecutor(SessionCells):
         plan = self.workspace.plan
         if where is not None and plan is not None:
             self.cwd = where
+            self.scoped["GPULAYER_WORKSPACE"] = plan.mode  # %gpulayer pull reads it
             self.system(f"workspace {plan.mode.replace('_', ' ')}: {where} ({plan.reason})")
         elif self.workspace.note:
             self.system(self.workspace.note)
