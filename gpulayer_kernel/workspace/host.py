@@ -38,7 +38,7 @@ from ..errors import GPUlayerError
 from . import pack as packs
 from .index import Index, Known, digest_of
 from .names import move_aside, name_of, read_inside, shown, write_inside
-from .scan import Caps, Notes, Rules
+from .scan import IGNORE_FILE, Caps, Notes, Rules
 from .tree import entry, look, survey
 from .watch import Detector
 
@@ -117,6 +117,9 @@ class HostWorkspace:
             return
         if not self.version:
             changed = None  # the first time: the whole folder
+        if changed is None or IGNORE_FILE.encode() in changed:
+            self.rules = self.detector.rules = Rules(self.root)  # its rules may have changed
+            changed = None
         async with self.lock:
             current: dict[bytes, Known | None]
             if changed is None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -200,3 +202,51 @@ async def test_a_big_output_stays_on_the_worker_until_pulled(
         assert (folder / "big2.bin").read_bytes() == b"y" * 3000
     finally:
         await stop(km, kc)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 3 MiB tmpfs where the far worker keeps its jobs (root only)."""
+    where = tmp_path / "work-far"
+    where.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(where)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+async def test_the_worker_disk_filling_mid_sync_says_so_and_loses_nothing(
+    tiny_disk: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpulayer_kernel.contracts.workspace import WorkerShares
+
+    from .conftest import FAR, add_worker, close_plane, make_plane
+
+    plane = make_plane(tmp_path, monkeypatch)
+    add_worker(plane, "far", 1, WorkerShares(host=FAR))
+    folder = notebook_folder(tmp_path)
+    big = os.urandom(5 << 20)
+    (folder / "weights.npy").write_bytes(big)
+    km, kc = await start(folder)
+    try:
+        _, out = await run(kc, "print(6 * 7)")
+        said = out if "gpulayer:" in out else await note(kc)
+        assert "workspace_disk_full" in said or "is full" in said, said
+        assert "weights.npy" in said
+        assert (folder / "weights.npy").read_bytes() == big  # nothing lost here
+        leftovers = [p for p in tiny_disk.rglob("*") if p.name.startswith(".gpulayer-tmp-")]
+        assert leftovers == []  # nothing half-written there
+        # leave it out, and the next cell has the rest
+        (folder / ".gpulayerignore").write_text("*.npy\n")
+        _, out = await run(kc, "import os\nprint(open('data.csv').read().count(','))")
+        assert out.split()[0] == "3"
+        _, out = await run(kc, "print(os.path.exists('weights.npy'))")
+        assert out.strip() == "False"  # synced without it, and nothing more to say
+    finally:
+        await stop(km, kc)
+        close_plane(plane)
