@@ -149,8 +149,9 @@ class SessionTable(SessionCells):
     def set_workspace(self, job_id: str, view: WorkspaceView) -> None:
         """Where a session's code runs (ADR 0022), as its ``SessionInfo`` shows it."""
         s = self._live.get(job_id)
-        if s is not None:
+        if s is not None and s.workspace != view:
             s.workspace = view
+            self._announce_soon(s)  # the panel's badge: in place or synced
 
     def hold(self, job_id: str) -> tuple[str, float | None] | None:
         """For the scheduler's explanations: (holder label, idle since | None) of a session."""
