@@ -51,7 +51,8 @@ from .names import (
     write_inside,
 )
 from .scan import Caps, Notes, Rules
-from .tree import entry, survey
+from .tree import entry, look, survey
+from .watch import Detector
 
 log = logging.getLogger("gpulayer.workspace")
 
@@ -84,6 +85,10 @@ class WorkerWorkspace:
         self._answers: OrderedDict[str, WorkspaceAnswer] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
         self.note: str | None = None
+        # What the code changed since the last collect (inotify): a collect after a cell that
+        # wrote nothing costs microseconds, not a walk of the folder.
+        self.detector: Detector | None = None
+        self.rules: Rules | None = None
 
     async def prepare(self) -> Path | None:
         """The folder the ranks run in (None: the scratch folder as before, and why in
@@ -105,12 +110,17 @@ class WorkerWorkspace:
             self.scratch.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(clean_temporaries, self.scratch)
             self.dir = self.scratch
+            self.rules = Rules(self.scratch)
+            self.detector = Detector(self.scratch, self.rules)
+            self.detector.start()
             self._task = asyncio.create_task(self.serve())
         else:
             self.note = f"no workspace: {self.plan.reason}"
         return self.dir
 
     async def close(self) -> None:
+        if self.detector is not None:
+            self.detector.close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -167,6 +177,7 @@ class WorkerWorkspace:
             data.update(packs.unpack(await self.link.read_pack(self.job_id, group)))
         notes = Notes()
         await asyncio.to_thread(self._apply, root, delta, data, notes)
+        self._ours()
         self.version = delta.version
         return WorkspaceAnswer(id=call_id, version=self.version, notes=notes.all())
 
@@ -218,13 +229,28 @@ class WorkerWorkspace:
 
         return _read(broot, checked(rel), self.index, Notes())
 
+    def _ours(self) -> None:
+        """The files a sync just wrote are no change of the code's: drop their events (a
+        file the code writes meanwhile is still found: its digest differs from the synced)."""
+        if self.detector is not None and self.detector.drain() is None:
+            self._lost = True
+
+    _lost = False
+
     async def collect(self, call_id: str, ask: CollectAsk) -> WorkspaceAnswer:
         assert self.dir is not None
-        files, notes = await asyncio.to_thread(
-            survey, self.dir, Caps(files=10**7, bytes=1 << 62), Rules(self.dir), self.index
-        )
         wanted = {p.encode() for p in ask.paths}
         forced = wanted | self._asked_inside()  # whatever their size
+        changed_paths = self.detector.drain() if self.detector is not None else None
+        if self._lost:
+            changed_paths, self._lost = None, False
+        files: dict[bytes, Known]
+        if changed_paths is None or wanted:
+            rules, no_cap = Rules(self.dir), Caps(files=10**7, bytes=1 << 62)
+            files, notes = await asyncio.to_thread(survey, self.dir, no_cap, rules, self.index)
+        else:
+            seen, notes = look(self.dir, changed_paths | forced, Rules(self.dir), self.index)
+            files = {rel: k for rel, k in seen.items() if k is not None}
         changed = [
             (rel, k)
             for rel, k in files.items()
