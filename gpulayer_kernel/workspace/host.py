@@ -144,6 +144,9 @@ class HostWorkspace:
     async def _send(
         self, puts: list[FileEntry], removes: list[FileEntry], *, full: bool, notes: Notes
     ) -> None:
+        if full and not self.synced and sum(e.size for e in puts) > packs.PACK_BYTES:
+            await self._send_first(puts, notes)
+            return
         failed = await self._upload(puts)
         if failed:  # changed since they were hashed: they go with the next cell
             for e in [e for e in puts if e.digest in failed]:
@@ -171,6 +174,63 @@ class HostWorkspace:
         self.version = answer.version
         for n in notes.all() + answer.notes:
             log.warning("workspace %s: %s", self.root, n)
+
+    async def _send_first(self, puts: list[FileEntry], notes: Notes) -> None:
+        """A big folder's first sync in pieces of a pack each: the worker fetches and writes
+        piece k while piece k+1 is read and uploaded here. Each piece is a delta on the last
+        (the first replaces whatever the worker held), answered in order."""
+        groups: list[list[FileEntry]] = [[]]
+        size = 0
+        for e in puts:
+            if groups[-1] and size + e.size > packs.PACK_BYTES:
+                groups.append([])
+                size = 0
+            groups[-1].append(e)
+            size += e.size
+        box: list[asyncio.Task[WorkspaceAnswer] | None] = [None]  # the call in flight
+        try:
+            answer = await self._pieces(groups, notes, box)
+        finally:
+            for task in box:
+                if task is not None and not task.done():  # a failed piece: its call goes too
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+        for n in notes.all() + answer.notes:
+            log.warning("workspace %s: %s", self.root, n)
+
+    async def _pieces(
+        self,
+        groups: list[list[FileEntry]],
+        notes: Notes,
+        box: list[asyncio.Task[WorkspaceAnswer] | None],
+    ) -> WorkspaceAnswer:
+        pending: asyncio.Task[WorkspaceAnswer] | None = None
+        last: list[FileEntry] = []
+        for i, group in enumerate(groups):
+            failed = await self._upload(group)
+            for e in [e for e in group if e.digest in failed]:
+                notes.add(f"{e.path}: changed while being sent; it goes with the next cell")
+                self.index.files.pop(name_of(e), None)
+                self.detector.dirty(name_of(e))
+            group = [e for e in group if e.digest not in failed]
+            if pending is not None:
+                self._applied(await pending, last)
+            delta = WorkspaceDelta(
+                base=None if i == 0 else self.version, version=self.version + 1, put=group
+            )
+            call = WorkspaceCall(id=_id(), op="sync", delta=delta)
+            pending = box[0] = asyncio.ensure_future(self._call(call))
+            last = group
+        assert pending is not None
+        answer = await pending
+        self._applied(answer, last)
+        return answer
+
+    def _applied(self, answer: WorkspaceAnswer, puts: list[FileEntry]) -> None:
+        _raise_for(answer)
+        for e in puts:
+            self.synced[name_of(e)] = e.digest
+        self.version = answer.version
 
     async def _upload(self, puts: list[FileEntry]) -> set[str]:
         """Put the files the store lacks for this user, in packs, each read again as it is at

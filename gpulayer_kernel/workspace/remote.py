@@ -39,7 +39,7 @@ from ..contracts.workspace import (
 )
 from ..errors import GPUlayerError
 from . import pack as packs
-from .index import Index, Known, known_of
+from .index import Index, Known
 from .names import (
     DiskFull,
     checked,
@@ -215,7 +215,10 @@ class WorkerWorkspace:
                 raise
             with contextlib.suppress(OSError):
                 st = os.stat(os.path.join(broot, rel), follow_symlinks=False)
-                self.index.files[rel] = known_of(body, st)
+                # Its digest is the entry's (the pack verified it): no second hash.
+                self.index.files[rel] = Known(
+                    st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, e.mode, e.digest
+                )
             self.synced[rel] = e.digest
         for rel, digest in removes:
             current = self._current(broot, rel)
