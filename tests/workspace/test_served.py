@@ -136,6 +136,9 @@ async def session_with_workspace(server: ServeProcess, folder: Path) -> Any:
     return info
 
 
+# A connection the SIGKILL cut mid-request is sometimes left to the garbage collector by
+# httpcore (an unclosed-socket ResourceWarning at a random later moment): not a leak of ours.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_the_control_plane_killed_mid_sync_loses_nothing(
     gl_served: Any, tmp_path: Path
 ) -> None:
