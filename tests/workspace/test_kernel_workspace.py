@@ -250,3 +250,38 @@ async def test_the_worker_disk_filling_mid_sync_says_so_and_loses_nothing(
     finally:
         await stop(km, kc)
         close_plane(plane)
+
+
+async def test_two_kernels_on_two_workers_writing_one_file_keep_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpulayer_kernel.contracts.workspace import WorkerShares
+
+    from .conftest import add_worker, close_plane, make_plane
+
+    plane = make_plane(tmp_path, monkeypatch)
+    add_worker(plane, "far-a", 1, WorkerShares(host="machine-a"))
+    add_worker(plane, "far-b", 1, WorkerShares(host="machine-b"))
+    folder = notebook_folder(tmp_path)
+    a_km, a = await start(folder)
+    b_km, b = await start(folder)
+    try:
+        sessions = plane.call(plane.cp.list_sessions())
+        assert {s.job.placement.nodes[0].worker_name for s in sessions} == {"far-a", "far-b"}
+        # Both cells run at once: b's started before a's file came back to the folder.
+        slow_b = asyncio.ensure_future(
+            run(b, "import time\ntime.sleep(1.5)\nopen('results.csv', 'w').write('from b')")
+        )
+        await asyncio.sleep(0.3)
+        await run(a, "open('results.csv', 'w').write('from a')")
+        results = folder / "results.csv"
+        await until(lambda: results.exists(), 20)
+        _, out = await slow_b
+        said = out if "gpulayer:" in out else await note(b)
+        assert "results.csv changed here and on the worker" in said
+        assert results.read_text() == "from a"  # the first one's stays
+        assert (folder / "results.worker-1.csv").read_text() == "from b"  # the second's beside
+    finally:
+        await stop(a_km, a)
+        await stop(b_km, b)
+        close_plane(plane)
