@@ -46,7 +46,7 @@ from .handlers import (
 )
 from .health import HealthHandler, ReadyHandler
 from .job_runs import JobBatchHandler, JobFollowHandler, JobRunHandler
-from .job_tokens import WorkerJobTokenHandler, job_lives
+from .job_tokens import job_lives
 from .kernels import USER_ROUTES as KERNEL_ROUTES
 from .kernels import WORKER_ROUTES as KERNEL_WORKER_ROUTES
 from .mixin import GLMixin
@@ -138,7 +138,6 @@ WORKER_ROUTES: tuple[type[WorkerRoute], ...] = (
     *SESSION_WORKER_ROUTES,
     *KERNEL_WORKER_ROUTES,
     *WORKSPACE_WORKER_ROUTES,
-    WorkerJobTokenHandler,
     DistHandler,
     DistFileHandler,
 )

@@ -206,10 +206,7 @@ class JobExecutor:
                     )
         gl_env.update(device_env(self.a))
         # The control plane that placed it, as its owner (ADR 0022): one for every rank.
-        scoped, note = await scoped_env(self.transport, self.job.id)
-        if note:
-            self.system(note)
-        gl_env.update(scoped)
+        gl_env.update(scoped_env(self.transport, self.a))
         env = job_env(
             base_env(extra_allowed=self.config.extra_env_allowed),
             spec.env,

@@ -186,9 +186,7 @@ class SessionExecutor(SessionCells):
     async def _prepare_workspace(self) -> None:
         """Where the ranks run: the notebook's folder in place, a synced copy, or here; and
         how the code reaches this control plane (a job token)."""
-        self.scoped, note = await scoped_env(self.transport, self.job.id)
-        if note:
-            self.system(note)
+        self.scoped = scoped_env(self.transport, self.a)
         if self.workspace is None:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
