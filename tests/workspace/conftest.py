@@ -4,10 +4,8 @@ or pretend to be another machine (``WorkerShares(host=...)``: synced)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -109,7 +107,3 @@ def notebook_folder(tmp_path: Path) -> Path:
     (folder / "helpers.py").write_text("VALUE = 1\n\ndef total(rows):\n    return sum(rows)\n")
     (folder / "analysis.ipynb").write_text("{}")
     return folder
-
-
-def environ() -> dict[str, Any]:
-    return dict(os.environ)
