@@ -94,14 +94,15 @@ if [ "$dev" = 1 ]; then
 fi
 if [ "$dev" = 1 ]; then
   # The provider tests run a real Slurm 22.05 and sshd (tests/providers); they skip without them.
+  # rsync: benchmarks/bench_workspace.py compares the first sync of a workspace with it.
   if [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ] \
-    && command -v sbatch >/dev/null && [ -x /usr/sbin/sshd ]; then
+    && command -v sbatch >/dev/null && [ -x /usr/sbin/sshd ] && command -v rsync >/dev/null; then
     :
   elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    step "installing Slurm, munge and OpenSSH for the provider tests (apt)"
+    step "installing Slurm, munge, OpenSSH and rsync for the provider tests (apt)"
     apt-get -o DPkg::Lock::Timeout=600 update -qq
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
-      slurmctld slurmd slurm-client munge openssh-server >/dev/null
+      slurmctld slurmd slurm-client munge openssh-server rsync >/dev/null
   else
     echo "install.sh: Slurm/sshd not found and not root: the provider tests will be skipped" >&2
   fi

@@ -87,6 +87,7 @@ class ErrorCode(StrEnum):
     JOB_CANCELLED = "job_cancelled"
     JOB_FAILED = "job_failed"
     JOB_NOT_FOUND = "job_not_found"
+    JOB_TOKEN_SCOPE = "job_token_scope"
     KERNEL_ENDED = "kernel_ended"
     KERNEL_LANE_FULL = "kernel_lane_full"
     KERNEL_MESSAGE_TOO_LARGE = "kernel_message_too_large"
@@ -162,6 +163,7 @@ class ErrorCode(StrEnum):
     TOKEN_EXPIRED = "token_expired"
     TOKEN_IN_URL = "token_in_url"
     TOKEN_INVALID = "token_invalid"
+    TOKEN_JOB_ENDED = "token_job_ended"
     TOKEN_MALFORMED = "token_malformed"
     TOKEN_MISSING = "token_missing"
     TOKEN_NOT_FOUND = "token_not_found"
@@ -187,6 +189,12 @@ class ErrorCode(StrEnum):
     WORKER_BUSY = "worker_busy"
     WORKER_LIVE = "worker_live"
     WORKER_NOT_FOUND = "worker_not_found"
+    WORKSPACE_DISK_FULL = "workspace_disk_full"
+    WORKSPACE_NONE = "workspace_none"
+    WORKSPACE_NOT_SYNCED = "workspace_not_synced"
+    WORKSPACE_TIMEOUT = "workspace_timeout"
+    WORKSPACE_TOO_BIG = "workspace_too_big"
+    WORKSPACE_UNSAFE_NAME = "workspace_unsafe_name"
     WRONG_TOKEN_KIND = "wrong_token_kind"
 
 

@@ -306,10 +306,17 @@ def session_line(info: SessionInfo, now: float | None = None) -> str:
         idle = f", idle (ends in {duration(left)} unless a cell runs)"
     cells = words.count(info.cells, "cell")
     why = f" — {info.reason}" if info.reason else ""
+    ws = info.workspace
+    folder = f", {workspace_words(ws.mode)} {ws.folder}" if ws is not None and ws.folder else ""
     return (
-        f"{info.name} [{info.status.value}] {where}, {ranks}, {cells}{idle}, "
+        f"{info.name} [{info.status.value}] {where}, {ranks}, {cells}{idle}{folder}, "
         f"held by {info.holder.label}{why}"
     )
+
+
+def workspace_words(mode: str) -> str:
+    """How a session's folder is made, in the words the panel uses too (ADR 0022)."""
+    return {"in_place": "in place", "synced": "synced", "none": "no workspace for"}[mode]
 
 
 def cell_line(cell: CellRun) -> str:

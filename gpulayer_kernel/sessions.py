@@ -41,6 +41,7 @@ from .contracts import (
     SessionStatus,
 )
 from .contracts.jobs import DEFAULT_IDLE_TIMEOUT
+from .contracts.workspace import WorkspaceSource
 from .errors import Conflict, GPUlayerError, Unavailable
 
 if TYPE_CHECKING:
@@ -401,6 +402,7 @@ def session_spec(
     labels: Mapping[str, str] | None = None,
     wait_for_capacity: bool = False,
     holder: SessionHolder | None = None,
+    workspace: WorkspaceSource | None = None,
 ) -> SessionSpec:
     """The contract ``start_session`` submits (the magics build theirs with it too)."""
     return SessionSpec(
@@ -418,6 +420,7 @@ def session_spec(
         secrets=list(secrets),
         labels=dict(labels or {}),
         wait_for_capacity=wait_for_capacity,
+        workspace=workspace,
     )
 
 

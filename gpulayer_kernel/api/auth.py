@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import tornado.web
 
+from ..errors import Forbidden
 from ..security import Principal, TokenKind
 from .context import ApiContext
 from .ops import op_of
@@ -37,8 +38,14 @@ class ClientTokenAuth(tornado.web.RequestHandler):
         if self.request.method == "OPTIONS":
             return
         principal: Principal = await self.ctx.tokens.authenticate(
-            bearer_of(self.request), (TokenKind.CLIENT,)
+            bearer_of(self.request), (TokenKind.CLIENT, TokenKind.JOB)
         )
+        if principal.kind == TokenKind.JOB and "/tokens" in self.request.path:
+            raise Forbidden(
+                "a job token cannot make, list or revoke tokens",
+                hint="it acts for one job only (docs/security.md); use a client token",
+                code="job_token_scope",
+            )
         self.current_user = principal
         self.gl_who = principal.identity
 

@@ -119,7 +119,7 @@ class GLMixin(LongPollMixin):
         if spec is None:
             raise tornado.web.HTTPError(405)
         limits = self.ctx.limits
-        self._gl_raw = spec.body == "bytes"
+        self._gl_raw = spec.body in ("bytes", "raw")
         if self._gl_raw:
             self._gl_limit = getattr(limits, spec.upload_limit)
         else:
@@ -128,7 +128,7 @@ class GLMixin(LongPollMixin):
         declared = int(length) if length and length.isdigit() else None
         if declared is not None and declared > self._gl_limit:
             self._gl_refused = self._gl_too_large_error()
-        elif self._gl_raw:
+        elif spec.body == "bytes":
             try:
                 self._gl_upload = Upload.open(self.ctx, self.cp.artifacts)
             except Unavailable as busy:
@@ -202,6 +202,8 @@ class GLMixin(LongPollMixin):
             raise self._gl_refused
         if spec.body == "bytes":
             kwargs["upload"] = self._gl_upload
+        elif spec.body == "raw":
+            kwargs["data"] = b"".join(self._gl_chunks)
         elif spec.body is not None:
             kwargs["body"] = parse(spec.body, b"".join(self._gl_chunks))
         raw_key = self.request.headers.get(idempotency.HEADER) if spec.idempotent else None

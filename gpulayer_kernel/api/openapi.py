@@ -160,7 +160,7 @@ def build_openapi(
             operation["description"] = f"Worker route; accepts {kinds} tokens."
         elif spec.role is not None:
             operation["description"] = f"User route; the least role: {spec.role.value}."
-        if spec.body == "bytes":
+        if spec.body == "bytes" or spec.body == "raw":
             operation["requestBody"] = {"required": True, "content": binary}
         elif spec.body is not None:
             operation["requestBody"] = {

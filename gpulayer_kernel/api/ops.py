@@ -30,7 +30,9 @@ class Op:
 
     summary: str
     answer: type[BaseModel] | Literal["bytes"] | None = None
-    body: type[Contract] | Literal["bytes"] | None = None
+    # "bytes": streamed to disk as an ``Upload``; "raw": kept in memory, handed in as ``data``
+    # (a workspace pack, ADR 0022: unpacked into many blobs, never stored whole).
+    body: type[Contract] | Literal["bytes", "raw"] | None = None
     status: int = 200
     query: tuple[Param, ...] = ()
     kinds: frozenset[TokenKind] | None = None  # None: a user route (client token / Jupyter)
@@ -73,7 +75,7 @@ def op(
     summary: str,
     *,
     answer: type[BaseModel] | Literal["bytes"] | None = None,
-    body: type[Contract] | Literal["bytes"] | None = None,
+    body: type[Contract] | Literal["bytes", "raw"] | None = None,
     status: int = 200,
     query: Sequence[Param] = (),
     kinds: Sequence[TokenKind] | None = None,

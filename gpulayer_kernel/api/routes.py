@@ -46,6 +46,7 @@ from .handlers import (
 )
 from .health import HealthHandler, ReadyHandler
 from .job_runs import JobBatchHandler, JobFollowHandler, JobRunHandler
+from .job_tokens import job_lives
 from .kernels import USER_ROUTES as KERNEL_ROUTES
 from .kernels import WORKER_ROUTES as KERNEL_WORKER_ROUTES
 from .mixin import GLMixin
@@ -77,6 +78,8 @@ from .worker_routes import (
     WorkerRoute,
     WorkHandler,
 )
+from .workspace import USER_ROUTES as WORKSPACE_ROUTES
+from .workspace import WORKER_ROUTES as WORKSPACE_WORKER_ROUTES
 
 USER_ROUTES: tuple[type[GLMixin], ...] = (
     StatusHandler,
@@ -104,6 +107,7 @@ USER_ROUTES: tuple[type[GLMixin], ...] = (
     SecretHandler,
     *SESSION_ROUTES,
     *KERNEL_ROUTES,
+    *WORKSPACE_ROUTES,
     ProvidersHandler,
     InstancesHandler,
     CostsHandler,
@@ -133,6 +137,7 @@ WORKER_ROUTES: tuple[type[WorkerRoute], ...] = (
     LeaveHandler,
     *SESSION_WORKER_ROUTES,
     *KERNEL_WORKER_ROUTES,
+    *WORKSPACE_WORKER_ROUTES,
     DistHandler,
     DistFileHandler,
 )
@@ -181,6 +186,8 @@ def make_context(
         tokens.users = cp.users  # client tokens act as their users (and a disabled one, not)
     if tokens is not None and tokens.audit is None and cp is not None:
         tokens.audit = cp.audit.record  # token creation and revocation are audited
+    if tokens is not None and tokens.job_live is None and cp is not None:
+        tokens.job_live = job_lives(cp)  # a job token works while its job does (ADR 0022)
     speaks = versions.parse(protocol)
     return ApiContext(
         cp=cp,

@@ -33,6 +33,7 @@ from ..errors import Forbidden, GPUlayerError, InvalidInput, NotFound, Validatio
 from ..security import TokenKind
 from ..store.artifacts import check_digest
 from .auth import WorkerTokenAuth
+from .job_tokens import with_job_tokens
 from .longpoll import ClientGone
 from .mixin import GLMixin
 from .models import BlobStored, JoinAnswer, JoinCheck, LogAck
@@ -186,7 +187,7 @@ class WorkHandler(WorkerRoute):
             self.cp.return_work(self.worker_id, work)
             self.cp.worker_disconnected(self.worker_id)
             raise ClientGone()
-        return work
+        return await with_job_tokens(self.ctx.tokens, work)
 
 
 class StartedHandler(WorkerRoute):

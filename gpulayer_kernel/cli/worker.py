@@ -57,6 +57,21 @@ def add_parsers(sub: Any) -> None:
     )
     worker.add_argument("--work-dir", default=None, help="where jobs run (default under home)")
     worker.add_argument(
+        "--shared-path",
+        action="append",
+        default=[],
+        metavar="HERE[=THERE]",
+        help="a folder Jupyter hosts share with this worker (e.g. /home/alice=/mnt/home/alice): "
+        "notebooks under it run in place, nothing copied (repeatable; docs/workspace.md)",
+    )
+    worker.add_argument(
+        "--host-id",
+        default=None,
+        metavar="ID",
+        help="what this machine is called for workspaces (default: /etc/machine-id); a Jupyter "
+        "host with the same id runs its notebooks here in place",
+    )
+    worker.add_argument(
         "--ca-cert",
         default=None,
         help="CA that signed the server's certificate ($GPULAYER_CA_CERT)",
@@ -84,6 +99,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     from ..worker.backoff import backoff
     from ..worker.config import ExecutorConfig
     from ..worker.http import HttpTransport
+    from ..worker.workspace import shares_from
 
     setup_logging()
     if not args.server:
@@ -110,6 +126,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
             "capabilities": caps.model_dump(),
             "address": args.advertise_addr,
             "transport": "http",
+            "shares": shares_from(args.shared_path, host=args.host_id).model_dump(),
         },
     )
     work = Path(args.work_dir) if args.work_dir else home_dir() / f"worker-{name}"

@@ -14,6 +14,7 @@ from .artifacts import Artifact
 from .costs import AttemptRecord
 from .limits import MAX_LINE_CHARS
 from .scheduling import PlacementReport
+from .workspace import WorkspaceSource
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
@@ -179,6 +180,12 @@ class SessionWorkload(Contract):
         "plane relays, in place of the session's cells (left out when false)",
         # A worker from before GPU kernels forbids unknown fields: a session must look as it did.
         exclude_if=lambda v: not v,
+    )
+    workspace: WorkspaceSource | None = Field(
+        None,
+        description="the notebook's folder (ADR 0022): the ranks run in it, in place or synced "
+        "(left out when none)",
+        exclude_if=lambda v: v is None,
     )
 
 

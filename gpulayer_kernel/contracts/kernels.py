@@ -17,6 +17,7 @@ from pydantic import Field
 from ._base import Contract
 from .jobs import DEFAULT_IDLE_TIMEOUT, MAX_IDLE_TIMEOUT
 from .sessions import SESSION_NAME_PATTERN, SessionHolder
+from .workspace import WorkspaceSource
 
 Channel = Literal["shell", "control", "stdin", "iopub"]
 MAX_FRAMES = 4_096  # messages one request may carry
@@ -77,6 +78,9 @@ class KernelStart(Contract):
     idle_timeout: float = Field(DEFAULT_IDLE_TIMEOUT, gt=0, le=MAX_IDLE_TIMEOUT)
     holder: SessionHolder
     wait_for_capacity: bool = False
+    workspace: WorkspaceSource | None = Field(
+        None, description="the notebook's folder: the kernel runs in it (ADR 0022)"
+    )
 
 
 class KernelConnection(Contract):

@@ -45,6 +45,7 @@ from .jobs import (
     SecretNames,
 )
 from .limits import MAX_LINES
+from .workspace import WorkspaceSource, WorkspaceView
 
 SESSION_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 MAX_CODE_BYTES = 1 << 20  # one cell's source
@@ -85,6 +86,9 @@ class SessionSpec(Contract):
     kernel: bool = Field(
         False, description="a GPU kernel (ADR 0021): started by a kernel provisioner, not cells"
     )
+    workspace: WorkspaceSource | None = Field(
+        None, description="the notebook's folder, where the ranks run (ADR 0022)"
+    )
 
 
 class SessionStatus(StrEnum):
@@ -124,6 +128,12 @@ class SessionInfo(Contract):
         False,
         description="a GPU kernel picked in JupyterLab's launcher (ADR 0021), not a session "
         "of cells: the panel marks it",
+    )
+    workspace: WorkspaceView | None = Field(
+        None,
+        description="where its code runs (ADR 0022): the notebook's folder in place, a synced "
+        "copy, or none and why (left out when the session named no folder)",
+        exclude_if=lambda v: v is None,
     )
 
     @model_validator(mode="before")

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import Field, field_validator, model_validator
 
 from ._base import Contract
+from .workspace import WorkerShares
 
 Vendor = Literal["nvidia", "amd", "apple", "sim", "cpu"]
 Runtime = Literal["cuda", "rocm", "mps", "sim", "cpu"]
@@ -140,6 +141,11 @@ class WorkerInfo(Contract):
     capabilities: WorkerCapabilities = Field(default_factory=WorkerCapabilities)
     address: str | None = Field(None, description="advertised address for rendezvous")
     transport: Literal["inprocess", "http"] = "inprocess"
+    shares: WorkerShares | None = Field(
+        None,
+        description="its host id and shared folders (ADR 0022); left out when none",
+        exclude_if=lambda v: v is None,
+    )
     registered_at: float
     last_heartbeat: float
     running: list[str] = Field(default_factory=list, description="ids of jobs it runs")
@@ -191,3 +197,8 @@ class WorkerRegistration(Contract):
     capabilities: WorkerCapabilities = Field(default_factory=WorkerCapabilities)
     address: str | None = Field(None, max_length=MAX_TEXT)
     transport: Literal["inprocess", "http"] = "inprocess"
+    shares: WorkerShares | None = Field(
+        None,
+        description="its host id and shared folders (ADR 0022); left out when none",
+        exclude_if=lambda v: v is None,
+    )

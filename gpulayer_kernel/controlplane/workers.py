@@ -196,6 +196,7 @@ class WorkerRegistry:
             capabilities=reg.capabilities,
             address=reg.address,
             transport=reg.transport,
+            shares=reg.shares,
             registered_at=old.registered_at if old else now,
             last_heartbeat=now,
             state=old.state if old is not None and kept else WorkerState.READY,

@@ -151,7 +151,40 @@ def _push(argv: list[str], ns: dict[str, Any]) -> None:
 
 
 def _pull(argv: list[str], ns: dict[str, Any]) -> None:
-    pull_command(argv, ns)
+    from ..workspace.pulls import is_file_name
+
+    words = [w for w in argv if not w.startswith("-")]
+    if "--file" in argv or (words and is_file_name(words[0])):
+        _pull_files([w for w in argv if w != "--file"])
+    else:
+        pull_command(argv, ns)
+
+
+def _pull_files(argv: list[str]) -> None:
+    """``%gpulayer pull PATH...``: files left on the worker (over the cap) into the folder."""
+    import os
+    import sys
+
+    from ..client.workspace import link_for
+    from ..workspace.pulls import MODE_ENV, ask_from_inside, progress_line, pull_files
+    from .sessions.cells import workspace_of
+    from .sessions.current import kernel_sessions
+
+    p = _parser("pull")
+    p.add_argument("paths", nargs="+", help="files in the workspace, as the cell's note lists")
+    p.add_argument("--session", default=None, help="default: the kernel's current session")
+    a = p.parse_args(argv)
+    if os.environ.get(MODE_ENV):  # a GPU kernel, on its worker
+        print(ask_from_inside(a.paths))
+        return
+    handle = kernel_sessions().handle(a.session)
+    hooks = workspace_of(handle)
+    engine = getattr(hooks, "engine", None)
+    show = progress_line(sys.stdout)
+    said = handle.bridge.call(
+        lambda s: pull_files(link_for(s), handle.id, a.paths, show, engine=engine)
+    )
+    print(said)
 
 
 def _display(argv: list[str], ns: dict[str, Any]) -> None:
@@ -206,4 +239,6 @@ HELP = """\
   session attach NAME         take a session over (a restarted kernel gets its session back)
   push x,y [--session S]      send kernel variables into the session (tensors: safetensors)
   pull x,y [--session S]      bring session variables (rank 0's) into the kernel
+  pull PATH... [--file]       bring files left on the worker (over the size cap) into the
+                              notebook's folder (a name with . or /, or --file, is a file)
 Run a cell as a job with %%gpulayer; see its options with %%gpulayer --help."""

@@ -27,6 +27,7 @@ from traitlets import Float, Integer, List, Unicode
 
 from ..contracts import JobState, SessionHolder, SessionInfo
 from ..contracts.kernels import KernelConnection, KernelStart
+from ..contracts.workspace import WorkspaceSource
 from ..errors import GPUlayerError
 from .host import Host, host
 from .relay import LocalRelay
@@ -54,6 +55,8 @@ class GPUlayerProvisioner(KernelProvisionerBase):
     _scheme: str = "hmac-sha256"
     _terminated: int | None = None
     _notebook: str | None = None
+    _folder: str | None = None  # the notebook's folder: where the kernel runs (ADR 0022)
+    _workspace: Any = None
 
     @property
     def has_process(self) -> bool:
@@ -73,6 +76,9 @@ class GPUlayerProvisioner(KernelProvisionerBase):
         # sidebar's "held by" and its Notebook button read it from the session's holder.
         env = kwargs.get("env") or {}
         self._notebook = env.get("JPY_SESSION_NAME") or os.environ.get("JPY_SESSION_NAME") or None
+        # jupyter_server starts a kernel in its notebook's folder (``cwd``): the workspace.
+        cwd = kwargs.get("cwd")
+        self._folder = os.path.abspath(cwd) if cwd and os.path.isdir(cwd) else None
         # Ports on this host (the relay binds them) and the key the kernel on the worker will
         # sign with: the connection file Jupyter's clients read is the one the relay serves.
         km.write_connection_file()
@@ -100,7 +106,20 @@ class GPUlayerProvisioner(KernelProvisionerBase):
             self.session_id = None
             raise
         self.relay = await self._host.call(self._bind(info.id))
+        if self._folder is not None:
+            self._workspace = await self._host.call(self._open_workspace(info.id, self.relay))
         return self.connection_info
+
+    async def _open_workspace(self, session_id: str, relay: LocalRelay) -> Any:
+        """The workspace's hooks on the relay (ADR 0022): nothing in place; synced, the folder
+        goes now and each cell's changes before it."""
+        from ..client.workspace import link_for
+        from ..workspace.kernel import open_for_kernel
+
+        assert self._folder is not None
+        ws = await open_for_kernel(link_for(await self._host.link()), session_id, self._folder)
+        relay.workspace = ws
+        return ws
 
     async def _start(self, conn: KernelConnection) -> SessionInfo:
         link = await self._host.link()
@@ -109,6 +128,11 @@ class GPUlayerProvisioner(KernelProvisionerBase):
             kernel=self.kernel_id,
             notebook=self._notebook,
         )
+        from ..workspace.plan import host_id
+
+        source = None
+        if self._folder is not None:
+            source = WorkspaceSource(folder=self._folder, host=host_id())
         req = KernelStart(
             gpus=self.gpus,
             gpu_kind=list(self.gpu_kind),
@@ -117,6 +141,7 @@ class GPUlayerProvisioner(KernelProvisionerBase):
             idle_timeout=self.idle_timeout,
             holder=holder,
             wait_for_capacity=True,
+            workspace=source,
         )
         return await link.start(req)
 
@@ -240,6 +265,9 @@ class GPUlayerProvisioner(KernelProvisionerBase):
             await self._host.call(self._stop(sid, "its kernel was shut down"))
 
     async def _close_relay(self) -> None:
+        ws, self._workspace = self._workspace, None
+        if ws is not None:
+            self._host.loop.call_soon_threadsafe(ws.close)  # it lives on the host loop
         relay, self.relay = self.relay, None
         if relay is not None:
             await self._host.call(relay.close())

@@ -16,7 +16,8 @@ is told so once ("output will resume"): the messages wait on both sides and come
 It also tells its provisioner what only the control plane knows: the kernel's process exited
 (``exit_code``), or its session ended (``died``: a lost worker, the idle timeout, a stop). When the
 session ends under a running cell, the cell is answered here with the reason, signed with the
-connection's key (the only messages the relay makes): "kernel died: worker w1 was lost ...".
+connection's key (with the workspace's notes, the only messages the relay makes): "kernel
+died: worker w1 was lost ...".
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ class LocalRelay:
         self.died: str | None = None
         self.changed = asyncio.Event()
         self._pending: dict[str, tuple[list[bytes], dict[str, Any]]] = {}  # execute requests
+        # The workspace's hooks (ADR 0022, ``workspace/kernel.py``): awaited before each
+        # execute_request goes on (its changed files reach the worker first); called after each
+        # execute_reply (outputs come back), its text shown in that cell.
+        self.workspace: Any = None
 
     def start(self) -> None:
         ip = self.conn.get("ip", "127.0.0.1")
@@ -116,8 +121,8 @@ class LocalRelay:
         while True:
             await self.outbox.room()  # the lane is full: ZMQ queues meanwhile
             parts = await sock.recv_multipart()
-            if channel == "shell":
-                self._remember(parts)
+            if channel == "shell" and self._remember(parts) and self.workspace is not None:
+                await self.workspace.before_execute()
             self.outbox.put(KernelMessage(channel, parts))
 
     async def _heartbeat(self, sock: zmq.asyncio.Socket) -> None:
@@ -167,6 +172,8 @@ class LocalRelay:
                 if m.channel == "shell":
                     self._answered(m.parts)
                 await self.socks[m.channel].send_multipart(m.parts)
+                if m.channel == "shell" and self.workspace is not None:
+                    self._after_execute(m)
             status = page.status
             if status.state == "ended":
                 self._end(status.reason or "kernel died: its session ended")
@@ -229,11 +236,28 @@ class LocalRelay:
 
     # -- the cells in flight (to answer them if the kernel dies under them) ----------------------
 
-    def _remember(self, parts: list[bytes]) -> None:
+    def _remember(self, parts: list[bytes]) -> bool:
+        """Keep an execute request (True) until its reply comes."""
         header = part(parts, 2)
         if header is not None and header.get("msg_type") == "execute_request":
             i = parts.index(DELIM)
             self._pending[str(header.get("msg_id"))] = (parts[:i], header)
+            return True
+        return False
+
+    def _after_execute(self, m: KernelMessage) -> None:
+        """A cell's reply went to its client: the workspace brings its outputs back."""
+        header, parent = m.header(), m.parent()
+        if header is None or parent is None or header.get("msg_type") != "execute_reply":
+            return
+
+        async def after() -> None:
+            text = await self.workspace.after_execute()
+            if text and self.died is None:
+                self._stream(parent, text)
+
+        self.tasks.append(asyncio.ensure_future(after()))
+        self.tasks = [t for t in self.tasks if not t.done()]
 
     def _answered(self, parts: list[bytes]) -> None:
         parent = part(parts, 3)
@@ -246,6 +270,10 @@ class LocalRelay:
         self._say(ident, parent, "status", {"execution_state": "idle"})
         reply = {"status": "error", "execution_count": None, **error}
         self._say(ident, parent, "execute_reply", reply, shell=True)
+
+    def _stream(self, parent: dict[str, Any], text: str) -> None:
+        """A line of the relay's own in the cell's output (the workspace's notes)."""
+        self._say([], parent, "stream", {"name": "stderr", "text": text})
 
     def _say(
         self,

@@ -1,11 +1,11 @@
-"""Bearer tokens (ADR 0003): four kinds, random, shown once, stored as a hash, expiring, revocable.
+"""Bearer tokens (ADR 0003): five kinds, random, shown once, stored as a hash, expiring, revocable.
 
 A token reads ``glt_<k>_<id>_<secret>``:
 
-    glt_  c|j|w|i  _  <id: 12 hex>  _  <secret: secrets.token_urlsafe(32)>
-          │                │
-          │                └─ the store's key, safe to show (``gpulayer token list``, logs)
-          └─ client · join · worker session · single-use instance
+    glt_  c|j|w|i|s  _  <id: 12 hex>  _  <secret: secrets.token_urlsafe(32)>
+          │                  │
+          │                  └─ the store's key, safe to show (``gpulayer token list``, logs)
+          └─ client · join · worker session · single-use instance · scoped to a job
 
 Only ``sha256(id:secret)`` is kept; the secret is printed once at creation. Checking a token is a
 dictionary lookup by id and one ``hmac.compare_digest``; the records live in memory (this process
@@ -17,6 +17,8 @@ owns the state directory, DESIGN rule 3) and are written through to the Metadata
 | join     | operators enrolling workers       | ``POST /workers/join`` (reusable)    |
 | instance | one provisioned machine           | ``POST /workers/join``, one success  |
 | worker   | one enrolled worker (its session) | worker routes, for its own jobs only |
+| job      | the code of one job, kernel or session | user routes, as its owner (role ≤ user), |
+|          | (``$GPULAYER_TOKEN`` there, ADR 0022) | while the job lives; never the token routes |
 
 A client token belongs to a user and acts with that user's role, or a lower one it was made with
 (``users.UserService.identity_of``); the ``*_for(who, ...)`` calls apply who may make, see and
@@ -61,6 +63,7 @@ class TokenKind(StrEnum):
     JOIN = "join"
     WORKER = "worker"
     INSTANCE = "instance"
+    JOB = "job"  # scoped to one job: what runs in it reaches its control plane as its owner
 
 
 KIND_LETTERS: dict[TokenKind, str] = {
@@ -68,7 +71,9 @@ KIND_LETTERS: dict[TokenKind, str] = {
     TokenKind.JOIN: "j",
     TokenKind.WORKER: "w",
     TokenKind.INSTANCE: "i",
+    TokenKind.JOB: "s",
 }
+JOB_PREFIX = "job:"  # a job token's name: ``job:<job id>``
 _LETTER_KINDS = {v: k for k, v in KIND_LETTERS.items()}
 
 
@@ -150,6 +155,9 @@ class TokenService:
         # The control plane's ``AuditLog.record`` (``api.make_context`` wires it): token
         # creation and revocation are audited, with ids and names, never the secret.
         self.audit: Callable[..., Awaitable[None]] | None = None
+        # Whether a job still lives (``api.make_context`` wires the control plane's): a job
+        # token stops working when its job ends. Without: job tokens are refused.
+        self.job_live: Callable[[str], bool] | None = None
         self._records: dict[str, TokenRecord] = {}
 
     async def load(self) -> TokenService:
@@ -178,7 +186,7 @@ class TokenService:
         kind = TokenKind(kind)
         if kind == TokenKind.WORKER and worker_id is None:
             raise InvalidInput("a worker session token needs its worker id")
-        if kind == TokenKind.CLIENT:
+        if kind in (TokenKind.CLIENT, TokenKind.JOB):
             owner = owner or ADMIN_USER
             role = None if role is None else Role(role).value
         elif owner is not None or role is not None:
@@ -206,6 +214,14 @@ class TokenService:
         self._records[token_id] = rec
         await self.store.save_token(rec)
         return rec, f"{PREFIX}_{KIND_LETTERS[kind]}_{token_id}_{secret}"
+
+    async def issue_job_token(self, job_id: str, owner: str) -> str:
+        """A token for the code of job ``job_id``: its owner, at most the user role, valid
+        while the job lives (``authenticate`` asks ``job_live``)."""
+        _, text = await self.create(
+            TokenKind.JOB, owner=owner, role=Role.USER, name=f"{JOB_PREFIX}{job_id}"
+        )
+        return text
 
     async def issue_worker_session(self, worker_id: str, name: str = "") -> str:
         """A fresh session token for ``worker_id``; its earlier sessions stop working (rotation)."""
@@ -271,7 +287,16 @@ class TokenService:
         if state == "used":
             raise _replayed(token_id)
         identity = None
-        if kind == TokenKind.CLIENT:
+        if kind == TokenKind.JOB:
+            job_id = rec.name.removeprefix(JOB_PREFIX)
+            if self.job_live is None or not self.job_live(job_id):
+                raise Unauthorized(
+                    f"token {token_id} was scoped to job {job_id}, which has ended",
+                    hint="a job token works while its job runs; outside a job, use a client "
+                    "token (`gpulayer token create`)",
+                    code="token_job_ended",
+                )
+        if kind in (TokenKind.CLIENT, TokenKind.JOB):
             identity = self.identity_of(rec)
         self._used(rec)
         return Principal(

@@ -36,6 +36,12 @@ class ArtifactStore(abc.ABC):
     @abc.abstractmethod
     def size(self, digest: str) -> int: ...
 
+    def put_many(self, items: list[tuple[str, bytes]]) -> None:
+        """Store many ``(digest, data)`` blobs whose digests the caller verified (a workspace
+        pack, ADR 0022); a store may make them durable together rather than one by one."""
+        for digest, data in items:
+            self.put(data, digest)
+
     def writer(self) -> BlobWriter:
         """A blob arriving in pieces. This default gathers them in memory and calls ``put``."""
         return _BufferedWriter(self)
@@ -161,6 +167,25 @@ class LocalArtifactStore(ArtifactStore):
             Path(tmp).unlink(missing_ok=True)
             raise
         return actual
+
+    def put_many(self, items: list[tuple[str, bytes]]) -> None:
+        # One sync for the lot: an fsync per file costs ~4 ms here, 8 s for 2,000 small files.
+        # The digests were verified as the pack was read (workspace/pack.py): not hashed again.
+        for digest, data in items:
+            path = self._path(digest)
+            if path.exists():
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        if items:
+            os.sync()
 
     def has(self, digest: str) -> bool:
         return self._path(digest).exists()

@@ -37,6 +37,7 @@ from .config import ExecutorConfig
 from .control import ControlReader
 from .env import base_env, job_env
 from .exits import describe_exit, exit_status
+from .jobtoken import scoped_env
 from .launch import PEER_GRACE, Launch, device_env
 from .logship import LogShipper, pump_stream
 from .ports import PortReservations
@@ -204,6 +205,8 @@ class JobExecutor:
                         "files with a Python workload",
                     )
         gl_env.update(device_env(self.a))
+        # The control plane that placed it, as its owner (ADR 0022): one for every rank.
+        gl_env.update(scoped_env(self.transport, self.a))
         env = job_env(
             base_env(extra_allowed=self.config.extra_env_allowed),
             spec.env,

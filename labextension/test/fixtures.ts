@@ -163,6 +163,7 @@ export function worker(
     live: true,
     labels: {},
     address: null,
+    shares: null,
     capabilities: {
       api_version: V,
       devices: [],
@@ -269,6 +270,7 @@ export function session(
     },
     ranks: 1,
     kernel: false,
+    workspace: null,
     cells: 0,
     busy_cell: null,
     idle_since: 1000,

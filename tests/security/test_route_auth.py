@@ -73,6 +73,7 @@ async def make_world(tmp_path: Path) -> AsyncIterator[World]:
             TokenKind.JOIN.value: api.join_token,
             TokenKind.WORKER.value: session_a,
             TokenKind.INSTANCE.value: await api.new_token("instance"),
+            TokenKind.JOB.value: await api.tokens.issue_job_token(job.id, "admin"),
             "other-worker": session_b,
         }
         expiring: list[TokenRecord] = []
@@ -131,7 +132,7 @@ def fill(template: str, w: World) -> str:
 
 
 def body_for(spec: Op) -> dict[str, Any]:
-    if spec.body == "bytes":
+    if spec.body in ("bytes", "raw"):
         return {"content": b"some artifact"}
     if spec.body is None:
         return {}
@@ -151,7 +152,8 @@ def body_for(spec: Op) -> dict[str, Any]:
 
 
 def accepted(spec: Op) -> frozenset[TokenKind]:
-    return spec.kinds if spec.kinds is not None else frozenset({TokenKind.CLIENT})
+    # User routes take client tokens, and the token of a job while it lives (ADR 0022).
+    return spec.kinds if spec.kinds is not None else frozenset({TokenKind.CLIENT, TokenKind.JOB})
 
 
 def cases(spec: Op, template: str) -> list[tuple[str, str | None, int]]:

@@ -29,6 +29,7 @@ from ...contracts import (
     SessionStatus,
     SessionWorkload,
 )
+from ...contracts.workspace import WorkspaceView
 from ...errors import Conflict, Forbidden
 from ...redact import Redactor
 
@@ -60,6 +61,7 @@ class LiveSession:
     # Cells of the control plane's previous life that had not ended: sent to the workers as
     # ``resume`` (report it if it ran, as not run if it never came), never run again.
     resumed: set[int] = field(default_factory=set)
+    workspace: WorkspaceView | None = None  # where its code runs (ADR 0022)
 
     @classmethod
     def of(cls, record: SessionRecord, idle_timeout: float) -> LiveSession:
@@ -111,6 +113,7 @@ class LiveSession:
             reason=self.broken if not job.state.terminal else job.reason,
             ends_at=ends,
             kernel=getattr(job.spec.workload, "kernel", False),
+            workspace=self.workspace,
         )
 
     # -- what a cell may not do --------------------------------------------------------------------

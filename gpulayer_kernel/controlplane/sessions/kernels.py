@@ -117,6 +117,7 @@ class KernelRelay:
             holder=req.holder,
             wait_for_capacity=req.wait_for_capacity,
             kernel=True,
+            workspace=req.workspace,  # the notebook's folder (ADR 0022)
         )
         info = await self.sessions.start(spec, who)
         conn = KernelConnection(key=req.key, signature_scheme=req.signature_scheme)

@@ -38,6 +38,7 @@ from ...contracts import (
     SessionSpec,
     SessionWorkload,
 )
+from ...contracts.workspace import WorkspaceView
 from ...errors import Conflict, InvalidInput, NotFound
 from ...redact import Redactor
 from ...security.roles import Identity, check_act, check_read
@@ -145,6 +146,13 @@ class SessionTable(SessionCells):
         s.idle_since = self.clock.now()
         self._arm(s)
 
+    def set_workspace(self, job_id: str, view: WorkspaceView) -> None:
+        """Where a session's code runs (ADR 0022), as its ``SessionInfo`` shows it."""
+        s = self._live.get(job_id)
+        if s is not None and s.workspace != view:
+            s.workspace = view
+            self._announce_soon(s)  # the panel's badge: in place or synced
+
     def hold(self, job_id: str) -> tuple[str, float | None] | None:
         """For the scheduler's explanations: (holder label, idle since | None) of a session."""
         s = self._live.get(job_id)
@@ -223,7 +231,9 @@ class SessionTable(SessionCells):
             )
         job_spec = JobSpec(
             name=spec.name,
-            workload=SessionWorkload(idle_timeout=spec.idle_timeout, kernel=spec.kernel),
+            workload=SessionWorkload(
+                idle_timeout=spec.idle_timeout, kernel=spec.kernel, workspace=spec.workspace
+            ),
             resources=spec.resources,
             env=spec.env,
             secrets=spec.secrets,

@@ -97,6 +97,10 @@ def run_session_cell(
     inputs = {n.strip(): kernel_value(ns, n.strip()) for s in args.inputs for n in s.split(",")}
     inputs = {k: v for k, v in inputs.items() if k}
     outputs = [args.out] if args.out else []
+    # The notebook's folder (ADR 0022): synced sessions get this cell's changed files first.
+    hooks = workspace_of(handle)
+    if hooks is not None:
+        handle.bridge.call(lambda s: hooks.before_execute())
     # Line 1 of a notebook cell is the %%gpulayer line: tracebacks count lines as it does
     # (a comment, not a blank line: IPython drops leading blank lines).
     result = drive(
@@ -109,6 +113,10 @@ def run_session_cell(
         timeout=args.timeout,
     )
     cell = result.cell
+    if hooks is not None:  # its outputs back into the folder, before the next cell
+        said = handle.bridge.call(lambda s: hooks.after_execute())
+        if said:
+            print(said, end="", file=sys.stderr)
     if cell.error is not None:
         from ...sessions import SessionCellError
 
@@ -135,6 +143,29 @@ def run_session_cell(
         ranks = sorted(cell.ranks, key=lambda r: r.rank)
         return RankValues(DisplayValue(r.value) if r.value else None for r in ranks)
     return DisplayValue(cell.value) if cell.value else None
+
+
+_WORKSPACES: dict[str, Any] = {}  # session id -> its workspace hooks (workspace/kernel.py)
+
+
+def workspace_of(handle: SessionHandle) -> Any:
+    """A session's workspace hooks, opened on its first cell (None: it named no folder, or it
+    runs in place: nothing to send)."""
+    if handle.id in _WORKSPACES:
+        return _WORKSPACES[handle.id]
+    source = getattr(handle._info.job.spec.workload, "workspace", None)
+    hooks = None
+    if source is not None:
+        from ...client.workspace import link_for
+        from ...workspace.kernel import open_for_kernel
+
+        async def opened(s: Any) -> Any:
+            ws = await open_for_kernel(link_for(s), handle.id, source.folder)
+            return ws if ws.engine is not None or ws._say else None
+
+        hooks = handle.bridge.call(opened)
+    _WORKSPACES[handle.id] = hooks
+    return hooks
 
 
 def kernel_value(ns: dict[str, Any], name: str) -> Any:

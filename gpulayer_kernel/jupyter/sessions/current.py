@@ -23,6 +23,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 
 from ... import render, textview
 from ...contracts import Job, JobState, SessionHolder, SessionInfo, SessionStatus, parse_duration
+from ...contracts.workspace import WorkspaceSource
 from ...errors import GPUlayerError
 from ...sessions import SessionHandle, client_id, session_spec
 from ..bridge import Bridge, get_bridge
@@ -99,6 +100,7 @@ class KernelSessions:
             labels={NOTEBOOK_LABEL: holder.notebook} if holder.notebook else {},
             wait_for_capacity=args.wait,
             holder=holder,
+            workspace=here(),
         )
         info = bridge.call(lambda s: s.start_session(spec))
         handle = SessionHandle(bridge, info, self.client)
@@ -155,6 +157,16 @@ def _hook_restart(sessions: KernelSessions) -> None:
 
     do_shutdown.__gl_hooked__ = True  # type: ignore[attr-defined]
     kernel.do_shutdown = do_shutdown
+
+
+def here() -> WorkspaceSource:
+    """The kernel's folder (the notebook's, as Jupyter starts kernels): the session's workspace
+    (ADR 0022), in place where its worker sees it, synced otherwise."""
+    import os
+
+    from ...workspace.plan import host_id
+
+    return WorkspaceSource(folder=os.getcwd(), host=host_id())
 
 
 def wait_until_up(bridge: Bridge, info: SessionInfo, view: textview.JobView) -> SessionInfo:

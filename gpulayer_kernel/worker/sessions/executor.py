@@ -25,14 +25,17 @@ from ...clock import SYSTEM_CLOCK, Clock
 from ...contracts import CellAssignment, CellReport, FinishReport, JobAssignment
 from ...errors import GPUlayerError
 from ...redact import Redactor
+from ...workspace.remote import WorkerWorkspace
 from ..config import ExecutorConfig
 from ..control import ControlReader
+from ..jobtoken import scoped_env
 from ..launch import Launch
 from ..logship import LogShipper
 from ..ports import PortReservations
 from ..processes import killpg
 from ..transport import Transport
 from ..warm import WarmRunner
+from ..workspace import workspace_for
 
 # Re-exported: tests and callers name these here, where they were defined first.
 from .cells import NEVER_CAME as NEVER_CAME
@@ -78,6 +81,12 @@ class SessionExecutor(SessionCells):
         self.dir = config.work_root / "sessions" / f"{self.job.id}-{self.job.attempts}"
         if assignment.nnodes > 1:
             self.dir = self.dir.with_name(self.dir.name + f"-n{node.node_rank}")
+        # The notebook's folder (ADR 0022): the ranks run in it, in place or synced; else here.
+        self.cwd = self.dir
+        self.scoped: dict[str, str] = {}  # GPULAYER_URL and a job token (worker/jobtoken.py)
+        self.workspace: WorkerWorkspace | None = None
+        if getattr(self.job.spec.workload, "workspace", None) is not None:
+            self.workspace = workspace_for(self.job.id, transport, self.dir / "workspace")
         self.broken: str | None = None
         self.cell: int | None = None  # the cell running now (fd-level output is its)
         self._queue: asyncio.Queue[CellAssignment | str] = asyncio.Queue()
@@ -148,6 +157,7 @@ class SessionExecutor(SessionCells):
     async def run(self) -> FinishReport:
         try:
             try:
+                await self._prepare_workspace()
                 await self._start()
             except GPUlayerError as exc:
                 what = f"the {self.WHAT} could not start"
@@ -166,10 +176,28 @@ class SessionExecutor(SessionCells):
             return FinishReport(state="failed", reason=f"worker error: {exc!r}")
         finally:
             await self._stop()
+            if self.workspace is not None:
+                await self.workspace.close()
             self.launch.close()
             if self._control is not None:
                 self._control.close()
             await self.shipper.close()
+
+    async def _prepare_workspace(self) -> None:
+        """Where the ranks run: the notebook's folder in place, a synced copy, or here; and
+        how the code reaches this control plane (a job token)."""
+        self.scoped = scoped_env(self.transport, self.a)
+        if self.workspace is None:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        where = await self.workspace.prepare()
+        plan = self.workspace.plan
+        if where is not None and plan is not None:
+            self.cwd = where
+            self.scoped["GPULAYER_WORKSPACE"] = plan.mode  # %gpulayer pull reads it
+            self.system(f"workspace {plan.mode.replace('_', ' ')}: {where} ({plan.reason})")
+        elif self.workspace.note:
+            self.system(self.workspace.note)
 
     async def _report_started(self) -> None:
         try:

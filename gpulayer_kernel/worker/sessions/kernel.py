@@ -277,7 +277,7 @@ class KernelExecutor(SessionExecutor):
         argv = [sys.executable, "-m", "ipykernel_launcher", "-f", path]
         self.proc = await asyncio.create_subprocess_exec(
             *argv,
-            cwd=str(self.dir),
+            cwd=str(self.cwd),  # the notebook's folder (ADR 0022), or the session's own
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,

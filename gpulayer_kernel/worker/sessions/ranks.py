@@ -79,6 +79,8 @@ class SessionRanks:
     rank_base: int
     ranks: list[Rank]
     dir: Path
+    cwd: Path
+    scoped: dict[str, str]
     broken: str | None
     cell: int | None
     output: RankOutput
@@ -113,6 +115,7 @@ class SessionRanks:
         if master is not None:
             gl_env["MASTER_ADDR"], gl_env["MASTER_PORT"] = master[0], str(master[1])
         gl_env.update(device_env(self.a))
+        gl_env.update(self.scoped)  # the control plane that placed it (ADR 0022)
         env = job_env(
             base_env(extra_allowed=self.config.extra_env_allowed),
             spec.env,
@@ -166,7 +169,7 @@ class SessionRanks:
 
     async def _spawn(self, local: int, env: dict[str, str]) -> Rank:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        cwd = self.dir
+        cwd = self.cwd  # the workspace (ADR 0022), or the session's own folder
         proc: Spawned | None = None
         try:
             if self.warm is not None and self.config.warm_runner:

@@ -851,6 +851,24 @@ export interface ISessionWorkload {
    */
   kernel: boolean;
   kind: 'session';
+  /**
+   * the notebook's folder (ADR 0022): the ranks run in it, in place or synced (left out when none)
+   */
+  workspace: IWorkspaceSource | null;
+}
+/**
+ * Where a kernel's or session's notebook is: a folder on the Jupyter host.
+ */
+export interface IWorkspaceSource {
+  api_version: 'gpulayer/v1';
+  /**
+   * absolute path there
+   */
+  folder: string;
+  /**
+   * the Jupyter host's id (its machine id): a worker with the same id sees the same disk
+   */
+  host: string;
 }
 /**
  * A session as the API, the CLI and the panel show it.
@@ -894,6 +912,32 @@ export interface ISessionInfo {
    */
   reason: string | null;
   status: SessionStatus;
+  /**
+   * where its code runs (ADR 0022): the notebook's folder in place, a synced copy, or none and why (left out when the session named no folder)
+   */
+  workspace: IWorkspaceView | null;
+}
+/**
+ * A session's workspace as the sidebar and ``gpulayer sessions`` show it.
+ */
+export interface IWorkspaceView {
+  api_version: 'gpulayer/v1';
+  bytes: number;
+  files: number;
+  /**
+   * the notebook's folder on the Jupyter host
+   */
+  folder: string | null;
+  mode: 'in_place' | 'synced' | 'none';
+  /**
+   * where the code runs on the worker
+   */
+  path: string | null;
+  reason: string;
+  /**
+   * syncs applied (synced)
+   */
+  version: number;
 }
 export interface IWorkerInfo {
   /**
@@ -923,6 +967,10 @@ export interface IWorkerInfo {
    * ids of jobs it runs
    */
   running: string[];
+  /**
+   * its host id and shared folders (ADR 0022); left out when none
+   */
+  shares: IWorkerShares | null;
   state: WorkerState;
   /**
    * why this worker is under suspicion (its connection closed and it has not come back); no new work goes to it until it answers again or is declared lost
@@ -1018,6 +1066,32 @@ export interface IHostFacts {
   memory_bytes: number;
   os: string;
   python: string;
+}
+/**
+ * What a worker sees of the Jupyter hosts' disks (sent when it joins).
+ */
+export interface IWorkerShares {
+  api_version: 'gpulayer/v1';
+  /**
+   * this machine's id
+   */
+  host: string;
+  /**
+   * @maxItems 64
+   */
+  shared: IPathMap[];
+  /**
+   * whether it takes synced workspaces
+   */
+  synced: boolean;
+}
+/**
+ * A folder the worker shares with Jupyter hosts: ``here`` on theirs is ``there`` on it.
+ */
+export interface IPathMap {
+  api_version: 'gpulayer/v1';
+  here: string;
+  there: string;
 }
 /**
  * The event log's current position: follow from here to see only what happens next.
@@ -1423,6 +1497,10 @@ export interface ISessionSpec {
   resources: IResources;
   secrets: string[];
   wait_for_capacity: boolean;
+  /**
+   * the notebook's folder, where the ranks run (ADR 0022)
+   */
+  workspace: IWorkspaceSource | null;
 }
 /**
  * The jobs of a batch that were queued (in the order given) and the entries refused.
@@ -1507,5 +1585,9 @@ export interface IWorkerRegistration {
     [k: string]: string;
   };
   name: string;
+  /**
+   * its host id and shared folders (ADR 0022); left out when none
+   */
+  shares: IWorkerShares | null;
   transport: 'inprocess' | 'http';
 }

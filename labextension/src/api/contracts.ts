@@ -23,6 +23,7 @@ export type {
   ISessionInfo,
   ISessionList,
   IWorkerInfo,
+  IWorkspaceView,
   JobState,
   JsonValue,
   WorkerState

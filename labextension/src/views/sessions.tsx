@@ -6,7 +6,7 @@
  */
 import * as React from 'react';
 
-import type { ISessionInfo } from '../api';
+import type { ISessionInfo, IWorkspaceView } from '../api';
 import {
   formatHolder,
   formatPlacement,
@@ -52,6 +52,18 @@ export function SessionList(props: {
   );
 }
 
+/** How a session's folder is made (ADR 0022): the words `gpulayer sessions` uses too. */
+const WORKSPACE_WORDS: Record<IWorkspaceView['mode'], string> = {
+  in_place: 'in place',
+  synced: 'synced',
+  none: 'no workspace'
+};
+
+function workspaceTitle(w: IWorkspaceView): string {
+  const where = w.path ? ` (there: ${w.path})` : '';
+  return `${w.folder ?? ''}${where}: ${w.reason}`;
+}
+
 function SessionRow(props: {
   session: ISessionInfo;
   now: number;
@@ -77,6 +89,16 @@ function SessionRow(props: {
             title="a GPU kernel: the whole notebook runs on its GPUs"
           >
             kernel
+          </span>
+        )}
+        {s.workspace && (
+          <span
+            className="gl-Badge gl-mod-idle"
+            data-testid="session-workspace"
+            data-mode={s.workspace.mode}
+            title={workspaceTitle(s.workspace)}
+          >
+            {WORKSPACE_WORDS[s.workspace.mode]}
           </span>
         )}
         <span

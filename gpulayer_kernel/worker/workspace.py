@@ -1,0 +1,108 @@
+"""A worker's workspace calls (ADR 0022) through its transport: in-process, or its own HTTP
+(its session token, failover and TLS rules). ``workspace_for`` makes a session attempt's
+:class:`~gpulayer_kernel.workspace.remote.WorkerWorkspace` with the right one; and
+``shares_from`` what a worker declares when it joins (its host id and ``--shared-path``s)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..contracts.workspace import (
+    Digests,
+    WorkerShares,
+    WorkspaceAnswer,
+    WorkspaceCalls,
+    WorkspacePlan,
+)
+from ..errors import NotFound
+from ..workspace.plan import host_id, parse_share
+from ..workspace.remote import WorkerLink, WorkerWorkspace
+from .transport import AttemptTransport, InProcessTransport, Transport
+
+SHARED_ENV = "GPULAYER_SHARED_PATHS"  # "HERE=THERE:HERE2=THERE2", as --shared-path
+
+
+class _InProcess:
+    def __init__(self, transport: InProcessTransport) -> None:
+        from ..workspace.service import plane_for
+
+        self.cp = transport.cp
+        self.plane = plane_for(transport.cp)
+
+    async def plan(self, job_id: str) -> WorkspacePlan | None:
+        return await self.plane.plan(await self.cp.get(job_id))
+
+    async def calls(self, job_id: str, wait: float) -> WorkspaceCalls:
+        return await self.plane.next_calls(job_id, wait)
+
+    async def answer(self, job_id: str, answer: WorkspaceAnswer) -> None:
+        await self.plane.answer(job_id, answer)
+
+    async def read_pack(self, job_id: str, digests: list[str]) -> bytes:
+        return await self.plane.read_pack(digests, await self.plane.owner_of(job_id))
+
+    async def put_pack(self, job_id: str, blob: bytes) -> None:
+        await self.plane.put_pack(blob, await self.plane.owner_of(job_id))
+
+
+class _Http:
+    def __init__(self, transport: Any) -> None:
+        self.t = transport
+
+    async def plan(self, job_id: str) -> WorkspacePlan | None:
+        try:
+            resp = await self.t._request("GET", f"/worker/jobs/{job_id}/workspace/plan")
+        except NotFound:
+            return None
+        return WorkspacePlan.model_validate_json(resp.content)
+
+    async def calls(self, job_id: str, wait: float) -> WorkspaceCalls:
+        resp = await self.t._request(
+            "GET",
+            f"/worker/jobs/{job_id}/workspace/calls",
+            params={"wait": str(wait)},
+            timeout=wait + 30,
+        )
+        return WorkspaceCalls.model_validate_json(resp.content)
+
+    async def answer(self, job_id: str, answer: WorkspaceAnswer) -> None:
+        await self.t._request(
+            "POST", f"/worker/jobs/{job_id}/workspace/calls", body=answer.model_dump_json()
+        )
+
+    async def read_pack(self, job_id: str, digests: list[str]) -> bytes:
+        resp = await self.t._request(
+            "POST",
+            f"/worker/jobs/{job_id}/workspace/objects/read",
+            body=Digests(digests=digests).model_dump_json(),
+            timeout=600.0,
+        )
+        return bytes(resp.content)
+
+    async def put_pack(self, job_id: str, blob: bytes) -> None:
+        await self.t._request(
+            "POST", f"/worker/jobs/{job_id}/workspace/objects", content=blob, timeout=600.0
+        )
+
+
+def link_for(transport: Transport) -> WorkerLink:
+    inner = transport.inner if isinstance(transport, AttemptTransport) else transport
+    if isinstance(inner, InProcessTransport):
+        return _InProcess(inner)
+    return _Http(inner)
+
+
+def workspace_for(job_id: str, transport: Transport, scratch: Path) -> WorkerWorkspace:
+    return WorkerWorkspace(job_id, link_for(transport), scratch)
+
+
+def shares_from(
+    paths: Iterable[str] = (), *, host: str | None = None, synced: bool = True
+) -> WorkerShares:
+    """This worker's declaration: its host id, ``paths`` (and ``$GPULAYER_SHARED_PATHS``)."""
+    texts = list(paths) + [p for p in os.environ.get(SHARED_ENV, "").split(":") if p.strip()]
+    shared = [parse_share(t) for t in texts]
+    return WorkerShares(host=host or host_id(), shared=shared, synced=synced)

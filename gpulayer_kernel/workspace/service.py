@@ -1,0 +1,238 @@
+"""The control plane's part of workspaces: the decision, each user's objects, and the call lane.
+
+- **The decision**: for a session that named its notebook's folder, :func:`plan.decide` over the
+  worker it was placed on (what that worker declared when it joined). The session's
+  ``SessionInfo.workspace`` shows it, and each sync's version and size.
+- **Objects**: the store's content-addressed blobs, each claimed for the user who uploaded it
+  (or whose session's worker sent it back). ``missing`` answers per user: a digest another user
+  holds is missing for you until you upload its bytes — a hash alone never grants content.
+- **The lane** (in memory, per session): the Jupyter host's calls wait here until the session's
+  worker, long-polling, takes and answers them. A call is named by its caller, so a call sent
+  again after a restart or a lost answer is the same call.
+
+It holds nothing durable but the objects: a restarted control plane starts with empty lanes,
+the host sends its call again and the worker, which kept its answer, answers it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..contracts import Job, JobState
+from ..contracts.workspace import (
+    WorkspaceAnswer,
+    WorkspaceCall,
+    WorkspaceCalls,
+    WorkspacePlan,
+    WorkspaceView,
+)
+from ..errors import InvalidInput, NotFound, Unavailable
+from ..security.roles import Identity, check_act, resolved
+from . import pack as packs
+from .plan import decide
+
+if TYPE_CHECKING:
+    from ..controlplane import ControlPlane
+
+KEPT = 256  # answers remembered per lane (a call sent again is answered from here)
+MAX_PACK = 256 << 20  # content one pack may unpack to
+
+
+@dataclass
+class Lane:
+    calls: OrderedDict[str, WorkspaceCall] = field(default_factory=OrderedDict)
+    answers: OrderedDict[str, WorkspaceAnswer] = field(default_factory=OrderedDict)
+    news: asyncio.Event = field(default_factory=asyncio.Event)  # for the worker
+    answered: asyncio.Event = field(default_factory=asyncio.Event)  # for the hosts
+
+
+class WorkspacePlane:
+    """Every session's workspace lane and view; a part of one ControlPlane (``plane_for``)."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        self._lanes: dict[str, Lane] = {}
+        self._owned: dict[str, set[str]] = {}  # user -> digests known to be theirs
+        self._plans: dict[str, WorkspacePlan] = {}
+
+    # -- the decision ------------------------------------------------------------------------------
+
+    async def plan(self, job: Job) -> WorkspacePlan | None:
+        source = getattr(job.spec.workload, "workspace", None)
+        if source is None:
+            return None
+        known = self._plans.get(job.id)
+        if known is not None:
+            return known
+        if job.state not in (JobState.PLACED, JobState.RUNNING) or job.placement is None:
+            return None
+        node = job.placement.nodes[0]
+        worker = self.cp.registry.get(node.worker_id)
+        shares = worker.shares if worker is not None else None
+        in_process = worker is not None and worker.transport == "inprocess"
+        plan = decide(source, shares, worker=node.worker_name, in_process=in_process)
+        self._plans[job.id] = plan
+        self._show(job, plan)
+        return plan
+
+    def _show(self, job: Job, plan: WorkspacePlan, **more: int) -> None:
+        source = getattr(job.spec.workload, "workspace", None)
+        view = WorkspaceView(
+            mode=plan.mode,
+            folder=source.folder if source else None,
+            path=plan.path,
+            reason=plan.reason,
+            **more,
+        )
+        self.cp.sessions.set_workspace(job.id, view)
+
+    async def view(self, ref: str, who: Identity | None) -> WorkspaceView | None:
+        """The session's workspace as the host sees it (its plan decided once it runs)."""
+        job = await self._job(ref, who)
+        plan = await self.plan(job)
+        if plan is None:
+            return None
+        source = getattr(job.spec.workload, "workspace", None)
+        return WorkspaceView(
+            mode=plan.mode,
+            folder=source.folder if source else None,
+            path=plan.path,
+            reason=plan.reason,
+        )
+
+    async def _job(self, ref: str, who: Identity | None) -> Job:
+        info = await self.cp.get_session(ref, who=who)
+        check_act(who, info.job.owner, f"session {info.name}")
+        return info.job
+
+    # -- objects ---------------------------------------------------------------------------------
+
+    async def missing(self, digests: list[str], who: Identity | None) -> list[str]:
+        user = resolved(who).user
+        return await self._missing(digests, user)
+
+    async def _missing(self, digests: list[str], user: str) -> list[str]:
+        owned = self._owned.setdefault(user, set())
+        out = []
+        for d in dict.fromkeys(digests):
+            if d in owned:
+                continue
+            if self.cp.artifacts.has(d) and await self.cp.store.blob_owned(d, user):
+                owned.add(d)
+                continue
+            out.append(d)
+        return out
+
+    async def put_pack(self, blob: bytes, user: str) -> int:
+        """Store a pack's objects (each verified) for ``user``; how many."""
+        objs = await asyncio.to_thread(lambda: list(packs.unpack(blob, MAX_PACK)))
+        await asyncio.to_thread(self.cp.artifacts.put_many, objs)
+        await self.cp.store.add_blob_owners([(d, user) for d, _ in objs])
+        self._owned.setdefault(user, set()).update(d for d, _ in objs)
+        return len(objs)
+
+    async def read_pack(self, digests: list[str], user: str) -> bytes:
+        """The pack of those of ``digests`` that are ``user``'s (others: left out, as absent)."""
+        mine = set(digests) - set(await self._missing(digests, user))
+        objs = await asyncio.to_thread(
+            lambda: [(d, self.cp.artifacts.get(d)) for d in digests if d in mine]
+        )
+        return await asyncio.to_thread(packs.pack, objs)
+
+    async def owner_of(self, job_id: str) -> str:
+        return (await self.cp.get(job_id)).owner
+
+    # -- the lane ----------------------------------------------------------------------------------
+
+    def _lane(self, job_id: str) -> Lane:
+        lane = self._lanes.get(job_id)
+        if lane is None:
+            lane = self._lanes[job_id] = Lane()
+        return lane
+
+    async def call(
+        self, ref: str, call: WorkspaceCall, wait: float, who: Identity | None
+    ) -> WorkspaceAnswer:
+        """Hand ``call`` to the session's worker; its answer, or ``workspace_timeout`` after
+        ``wait`` seconds (send the same call again)."""
+        job = await self._job(ref, who)
+        plan = await self.plan(job)
+        if plan is None or plan.mode != "synced":
+            raise InvalidInput(
+                f"session {ref} has no synced workspace"
+                + (f" ({plan.mode}: {plan.reason})" if plan else ""),
+                hint="in place, the code already runs in the notebook's folder",
+                code="workspace_not_synced",
+            )
+        lane = self._lane(job.id)
+        if call.id not in lane.answers and call.id not in lane.calls:
+            lane.calls[call.id] = call
+            lane.news.set()
+        deadline = asyncio.get_running_loop().time() + max(0.0, wait)
+        while call.id not in lane.answers:
+            left = deadline - asyncio.get_running_loop().time()
+            current = await self.cp.get(job.id)
+            if current.state.terminal:
+                raise NotFound(
+                    f"session {ref} has ended; its workspace with it",
+                    code="session_ended",
+                )
+            if left <= 0:
+                raise Unavailable(
+                    f"the worker of session {ref} has not answered workspace call {call.id} "
+                    f"within {wait:g}s",
+                    hint="it is sent again",
+                    code="workspace_timeout",
+                )
+            lane.answered.clear()
+            try:
+                await asyncio.wait_for(lane.answered.wait(), min(left, 1.0))
+            except TimeoutError:
+                pass
+        answer = lane.answers[call.id]
+        if answer.ok and call.op == "sync" and call.delta is not None:
+            self._show(
+                job,
+                plan,
+                version=answer.version,
+                files=len(call.delta.put) if call.delta.base is None else 0,
+            )
+        return answer
+
+    async def next_calls(self, job_id: str, wait: float) -> WorkspaceCalls:
+        """(The worker.) Calls not answered yet; long-polls ``wait`` seconds for one."""
+        lane = self._lane(job_id)
+        if not lane.calls:
+            lane.news.clear()
+            try:
+                await asyncio.wait_for(lane.news.wait(), max(0.0, wait))
+            except TimeoutError:
+                pass
+        return WorkspaceCalls(calls=list(lane.calls.values()))
+
+    async def answer(self, job_id: str, answer: WorkspaceAnswer) -> None:
+        lane = self._lane(job_id)
+        lane.calls.pop(answer.id, None)
+        lane.answers[answer.id] = answer
+        while len(lane.answers) > KEPT:
+            lane.answers.popitem(last=False)
+        lane.answered.set()
+
+    def forget(self, job_id: str) -> None:
+        self._lanes.pop(job_id, None)
+        self._plans.pop(job_id, None)
+
+
+_PLANES: weakref.WeakKeyDictionary[ControlPlane, WorkspacePlane] = weakref.WeakKeyDictionary()
+
+
+def plane_for(cp: ControlPlane) -> WorkspacePlane:
+    """The control plane's workspace part, made on first use (it holds nothing durable)."""
+    plane = _PLANES.get(cp)
+    if plane is None:
+        plane = _PLANES[cp] = WorkspacePlane(cp)
+    return plane

@@ -1,0 +1,83 @@
+"""The control plane's decision (pure), and its store of workspace files: a digest alone never
+gives one user another's content; a pack whose bytes do not match their digest is refused."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from gpulayer_kernel.contracts.workspace import PathMap, WorkerShares, WorkspaceSource
+from gpulayer_kernel.controlplane import ControlPlane
+from gpulayer_kernel.errors import BundleError, InvalidInput
+from gpulayer_kernel.security.roles import Identity, Role
+from gpulayer_kernel.workspace import pack as packs
+from gpulayer_kernel.workspace.plan import decide, parse_share
+from gpulayer_kernel.workspace.service import plane_for
+
+SRC = WorkspaceSource(folder="/home/alice/proj", host="laptop")
+
+
+def test_in_place_through_the_longest_share_with_its_mapping() -> None:
+    shares = WorkerShares(
+        host="box",
+        shared=[PathMap(here="/home", there="/mnt/home"), PathMap(here="/home/alice", there="/a")],
+    )
+    plan = decide(SRC, shares, worker="box")
+    assert (plan.mode, plan.path) == ("in_place", "/a/proj")
+    assert "shares /home/alice/proj" in plan.reason
+
+
+def test_the_same_host_is_in_place_another_is_synced_an_old_worker_none() -> None:
+    assert decide(SRC, WorkerShares(host="laptop"), worker="w").mode == "in_place"
+    assert decide(SRC, None, worker="w", in_process=True).path == "/home/alice/proj"
+    synced = decide(SRC, WorkerShares(host="far"), worker="w")
+    assert synced.mode == "synced" and "does not see /home/alice/proj" in synced.reason
+    old = decide(SRC, None, worker="w")
+    assert old.mode == "none" and "from before workspaces" in old.reason
+    no_sync = decide(SRC, WorkerShares(host="far", synced=False), worker="w")
+    assert no_sync.mode == "none" and "takes no synced workspaces" in no_sync.reason
+    # a share that only starts like the folder is not it
+    near = WorkerShares(host="far", shared=[PathMap(here="/home/al", there="/x")])
+    assert decide(SRC, near, worker="w").mode == "synced"
+
+
+def test_a_shared_path_flag_names_what_is_wrong() -> None:
+    assert parse_share("/data") == PathMap(here="/data", there="/data")
+    assert parse_share("/home=/mnt/home") == PathMap(here="/home", there="/mnt/home")
+    with pytest.raises(InvalidInput) as err:
+        parse_share("home=/mnt/home")
+    assert err.value.code == "bad_shared_path" and "--shared-path" in err.value.message
+
+
+async def test_a_digest_alone_never_gives_another_users_file(gl_cp: ControlPlane) -> None:
+    for name in ("alice", "bob"):
+        await gl_cp.users.add(name, Role.USER)
+    alice, bob = Identity("alice", Role.USER), Identity("bob", Role.USER)
+    plane = plane_for(gl_cp)
+    secret = b"alice's private notes"
+    digest = hashlib.sha256(secret).hexdigest()
+    assert await plane.missing([digest], alice) == [digest]
+    await plane.put_pack(packs.pack([(digest, secret)]), "alice")
+    assert await plane.missing([digest], alice) == []
+    # bob learned the digest: it is still missing for him, and reading it gives him nothing
+    assert await plane.missing([digest], bob) == [digest]
+    assert list(packs.unpack(await plane.read_pack([digest], "bob"))) == []
+    assert list(packs.unpack(await plane.read_pack([digest], "alice"))) == [(digest, secret)]
+    # with the bytes in hand, bob may claim it for himself (proof of possession)
+    await plane.put_pack(packs.pack([(digest, secret)]), "bob")
+    assert await plane.missing([digest], bob) == []
+
+
+async def test_a_pack_whose_bytes_do_not_match_is_refused_and_stores_nothing(
+    gl_cp: ControlPlane, tmp_path: Path
+) -> None:
+    plane = plane_for(gl_cp)
+    forged = "0" * 64
+    with pytest.raises(BundleError) as err:
+        await plane.put_pack(packs.pack([(forged, b"not that")]), "admin")
+    assert "refused" in err.value.message
+    assert not gl_cp.artifacts.has(forged)
+    with pytest.raises(BundleError):
+        await plane.put_pack(b"not zstd at all", "admin")
