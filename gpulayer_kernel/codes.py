@@ -41,6 +41,7 @@ class ErrorCode(StrEnum):
     BAD_LIMIT = "bad_limit"
     BAD_PARAMETER = "bad_parameter"
     BAD_REQUEST = "bad_request"
+    BAD_SHARED_PATH = "bad_shared_path"
     BAD_URL = "bad_url"
     BAD_USER_NAME = "bad_user_name"
     BAD_WAIT = "bad_wait"
