@@ -60,7 +60,10 @@ def gl_served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     try:
         yield server, worker
     finally:
-        host()._link = None
+        h = host()
+        if h._link is not None:  # its streams and connections closed, not left to the GC
+            h.submit(h._link.close()).result(30)
+        h._link = None
         worker.stop()
         server.stop()
 
