@@ -60,7 +60,14 @@ from ..contracts import (
     WorkerRegistration,
 )
 from ..contracts.limits import LINE_PIECE, MAX_BODY, MAX_LINES
-from ..errors import Conflict, GPUlayerError, Unauthorized, Unavailable, from_json
+from ..errors import (
+    Conflict,
+    GPUlayerError,
+    Unauthorized,
+    Unavailable,
+    ValidationFailed,
+    from_json,
+)
 from ..ha.failover import Servers
 from .backoff import backoff
 from .fitting import ENVELOPE, fit_lines, line_json, runs, utf8_len
@@ -219,9 +226,17 @@ class HttpTransport(Transport):
             except Unauthorized:
                 resp = None  # the session ended (revoked, or a new server): join afresh
         if resp is None:
-            resp = await self._request(
-                "POST", "/workers/join", token=self.join_token, body=body, params=params
-            )
+            try:
+                resp = await self._request(
+                    "POST", "/workers/join", token=self.join_token, body=body, params=params
+                )
+            except ValidationFailed as exc:
+                if reg.shares is None or not _refused_field(exc, "shares"):
+                    raise
+                # A control plane from before workspaces (ADR 0022) forbids the new field: join
+                # it as a worker of then did; its sessions then sync rather than run in place.
+                log.warning("%s takes no shared folders (an older control plane)", self.server)
+                return await self._register(reg.model_copy(update={"shares": None}))
         data = resp.json()
         info = WorkerInfo.model_validate(data["worker"])
         self.session_token = str(data["session_token"])
@@ -378,3 +393,9 @@ class HttpTransport(Transport):
     async def close(self) -> None:
         for http in self._https.values():
             await http.aclose()
+
+
+def _refused_field(exc: ValidationFailed, field: str) -> bool:
+    """Whether a 422 names ``field`` as unknown (a server older than the field)."""
+    errors = exc.details.get("errors") or []
+    return any(isinstance(e, dict) and str(e.get("field", "")).startswith(field) for e in errors)

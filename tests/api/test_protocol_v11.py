@@ -376,3 +376,40 @@ async def test_a_1_1_worker_gets_small_bundles_with_its_work_and_204s(
         headers={"Authorization": f"Bearer {token}", "Prefer": "return=minimal"},
     )
     assert r.status_code == 204 and r.content == b""
+
+
+async def test_a_worker_with_shared_folders_joins_a_server_from_before_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A control plane from before workspaces (ADR 0022) forbids ``shares`` in a registration,
+    as its contract forbade every unknown field: the worker joins it without them (its sessions
+    there sync), instead of failing to join at all."""
+    from pydantic import create_model
+
+    from gpulayer_kernel.api import mixin
+    from gpulayer_kernel.contracts import Contract, WorkerRegistration
+    from gpulayer_kernel.contracts.workspace import WorkerShares
+
+    fields = WorkerRegistration.model_fields
+    older: Any = create_model(  # the registration as that server knew it
+        "WorkerRegistration",
+        __base__=Contract,
+        **{n: (f.annotation, f) for n, f in fields.items() if n != "shares"},  # type: ignore[call-overload]
+    )
+    real = mixin.parse
+
+    def parse_as_then(cls: Any, data: Any) -> Any:
+        if cls is WorkerRegistration:
+            return WorkerRegistration.model_validate(real(older, data).model_dump())
+        return real(cls, data)
+
+    monkeypatch.setattr(mixin, "parse", parse_as_then)
+    api = await start_api(tmp_path, heartbeat_interval=60.0)
+    t = HttpTransport(api.url, api.join_token)
+    try:
+        shares = WorkerShares(host="laptop")
+        info = await t.register(WorkerRegistration(name="new", shares=shares))
+        assert info.name == "new" and info.shares is None
+    finally:
+        await t.close()
+        await stop_api(api)
