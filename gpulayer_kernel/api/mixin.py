@@ -30,6 +30,7 @@ from ..contracts import PROTOCOL, parse
 from ..controlplane import ControlPlane
 from ..display import human_bytes
 from ..errors import GPUlayerError, InvalidInput, TooLarge, Unauthorized, Unavailable
+from ..ha.failover import ROLE_HEADER
 from ..security import Identity, Principal, check_role
 from . import idempotency
 from .context import ApiContext
@@ -69,6 +70,7 @@ class GLMixin(LongPollMixin):
 
     def set_default_headers(self) -> None:
         super().set_default_headers()
+        self.set_header(ROLE_HEADER, "leader")  # a standby says "standby" (ha/standby.py)
         ctx = getattr(self, "ctx", None)
         if ctx is not None and ctx.protocol == "1.0":
             self.clear_header(versions.HEADER)  # a mount from before 1.1 said nothing

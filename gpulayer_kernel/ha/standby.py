@@ -40,6 +40,7 @@ from ..errors import GPUlayerError, SecretsKeyError, Unavailable
 from ..security.vault import KeySource, key_id, missing_keys
 from ..store.postgres import CONNECT_TIMEOUT, _asyncpg
 from ..store.urls import shown
+from .failover import LEADER_HEADER, ROLE_HEADER
 from .leadership import Leadership
 
 log = logging.getLogger("gpulayer.standby")
@@ -169,8 +170,13 @@ class NotLeaderHandler(tornado.web.RequestHandler):
     def initialize(self, standby: StandbyServer) -> None:
         self.standby = standby
 
+    def set_default_headers(self) -> None:
+        self.set_header(ROLE_HEADER, "standby")  # HEAD answers too, which carry no body
+
     async def _answer(self, *args: Any) -> None:
         leader = await self.standby.leader()
+        if leader:
+            self.set_header(LEADER_HEADER, leader)
         self.set_status(503)
         self.set_header("Content-Type", "application/json")
         self.set_header("Retry-After", "1")
@@ -196,6 +202,9 @@ class StandbyHealthHandler(tornado.web.RequestHandler):
 
     def initialize(self, standby: StandbyServer) -> None:
         self.standby = standby
+
+    def set_default_headers(self) -> None:
+        self.set_header(ROLE_HEADER, "standby")
 
     def get(self) -> None:
         problem = self.standby.watch.problem if self.standby.watch else None

@@ -80,15 +80,36 @@ class CpLink:
 
 
 class HttpLink:
-    """The same calls on a served control plane's ``/api/v1`` with a client token."""
+    """The same calls on a served control plane's ``/api/v1`` with a client token.
+
+    ``url`` may name several servers (``URL1,URL2``: an active and its standby): calls fail
+    over as ``ha/failover.py`` says, past a hung leader within seconds (a frames long-poll keeps
+    its own timeout)."""
+
+    TIMEOUT = 60.0
 
     def __init__(self, url: str, token: str) -> None:
+        from ..ha.failover import Servers
+
+        self.servers = Servers(url)
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._https: dict[str, httpx.AsyncClient] = {}
+        self._pool()  # the first URL's now: a bad URL fails at once
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The connection pool of the URL in use."""
+        return self._pool()
+
+    def _pool(self) -> httpx.AsyncClient:
         from ..client.httpbase import http_client
 
-        client = http_client(url, ca_cert=None, timeout=60.0, asynchronous=True)
-        assert isinstance(client, httpx.AsyncClient)
-        self.http = client
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        url = self.servers.url
+        if url not in self._https:
+            client = http_client(url, ca_cert=None, timeout=self.TIMEOUT, asynchronous=True)
+            assert isinstance(client, httpx.AsyncClient)
+            self._https[url] = client
+        return self._https[url]
 
     async def _call(
         self,
@@ -99,24 +120,27 @@ class HttpLink:
         timeout: float | None = None,
     ) -> httpx.Response:
         from ..client.httpbase import error_from, unreachable
+        from ..ha.failover import send
 
         headers = dict(self.headers)
         if body is not None:
             headers["Content-Type"] = "application/json"
-        try:
-            resp = await self.http.request(
-                method,
-                path.lstrip("/"),
-                content=body.encode() if body is not None else None,
-                params=params,
-                headers=headers,
-                timeout=httpx.Timeout(timeout, connect=10.0) if timeout else 60.0,
-            )
-        except httpx.TransportError as exc:
-            raise unreachable(str(self.http.base_url), exc) from None
-        if resp.status_code >= 400:
-            raise error_from(resp)
-        return resp
+        outcome = await send(
+            self.servers,
+            self._pool,
+            method,
+            path.lstrip("/"),
+            default=self.TIMEOUT,
+            own=timeout,
+            content=body.encode() if body is not None else None,
+            params=params,
+            headers=headers,
+        )
+        if isinstance(outcome, httpx.TransportError):
+            raise unreachable(self.servers.url, outcome) from None
+        if outcome.status_code >= 400:
+            raise error_from(outcome)
+        return outcome
 
     async def start(self, req: KernelStart) -> SessionInfo:
         resp = await self._call("POST", "/kernels", req.model_dump_json())
@@ -154,4 +178,5 @@ class HttpLink:
         await self._call("POST", f"/sessions/{kernel_id}/stop", params={"reason": reason})
 
     async def close(self) -> None:
-        await self.http.aclose()
+        for http in self._https.values():
+            await http.aclose()
