@@ -200,6 +200,9 @@ class SlurmProvider:
             simulated=part.simulate,
         )
 
+    def where(self, offer: Offer, instance_id: str) -> str | None:
+        return None  # found by its tag (the job name) until the launch answers with its id
+
     async def launch(self, offer: Offer, instance_token: str, how: LaunchSpec) -> str:
         s = self.settings
         partition = offer.labels.get("slurm.partition", offer.name)
