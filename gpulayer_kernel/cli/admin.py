@@ -108,7 +108,7 @@ class LocalAdmin:
     ) -> dict[str, Any]:
         from ..api.people import user_info
 
-        return user_info(await self.cp.users.add(name, role, group=group)).model_dump(mode="json")
+        return user_info(await self.cp.add_user(name, role, group=group)).model_dump(mode="json")
 
     async def update_user(self, name: str, **changes: Any) -> dict[str, Any]:
         from ..api.people import user_info

@@ -59,19 +59,22 @@ async def test_actions_are_logged_with_names_and_ids_never_secret_values(gl_api:
         "job.submit",
         "job.cancel",
         "secret.set",
+        "user.add",
         "user.update",
         "quota.set",
         "token.create",
         "token.revoke",
         "budget.set",
     ]
-    assert page["total"] == 8 and page["next_before"] is None
+    assert page["total"] == 9 and page["next_before"] is None
     by_action = {e["action"]: e for e in page["entries"]}
     assert by_action["job.submit"]["target"] == job_id
     assert by_action["job.submit"]["user"] == "admin"
     assert by_action["secret.set"]["target"] == "DB_PASS"
     assert by_action["token.create"]["target"] == token_id
     assert by_action["user.update"]["detail"]["role"] == "viewer"
+    assert by_action["user.add"]["target"] == "ann" and by_action["user.add"]["user"] == "admin"
+    assert by_action["user.add"]["detail"]["role"] == "user"  # issue 32: it wrote no row
     assert SECRET_VALUE not in r.text and ann_token not in r.text
     # Stored: the database file holds no secret value either (the log is plain text).
     rows, _ = await api.store.list_audit(AuditQuery(limit=1000))
@@ -81,10 +84,10 @@ async def test_actions_are_logged_with_names_and_ids_never_secret_values(gl_api:
     r = await api.call("GET", "/audit", params={"action": "job.submit"})
     assert [e["target"] for e in r.json()["entries"]] == [job_id]
     first = (await api.call("GET", "/audit", params={"limit": 3})).json()
-    assert len(first["entries"]) == 3 and first["total"] == 8
+    assert len(first["entries"]) == 3 and first["total"] == 9
     rest = (await api.call("GET", "/audit", params={"before": first["next_before"]})).json()
     seen = [e["seq"] for e in first["entries"] + rest["entries"]]
-    assert seen == sorted(seen, reverse=True) and len(set(seen)) == 8
+    assert seen == sorted(seen, reverse=True) and len(set(seen)) == 9
     assert (await api.call("GET", "/audit", params={"user": "ann"})).json()["total"] == 0
 
 
@@ -191,13 +194,17 @@ def test_the_cli_pages_the_audit_log_and_refuses_a_negative_costs_limit(tmp_path
         assert gl("user", "add", name).returncode == 0
     for name in ("ann", "bob"):
         assert gl("quota", "set", "--user", name, "--max-gpus", "1").returncode == 0
-    out = gl("audit", "--limit", "1")
+    out = gl("audit", "--action", "quota.set", "--limit", "1")
     assert out.returncode == 0, out.stderr
     assert "quota.set" in out.stdout and "user/bob" in out.stdout
     assert "showing 1 of 2; next page: --before" in out.stdout
     seq = out.stdout.rsplit("--before ", 1)[1].strip()
-    older = gl("audit", "--before", seq)
+    older = gl("audit", "--action", "quota.set", "--before", seq)
     assert "user/ann" in older.stdout and "showing 1 of 2" in older.stdout
+    # `gpulayer user add` is audited too (issue 32: it wrote no row).
+    added = gl("audit", "--action", "user.add")
+    assert added.returncode == 0, added.stderr
+    assert all(name in added.stdout for name in ("ann", "bob", "cy")), added.stdout
     bad = gl("audit", "--action", "nope")
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
     neg = gl("costs", "--limit", "-1")
