@@ -195,7 +195,9 @@ class GLMixin(LongPollMixin):
         """Run one ``@op`` method: check the caller's role, parse what ``spec`` declares, call it,
         send its answer (through ``idempotency.run_keyed`` when it carries an Idempotency-Key)."""
         if spec.role is not None:
-            check_role(self.who, spec.role, spec.summary)
+            # The route, not its summary: a summary is often a noun ("the audit log, …"), and
+            # "may not the audit log" said nothing (issue 32).
+            check_role(self.who, spec.role, f"call {self.request.method} {self.route}")
         kwargs: dict[str, Any] = {p.name: p.parse(self, self.ctx.limits) for p in spec.query}
         if self._gl_refused is not None:
             raise self._gl_refused

@@ -97,6 +97,8 @@ async def test_only_admins_read_it_and_bad_filters_are_refused(gl_api: Api) -> N
     viewer = await api.new_token("client", owner="vic")
     r = await api.call("GET", "/audit", viewer)
     assert r.status_code == 403
+    # It says what was refused (issue 32: "vic (viewer) may not the audit log, newest first…").
+    assert r.json()["message"].startswith("vic (viewer) may not call GET /audit: that needs")
     assert (await api.call("GET", "/audit", None)).status_code == 401
     r = await api.call("GET", "/audit", params={"action": "job.explode"})
     assert r.status_code == 400 and r.json()["code"] == "audit_action"
