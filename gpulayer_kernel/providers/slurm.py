@@ -218,7 +218,7 @@ class SlurmProvider:
             f"--job-name={self.job_name(how.instance_id)}",
             f"--partition={partition}",
             f"--time={s.time_limit}",
-            "--output=/tmp/gpulayer-slurm-%j.out",
+            f"--output={s.output_path}",  # providers.toml's output, or beside the work dir
             "--export=ALL",  # the small environment below, token included (never argv)
         ]
         if offer.gpus:
