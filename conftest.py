@@ -25,6 +25,10 @@ from typing import Any
 
 import pytest
 
+# Every process a test starts ends with the run, whatever ends it (a mark, a watchdog per pytest
+# process, SIGTERM taken as Ctrl-C, a reaper of earlier runs' leftovers at session start).
+pytest_plugins = ("gpulayer_kernel.testing.reaper",)
+
 # Python jobs' zygote imports torch by default where it is installed (~2 s of a core per worker
 # started): the suite starts hundreds of workers, so it preloads nothing unless a test asks.
 os.environ.setdefault("GPULAYER_ZYGOTE_PRELOAD", "")
