@@ -223,11 +223,16 @@ def test_a_wrong_url_or_an_expired_token_leaves_nothing_installed(
 def test_install_join_run_a_job_and_install_again(
     gl_dist: Dist, served: ServeProcess, gl_no_node_bin: Path, tmp_path: Path
 ) -> None:
-    prefix = tmp_path / "worker"
+    as_root = os.geteuid() == 0
+    # As root the worker runs as its own user, which must reach the prefix: pytest's folders
+    # are private to root (0700), so the prefix goes where that user can go, as /opt does.
+    outside = Path(tempfile.mkdtemp(prefix="gl-install-")) if as_root else None
+    if outside is not None:
+        outside.chmod(0o755)
+    prefix = (outside or tmp_path) / "worker"
     join = served.create_token("join")
     # A list, the first URL dead (a failed-over active): the standby that answers is used. No
     # --package: the wheel comes from the control plane itself.
-    as_root = os.geteuid() == 0
     run_as = f"gl-test-{os.getpid()}"  # as root the script makes this user; removed below
     args = (
         "--server", f"http://127.0.0.1:9,{served.url}",
@@ -250,6 +255,8 @@ def test_install_join_run_a_job_and_install_again(
     finally:
         if as_root:
             subprocess.run(["userdel", run_as], capture_output=True, check=False)
+        if outside is not None:
+            shutil.rmtree(outside, ignore_errors=True)
 
 
 def _install_join_run_again(
