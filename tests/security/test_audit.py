@@ -211,3 +211,30 @@ def test_the_cli_pages_the_audit_log_and_refuses_a_negative_costs_limit(tmp_path
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
     neg = gl("costs", "--limit", "-1")
     assert neg.returncode == 2 and "--limit -1 is negative" in neg.stderr
+
+
+def test_the_add_step_of_a_rotation_names_the_new_key(tmp_path: Path) -> None:
+    """Issue 32, item 7: the `secret.rotate_key step=add` row named the old key (the one still
+    sealing); it names the key added, with the sealing one beside it. The CLI's own path (no
+    server) is audited too."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
+    env["GPULAYER_HOME"] = str(tmp_path / "home")
+
+    def gl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*GL, *args], capture_output=True, text=True, timeout=60, env=env)
+
+    made = subprocess.run(
+        [*GL, "secret", "set", "HF_TOKEN"], input="v", capture_output=True, text=True,
+        timeout=60, env=env,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    added = gl("secret", "rotate-key", "--step", "add")
+    assert added.returncode == 0, added.stderr
+    new = added.stderr.split("--key ")[1].split()[0]
+    out = gl("audit", "--action", "secret.rotate_key", "--json")
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)["entries"]
+    assert row["target"] == new and row["detail"]["step"] == "add"
+    assert row["detail"]["sealing"] != new  # the key still sealing, beside it
