@@ -25,7 +25,6 @@ under 1 ms). Long waits (``wait``, ``logs``, ``events``) are split into server-s
 from __future__ import annotations
 
 import builtins
-import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
@@ -45,7 +44,7 @@ from ..contracts import (
     WorkerInfo,
 )
 from ..errors import GPUlayerError
-from ..ha.failover import Servers, send
+from ..ha.failover import Servers, send, send_sync
 from ..security.tls import check_url
 from .admin import Admin, AsyncAdmin
 from .calls import Call, Calls, Req
@@ -68,18 +67,6 @@ class _Base:
             self._headers["Authorization"] = f"Bearer {token}"
         self._ca_cert = ca_cert
         self._timeout = timeout
-
-    def _moved(self, req: Req, outcome: BaseException | httpx.Response, tries: int) -> float | None:
-        """Seconds to wait before sending ``req`` again to the next URL, or None: do not."""
-        keyed = req.key is not None  # a keyed write is done once however often it is sent
-        if not self.servers.moves_on(req.method, outcome, keyed=keyed):
-            return None
-        if time.monotonic() > self._until:
-            return None
-        self.servers.move(outcome)
-        return self.servers.pause(tries + 1)
-
-    _until = 0.0
 
     @staticmethod
     def _kwargs(req: Req) -> dict[str, Any]:
@@ -313,27 +300,19 @@ class Client(_Base, Provisioning, SessionCallsSync, Admin):
         return self._https[url]
 
     def _send(self, req: Req) -> httpx.Response:
-        """``failover.send``'s loop, blocking (a sync client, off the event loop)."""
-        self._until = self.servers.deadline()
-        kw = self._kwargs(req)
-        keyed = req.key is not None
-        tries = 0
-        while True:
-            timeout = self.servers.timeout(
-                req.method, tries, default=self._timeout, own=req.timeout, keyed=keyed
-            )
-            try:
-                resp = self._http.request(req.method, req.path, timeout=timeout, **kw)
-            except httpx.TransportError as exc:
-                delay = self._moved(req, exc, tries)
-                if delay is None:
-                    raise unreachable(self.servers.url, exc) from None
-            else:
-                delay = self._moved(req, resp, tries) if resp.status_code == 503 else None
-                if delay is None:
-                    return resp
-            tries += 1
-            time.sleep(delay)  # failover backoff
+        outcome = send_sync(
+            self.servers,
+            lambda: self._http,
+            req.method,
+            req.path,
+            default=self._timeout,
+            own=req.timeout,
+            keyed=req.key is not None,
+            **self._kwargs(req),
+        )
+        if isinstance(outcome, httpx.TransportError):
+            raise unreachable(self.servers.url, outcome) from None
+        return outcome
 
     def _run(self, call: Call[T]) -> T:
         try:

@@ -21,7 +21,7 @@ never answers. With several URLs, each send therefore has a short connect timeou
 a hung leader is passed within ~2 s, not after the whole request timeout. Each round over the
 URLs doubles both (up to the request's own timeout), so a server that is only slow is still
 waited for. A long-poll, a large upload or download keeps its own timeout (its answer comes
-late on purpose). ``send`` is that loop, for the asyncio clients.
+late on purpose). ``send`` is that loop (``send_sync`` for the blocking client).
 
 Every answer of a GPUlayer server names its role in ``GPUlayer-Role`` (``leader`` or
 ``standby``), HEAD answers included, which carry no body: a 503 from a standby moves on by the
@@ -138,9 +138,6 @@ class Servers:
         rounds = tries // len(self.urls)
         return 0.0 if tries % len(self.urls) else min(2.0, 0.1 * 2**rounds) if rounds else 0.0
 
-    def deadline(self) -> float:
-        return time.monotonic() + self.failover_for
-
 
 async def send(
     servers: Servers,
@@ -174,6 +171,37 @@ async def send(
         servers.move(outcome)
         tries += 1
         await sleep(servers.pause(tries))  # failover backoff
+
+
+def send_sync(
+    servers: Servers,
+    pool: Callable[[], httpx.Client],
+    method: str,
+    path: str,
+    *,
+    default: float,
+    own: float | None = None,
+    keyed: bool = False,
+    **kwargs: Any,
+) -> httpx.Response | httpx.TransportError:
+    """``send`` for a blocking client (the sync ``Client``, off any event loop)."""
+    until = time.monotonic() + servers.failover_for
+    tries = 0
+    while True:
+        timeout = servers.timeout(method, tries, default=default, own=own, keyed=keyed)
+        outcome: httpx.Response | httpx.TransportError
+        try:
+            outcome = pool().request(method, path, timeout=timeout, **kwargs)
+        except httpx.TransportError as exc:
+            outcome = exc
+        moves = isinstance(outcome, httpx.TransportError) or outcome.status_code == 503
+        if not (moves and servers.moves_on(method, outcome, keyed=keyed)) or (
+            time.monotonic() > until
+        ):
+            return outcome
+        servers.move(outcome)
+        tries += 1
+        time.sleep(servers.pause(tries))  # failover backoff
 
 
 def _code(resp: httpx.Response) -> str:
