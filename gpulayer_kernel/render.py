@@ -276,8 +276,8 @@ def log_text(record: LogRecord) -> str:
     """A log line as shown in a cell: ``[rank 1] text`` for a rank, ``gpulayer: ...`` for ours."""
     prefix = f"[rank {record.rank}] " if record.rank is not None else ""
     text = visible(record.text)
-    if record.stream == "system":
-        return f"gpulayer: {prefix}{words.plain(text)}"  # our words: plain text, no `code` marks
+    if record.stream == "system":  # our words: plain text, no `code` marks, "gpulayer" once
+        return f"gpulayer: {prefix}{words.plain(text.removeprefix('[gpulayer] '))}"
     return f"{prefix}{text}"
 
 

@@ -87,6 +87,20 @@ class AdminCalls:
 
     # -- users (the records are ``users``'; what disabling one does to their work: people.py) --
 
+    async def add_user(
+        self,
+        name: str,
+        role: Role | str = Role.USER,
+        *,
+        group: str | None = None,
+        who: Identity | None = None,
+    ) -> UserRecord:
+        """Add a user (in the audit log, as every change of who may do what)."""
+        check_role(who, Role.ADMIN, "add users")
+        rec = await self.users.add(name, role, group=group)
+        await self.audit.record(who, "user.add", name, role=rec.role, group=rec.group)
+        return rec
+
     async def update_user(
         self,
         name: str,

@@ -122,6 +122,7 @@ class ControlPlane(Wiring):
     set_secret = via("admin_calls", AdminCalls.set_secret)
     secret_names = via("admin_calls", AdminCalls.secret_names)
     delete_secret = via("admin_calls", AdminCalls.delete_secret)
+    add_user = via("admin_calls", AdminCalls.add_user)
     update_user = via("admin_calls", AdminCalls.update_user)
     providers = via("admin_calls", AdminCalls.providers)
     instances = via("admin_calls", AdminCalls.instances)

@@ -141,7 +141,7 @@ class WorkerCalls:
 
     async def report_started(self, worker_id: str, job_id: str, attempt: int | None = None) -> Job:
         job = self._owned(worker_id, job_id, attempt)
-        self.dispatch.started(job_id, worker_id)  # never hand this attempt to it again
+        self.dispatch.started(job_id, worker_id, job.attempts)  # never again to it
         if job.state == JobState.PLACED:
             job = await self.jobs.commit(job_id, JobState.RUNNING, started_at=self.clock.now())
         return job

@@ -68,7 +68,7 @@ from ..errors import (
     ValidationFailed,
     from_json,
 )
-from ..ha.failover import Servers
+from ..ha.failover import Servers, send
 from .backoff import backoff
 from .fitting import ENVELOPE, fit_lines, line_json, runs, utf8_len
 from .transport import Transport
@@ -138,7 +138,11 @@ class HttpTransport(Transport):
         params: dict[str, str] | None = None,
         timeout: float | None = None,
         minimal: bool = False,
+        repeatable: bool = False,
     ) -> httpx.Response:
+        """One request, failing over as ``ha/failover.py`` says; ``timeout``: a long-poll's or
+        transfer's own; ``repeatable``: sending it twice does no harm (past a hung server in
+        seconds, as a GET)."""
         token = token or self.session_token
         headers = {versions.HEADER: PROTOCOL}
         if token:
@@ -150,33 +154,20 @@ class HttpTransport(Transport):
             content = body.encode()
         elif content is not None:
             headers["Content-Type"] = "application/octet-stream"
-        until = self.clock.monotonic() + self.servers.failover_for
-        tries = 0
-        while True:
-            outcome: httpx.Response | httpx.TransportError
-            try:
-                outcome = await self._http.request(
-                    method,
-                    path,
-                    content=content,
-                    params=params,
-                    headers=headers,
-                    timeout=httpx.Timeout(timeout, connect=10.0)
-                    if timeout
-                    else httpx.USE_CLIENT_DEFAULT,
-                )
-            except httpx.TransportError as exc:
-                outcome = exc
-            moves = isinstance(outcome, httpx.TransportError) or outcome.status_code == 503
-            if not (moves and self.servers.moves_on(method, outcome)) or (
-                self.clock.monotonic() > until
-            ):
-                break
-            was = self.servers.url
-            self.servers.move(outcome)
-            log.info("%s %s: moving from %s to %s", method, path, was, self.servers.url)
-            tries += 1
-            await self.clock.sleep(self.servers.pause(tries))  # failover backoff
+        outcome = await send(
+            self.servers,
+            lambda: self._http,
+            method,
+            path,
+            default=self._timeout,
+            own=timeout,
+            keyed=repeatable,
+            sleep=self.clock.sleep,
+            now=self.clock.monotonic,
+            content=content,
+            params=params,
+            headers=headers,
+        )
         if isinstance(outcome, httpx.TransportError):
             raise unreachable(self.servers.url, outcome) from None
         said = outcome.headers.get(versions.HEADER)
@@ -249,7 +240,8 @@ class HttpTransport(Transport):
         return info
 
     async def heartbeat(self) -> None:
-        await self._request("POST", "/worker/heartbeat", minimal=True)
+        # Harmless twice: moves past a hung leader in seconds, so the new one keeps this worker.
+        await self._request("POST", "/worker/heartbeat", minimal=True, repeatable=True)
 
     async def next_work(self, wait: float) -> Work:
         wait = max(0.0, min(wait, self.max_wait))
