@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import Field
 
 from ._base import Contract
-from .jobs import DEFAULT_IDLE_TIMEOUT, MAX_IDLE_TIMEOUT
+from .jobs import DEFAULT_IDLE_TIMEOUT, MAX_IDLE_TIMEOUT, EnvVars
 from .sessions import SESSION_NAME_PATTERN, SessionHolder
 
 Channel = Literal["shell", "control", "stdin", "iopub"]
@@ -59,6 +59,12 @@ class KernelPage(Contract):
     )
     generation: int = Field(0, ge=0, description="the kernel process's start count")
     reason: str | None = Field(None, description="why it exited or ended, or why it waits")
+    final: bool = Field(
+        False,
+        description="ended on purpose (its session was stopped or idled out: `cancelled`), so "
+        "no automatic restart brings it back; the Jupyter host keeps the kernel and answers "
+        "its cells with the reason until the user restarts it (a lost worker: false)",
+    )
 
 
 class KernelStart(Contract):
@@ -77,6 +83,10 @@ class KernelStart(Contract):
     idle_timeout: float = Field(DEFAULT_IDLE_TIMEOUT, gt=0, le=MAX_IDLE_TIMEOUT)
     holder: SessionHolder
     wait_for_capacity: bool = False
+    env: EnvVars = Field(
+        default_factory=dict,
+        description="set in the kernel process's environment (e.g. JPY_SESSION_NAME, the notebook)",
+    )
 
 
 class KernelConnection(Contract):
