@@ -11,11 +11,12 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 from tornado.web import HTTPError
 
+from gpulayer_kernel import render
 from gpulayer_kernel.contracts import JobState
 from gpulayer_kernel.kernels import spec
 
 from .conftest import Plane
-from .test_kernel_e2e import start
+from .test_kernel_e2e import run, start, texts
 
 pytestmark = pytest.mark.slow
 
@@ -46,3 +47,25 @@ async def test_a_kernel_waiting_behind_another_logs_each_reason_once_then_fails_
     finally:
         kc1.stop_channels()
         await km1.shutdown_kernel()
+
+
+async def test_the_kernel_sees_its_notebooks_name_as_a_local_kernel_does(gl_plane: Plane) -> None:
+    """jupyter_server names the notebook in the kernel's environment (``JPY_SESSION_NAME``):
+    the worker's kernel gets it too; a 2-GPU kernel is listed as one process (issue 33, item 6)."""
+    km = AsyncKernelManager(kernel_name="gpulayer-2gpu")
+    notebook = "/home/ada/analysis.ipynb"
+    await km.start_kernel(env={"JPY_SESSION_NAME": notebook, "PATH": "/usr/bin"})
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=60)
+        _, out = await run(kc, "import os\nprint(os.environ.get('JPY_SESSION_NAME'))")
+        assert texts(out).strip() == notebook
+        (info,) = gl_plane.call(gl_plane.cp.list_sessions())
+        assert info.holder.notebook == notebook
+        assert info.ranks == 1  # one ipykernel that sees both GPUs, not "2 ranks"
+        line = render.session_line(info)
+        assert ", GPU kernel, " in line and "rank" not in line, line
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel()
