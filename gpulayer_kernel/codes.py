@@ -110,6 +110,7 @@ class ErrorCode(StrEnum):
     NOT_A_KERNEL = "not_a_kernel"
     NOT_A_SESSION = "not_a_session"
     NOT_ASSIGNED = "not_assigned"
+    NOT_FORWARDED = "not_forwarded"
     NOT_FOUND = "not_found"
     NOT_HOSTED = "not_hosted"
     NOT_JSON = "not_json"

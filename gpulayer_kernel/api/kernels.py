@@ -199,6 +199,7 @@ def _page(page: LanePage) -> KernelPage:
         state=page.status.state,
         generation=page.status.generation,
         reason=page.status.reason,
+        final=page.status.final,
     )
 
 

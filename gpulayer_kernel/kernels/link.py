@@ -219,6 +219,7 @@ class HttpLink:
                         status.get("state", "waiting"),
                         int(status.get("generation", 0)),
                         status.get("reason"),
+                        bool(status.get("final", False)),
                     ),
                 )
                 return page
@@ -252,5 +253,5 @@ def _lane_page(page: KernelPage) -> LanePage:
     return LanePage(
         from_frames(page.frames),
         page.next_since,
-        KernelStatus(page.state, page.generation, page.reason),
+        KernelStatus(page.state, page.generation, page.reason, page.final),
     )

@@ -196,4 +196,3 @@ class SyncWire(_Base):
         pools, self._pools = self._pools, {}
         for p in pools.values():
             p.close()
-

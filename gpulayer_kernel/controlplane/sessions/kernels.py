@@ -52,14 +52,21 @@ KEPT = 256  # kernels remembered before the ended ones are forgotten
 @dataclass
 class KernelStatus:
     """Where a kernel is, as its Jupyter host is told: ``state``, the process's ``generation``,
-    and why it waits, exited or ended."""
+    why it waits, exited or ended, and whether an end is ``final`` (its session was ended on
+    purpose: stopped or idled out; nothing restarts it until the user asks)."""
 
     state: KernelState
     generation: int
     reason: str | None = None
+    final: bool = False
 
     def as_json(self) -> dict[str, object]:
-        return {"state": self.state, "generation": self.generation, "reason": self.reason}
+        return {
+            "state": self.state,
+            "generation": self.generation,
+            "reason": self.reason,
+            "final": self.final,
+        }
 
 
 @dataclass
@@ -115,6 +122,7 @@ class KernelRelay:
             resources=Resources(gpus=req.gpus, gpu_kind=req.gpu_kind),
             idle_timeout=req.idle_timeout,
             holder=req.holder,
+            env=req.env,
             wait_for_capacity=req.wait_for_capacity,
             kernel=True,
             workspace=req.workspace,  # the notebook's folder (ADR 0022)
@@ -329,7 +337,10 @@ class KernelRelay:
         if job is None:
             return KernelStatus("ended", gen, _died(None, None))
         if job.state.terminal:
-            return KernelStatus("ended", gen, _died(job.state, job.reason))
+            # Cancelled (idled out, stopped elsewhere): final. Lost or failed: the Jupyter host
+            # may start it again (jupyter_client's restarter).
+            final = job.state == JobState.CANCELLED
+            return KernelStatus("ended", gen, _died(job.state, job.reason), final)
         if k.exited is not None:
             return KernelStatus("exited", gen, k.exited.reason)
         if job.state == JobState.RUNNING and k.started == gen:
@@ -381,6 +392,12 @@ def _died(state: JobState | None, reason: str | None) -> str:
         return f"kernel died: {why}"
     if state is None:
         return "kernel died: its session is gone"
+    if state == JobState.CANCELLED:
+        why = (reason or "stopped").removeprefix("session ").removeprefix("ended: ")
+        return (
+            f"this GPU kernel's session ended: {why}; restart the kernel (Kernel ▸ Restart) "
+            "to get a GPU again"
+        )
     return f"kernel ended: its session was {state.value}" + (f" ({reason})" if reason else "")
 
 
