@@ -112,7 +112,6 @@ class ErrorCode(StrEnum):
     NOT_ASSIGNED = "not_assigned"
     NOT_FORWARDED = "not_forwarded"
     NOT_FOUND = "not_found"
-    NOT_HOSTED = "not_hosted"
     NOT_JSON = "not_json"
     NOT_LEADER = "not_leader"
     NOT_RUNNING = "not_running"
