@@ -19,8 +19,7 @@ import httpx
 
 from ..contracts import SessionInfo
 from ..contracts.kernels import KernelConnection, KernelPage, KernelStart
-from ..controlplane.sessions.kernels import KernelStatus, LanePage
-from ..wire.kernels import KernelMessage, frames_body, from_frames
+from ..wire.kernels import KernelMessage, KernelStatus, LanePage, frames_body, from_frames
 from ..wire.stream import Stream, StreamUnsupported
 
 if TYPE_CHECKING:

@@ -22,7 +22,6 @@ its lanes are freed at once; the kernel is remembered (why it ended) among the l
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...clock import Clock
@@ -33,11 +32,10 @@ from ...contracts.kernels import (
     KernelConnection,
     KernelExit,
     KernelStart,
-    KernelState,
 )
 from ...errors import Conflict, Forbidden, InvalidInput, NotFound
 from ...security.roles import Identity, check_act
-from ...wire.kernels import KernelMessage, part
+from ...wire.kernels import KernelMessage, KernelStatus, LanePage, part
 from ..dispatch import Dispatcher
 from ..jobs import JobTable
 from ..signals import Signal, first_of
@@ -47,36 +45,6 @@ if TYPE_CHECKING:
     from .table import SessionTable
 
 KEPT = 256  # kernels remembered before the ended ones are forgotten
-
-
-@dataclass
-class KernelStatus:
-    """Where a kernel is, as its Jupyter host is told: ``state``, the process's ``generation``,
-    why it waits, exited or ended, and whether an end is ``final`` (its session was ended on
-    purpose: stopped or idled out; nothing restarts it until the user asks)."""
-
-    state: KernelState
-    generation: int
-    reason: str | None = None
-    final: bool = False
-
-    def as_json(self) -> dict[str, object]:
-        return {
-            "state": self.state,
-            "generation": self.generation,
-            "reason": self.reason,
-            "final": self.final,
-        }
-
-
-@dataclass
-class LanePage:
-    """What one read of a lane gives: messages after the reader's cursor, where to go on from
-    (which acknowledges the rest), and the kernel's status."""
-
-    messages: list[KernelMessage]
-    next_since: int
-    status: KernelStatus
 
 
 class LiveKernel:
