@@ -122,7 +122,7 @@ class HttpTransport(Transport):
     def kernel_link(self) -> KernelLink:
         from .http_kernel import HttpKernelLink  # most workers never run a GPU kernel
 
-        return HttpKernelLink(self)
+        return HttpKernelLink(self.wire)
 
     # -- plumbing --------------------------------------------------------------------------------
 

@@ -9,41 +9,41 @@ WebSocket.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..client.calls import Req
 from ..contracts.kernels import KernelConnection, KernelExit, KernelPage
 from ..errors import NotFound
+from ..wire.http import Wire
 from ..wire.kernels import KernelMessage, KernelStatus, LanePage, frames_body, from_frames
 from ..wire.stream import Stream, StreamUnsupported
 
-if TYPE_CHECKING:
-    from .http import HttpTransport
-
 
 class HttpKernelLink:
-    """One kernel executor's link, through its worker's HTTP transport."""
+    """One kernel executor's link, on its worker transport's wire (URLs, session token, TLS)."""
 
-    def __init__(self, transport: HttpTransport) -> None:
-        self.t = transport
+    def __init__(self, wire: Wire) -> None:
+        self.wire = wire
         self._stream: Stream | None = None
         self._plain = False  # the server or a proxy takes no stream: the HTTP routes
 
     def _on(self, job_id: str) -> Stream:
         if self._stream is None:
             self._stream = Stream(
-                self.t.servers.urls,
+                self.wire.servers.urls,
                 f"/worker/jobs/{job_id}/kernel/stream",
-                lambda: self.t.session_token or "",
-                ca_cert=self.t.ca_cert,
+                self._token,
+                ca_cert=self.wire.ca_cert,
             )
         return self._stream
+
+    def _token(self) -> str:
+        c = self.wire.credential
+        return (c() if callable(c) else c) or ""
 
     async def connection(self, job_id: str, wait: float) -> KernelConnection | None:
         path = f"/worker/jobs/{job_id}/kernel/connection"
         req = Req("GET", path, params=[("wait", str(wait))], timeout=wait + 30)
         try:
-            resp = await self.t.wire.send(req)
+            resp = await self.wire.send(req)
         except NotFound:
             return None
         return KernelConnection.model_validate_json(resp.content)
@@ -58,7 +58,7 @@ class HttpKernelLink:
                 self._plain = True
         params = [("since", str(since)), ("wait", str(wait))]
         req = Req("GET", f"/worker/jobs/{job_id}/kernel/frames", params=params, timeout=wait + 30)
-        page = KernelPage.model_validate_json((await self.t.wire.send(req)).content)
+        page = KernelPage.model_validate_json((await self.wire.send(req)).content)
         status = KernelStatus(page.state, page.generation, page.reason)
         return LanePage(from_frames(page.frames), page.next_since, status)
 
@@ -70,11 +70,11 @@ class HttpKernelLink:
             except StreamUnsupported:
                 self._plain = True
         path = f"/worker/jobs/{job_id}/kernel/frames"
-        await self.t.wire.send(Req("POST", path, json=frames_body(messages)))
+        await self.wire.send(Req("POST", path, json=frames_body(messages)))
 
     async def exited(self, job_id: str, report: KernelExit) -> None:
         path = f"/worker/jobs/{job_id}/kernel/exit"
-        await self.t.wire.send(Req("POST", path, json=report.model_dump_json()))
+        await self.wire.send(Req("POST", path, json=report.model_dump_json()))
 
     async def close(self) -> None:
         if self._stream is not None:
