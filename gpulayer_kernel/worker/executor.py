@@ -31,7 +31,6 @@ from ..display import human_bytes
 from ..errors import BundleError, GPUlayerError
 from ..job import ARGS_ENV, CONTROL_ENV, JOB_ID_ENV, OUTPUT_ENV, RESULT_ENV
 from ..redact import Redactor
-from . import reaper
 from .bundlecache import BundleCache, Files, copy_tree
 from .config import ExecutorConfig
 from .control import ControlReader
@@ -49,10 +48,12 @@ from .processes import (
     missing_program,
     reap_leftovers,
     spawn_cold,
+    stop_now,
 )
 from .spares import ZygoteChild
 from .transport import Transport
 from .warm import WarmRunner
+from .zygote_client import LaunchFailed
 
 # Re-exported: ExecutorConfig lived here, and callers outside the worker still import it from here.
 __all__ = ["ExecutorConfig", "JobExecutor", "reap_leftovers"]
@@ -288,7 +289,10 @@ class JobExecutor:
                 )
             if self.proc is None:
                 self._write_sources(cwd)
-                self.proc = await self.warm.exec(argv, cwd, env)
+                try:
+                    self.proc = await self.warm.exec(argv, cwd, env)
+                except LaunchFailed as exc:
+                    return self._launch_failed(exc.code, exc.message)
         if self.proc is None:
             self._write_sources(cwd)
             try:
@@ -411,9 +415,9 @@ class JobExecutor:
                 await asyncio.sleep(GROUP_POLL)
         if self.proc.returncode is None:
             self._forced = True  # the grace ran out: what is left is killed
-            # The supervisor kills everything below it, even what left the group, then itself.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pgid, reaper.STOP)
+            # Everything the job started dies, even what left the group (killed by the zygote,
+            # or by the cold path's supervisor).
+            stop_now(self.proc)
             await _within(self.clock, self.proc.wait(), STOP_WAIT)
         killpg(pgid, signal.SIGKILL)  # what is left of the group, if the supervisor was stuck
         with contextlib.suppress(ProcessLookupError):

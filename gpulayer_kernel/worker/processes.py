@@ -1,11 +1,12 @@
 """A job's processes as the operating system sees them: spawning, waiting, stopping, leftovers.
 
-Every job runs under its supervisor (:mod:`.reaper`: a subreaper, the job's main process as the
-executor sees it), in its own session and process group (pgid == the supervisor's pid), so
-stopping the group stops the job, and the supervisor kills whatever the job started that left the
-group. The supervisor dies with its worker (cold spawn) or its warm runner (warm spawn), killing
-all of it first; :func:`reap_leftovers` is the backstop for what a worker that died hard left
-anyway, found by the job id in each process's start-up environment.
+Every job's main process (the one the executor sees: its pid, its process group, its exit
+status) leads a session and process group of its own, so stopping the group stops the job. On
+the warm path it is the job's own process, forked by the zygote, which supervises it: it reaps
+it, kills its group when it ends and whatever left the group (``zygote.py``, ``orphans.py``). On
+the cold path it is a supervisor (:mod:`.reaper`, a subreaper) around the job. Either way what a
+job started dies with it, and with its worker; :func:`reap_leftovers` is the backstop for what a
+worker that died hard left anyway, found by the job id in each process's start-up environment.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..job import JOB_ID_ENV
+from .reaper import STOP
 
 REAPER = str(Path(__file__).with_name("reaper.py"))
 
@@ -108,6 +110,17 @@ async def main_exited(proc: Spawned) -> None:
     finally:
         loop.remove_reader(fd)
         os.close(fd)
+
+
+def stop_now(proc: Spawned) -> None:
+    """Kill a job at once, everything it started with it (the end of a kill grace): a warm job's
+    group (its zygote kills what left it), a cold job's supervisor (it kills all below it)."""
+    stop = getattr(proc, "stop_now", None)
+    if stop is not None:
+        stop()
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(proc.pid, STOP)
 
 
 def killpg(pgid: int, sig: int) -> None:

@@ -1,25 +1,29 @@
-"""A job's supervisor: a subreaper that outlives nothing it started, even when its worker dies hard.
+"""A supervisor: a subreaper that outlives nothing it started, even when its worker dies hard.
 
-Every job runs under one small supervisor process ("S"), the main process the executor sees (its
-pid, its process group, its exit status). S forks the job ("J") and waits:
+Two processes are supervised this way (S below): the worker's *keeper* around each of its
+zygotes (the warm path), and, on the cold path, a job's own command. S starts its one child
+("J": the zygote, or the job) and waits:
 
-- S is a *child subreaper* (``PR_SET_CHILD_SUBREAPER``): whatever J starts and orphans, even a
-  process that double-forks and ``setsid``\\ s away from the job's process group, is re-parented
-  to S instead of to init, so S can always find it: its descendants are the job, entire;
+- S is a *child subreaper* (``PR_SET_CHILD_SUBREAPER``): whatever J's tree orphans, even a
+  process that double-forks and ``setsid``\\ s away from its process group, is re-parented to S
+  (or to a subreaper below it: the zygote is one) instead of to init, so S can always find it;
 - when J exits, S SIGKILLs every descendant left, reaps them, and exits with J's status (killed
   by a signal: S kills itself with the same signal), so the executor reads J's exit as before;
 - S dies with its parent (``PR_SET_PDEATHSIG`` = ``SIGUSR1``, a signal it catches): when the
-  worker (or the warm runner that forked S) is killed with ``kill -9``, S kills every descendant,
-  then itself. The cleanup does not depend on the worker surviving;
-- a command is started with ``posix_spawn`` (no copy of S), a warm Python job is a ``fork``;
-- S ignores SIGINT, SIGTERM and SIGHUP: the executor stops a job by signalling its process group,
-  which reaches J and its group; S waits for J to go, then cleans up. ``SIGUSR1`` sent by the
-  executor means "stop everything now" (the end of the kill grace).
+  worker is killed with ``kill -9``, S kills every descendant, then itself. The cleanup does not
+  depend on the worker surviving;
+- S ignores SIGINT, SIGTERM and SIGHUP: the executor stops a cold job by signalling its process
+  group, which reaches J and its group; S waits for J to go, then cleans up. ``SIGUSR1`` sent by
+  the executor means "stop everything now" (the end of the kill grace).
 
-The warm runner forks S in its fork server, for every job (a command through it costs about
-1.5 ms more than a direct spawn, measured); the cold path runs this file as a script
-(``python -I -S reaper.py PARENT_PID -- ARGV...``: about 30 ms of interpreter start-up), used
-only when the warm runner is off or unavailable.
+**The warm path** (issue 35: one fork per job): the zygote forks each job itself and supervises
+it (``zygote.py``, ``orphans.py``); this module only gives the zygote its keeper, forked once
+when the zygote starts (:func:`fork_supervised`: the zygote's own process stays behind as S, its
+child goes on as the zygote). A job costs no supervisor of its own; what S adds is the case no
+job-level code can cover: the zygote itself killed hard, its jobs' leftovers then re-parented to
+S and killed. **The cold path** runs this file as a script (``python -I -S reaper.py PARENT_PID --
+ARGV...``: about 30 ms of interpreter start-up) around a command started with ``posix_spawn``
+(no copy of S), used only when the warm runner is off or unavailable.
 Standard library only, and nothing imported at module level beyond it: the script form runs
 without ``site`` and without this package on its path.
 """
@@ -37,8 +41,8 @@ from typing import NoReturn
 STOP = signal.SIGUSR1
 """Sent to S (by the kernel when its parent dies, or by the executor): kill everything, exit."""
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Signals Python changes at start-up that an exec'd job must see at their defaults (as
 # subprocess's restore_signals does), plus the ones S ignores.
@@ -46,14 +50,17 @@ RESTORED = (signal.SIGPIPE, signal.SIGXFSZ, *IGNORED)
 ROUNDS = 200  # kill-and-reap rounds before giving up on a descendant that will not die
 
 
-def _prctl(option: int, arg: int) -> None:
+def prctl(option: int, arg: int) -> None:
+    """``prctl(option, arg)`` for this process (raises OSError when the kernel refuses)."""
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(option, arg, 0, 0, 0)
+    if libc.prctl(option, arg, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 def _become_supervisor(parent: int) -> None:
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    _prctl(_PR_SET_PDEATHSIG, STOP)
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    prctl(PR_SET_PDEATHSIG, STOP)
     for sig in IGNORED:
         signal.signal(sig, signal.SIG_IGN)
     signal.signal(STOP, _stop)
@@ -75,14 +82,13 @@ def spawn_supervised(parent: int, argv: list[str], env: dict[str, str]) -> NoRet
     _supervise(pid)
 
 
-def fork_supervised(parent: int, report_to: int | None = None) -> int:
-    """Fork the job under a supervisor; returns in the job's process only (with 0).
+def fork_supervised(parent: int) -> int:
+    """Fork a child under a supervisor; returns in the child only (with 0).
 
     The calling process becomes S: it never returns from here. ``parent`` is the process whose
     death stops S (passed in: by now ``getppid()`` may already be init if that parent died).
-    Call it in a process that leads its own session and process group: J stays in that group.
-    ``report_to``: a socket on which S sends ``{"exit": code}`` once J and everything it started
-    are gone, just before S exits (a spare's channel: the worker learns it first-hand).
+    The child gets SIGKILL when S dies, whatever kills S, and starts with the signals S changed
+    at their defaults. The zygote calls it once at its start: S is then its keeper.
     """
     _become_supervisor(parent)
     supervisor = os.getpid()
@@ -91,14 +97,14 @@ def fork_supervised(parent: int, report_to: int | None = None) -> int:
         for sig in (*IGNORED, STOP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # J dies with S, whatever kills S
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with S, whatever kills S
         if os.getppid() != supervisor:  # S died before prctl
             os._exit(1)
         return 0
-    _supervise(pid, report_to)
+    _supervise(pid)
 
 
-def _supervise(job: int, report_to: int | None = None) -> NoReturn:
+def _supervise(job: int) -> NoReturn:
     """S's life: hold no stdio (the job's pipes end with the job), wait for J, clean up, exit."""
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
@@ -113,9 +119,6 @@ def _supervise(job: int, report_to: int | None = None) -> NoReturn:
             break
     kill_descendants()
     code = os.waitstatus_to_exitcode(status)
-    if report_to is not None:
-        with contextlib.suppress(OSError):
-            os.write(report_to, b'{"exit": %d}' % code)
     if code < 0:  # mirror a death by signal, so the executor reads J's own
         with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP have no handler
             signal.signal(-code, signal.SIG_DFL)
@@ -175,6 +178,22 @@ def _descendants(root: int) -> list[int]:
         found.extend(kids)
         todo.extend(kids)
     return found
+
+
+def children_of(pid: int) -> list[int]:
+    """The children of ``pid`` (live or zombie), read from /proc."""
+    kids = _children(pid)
+    if kids is None:
+        return [p for p in _descendants_by_scan(pid) if _parent(p) == pid]
+    return kids
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _children(pid: int) -> list[int] | None:

@@ -1,11 +1,11 @@
 """The worker's side of a warm job process: a spare waiting for a job, and a job once launched.
 
-A :class:`Spare` is a job process the zygote forked ahead of time (``zygote.py``): its supervisor's
-pid and the channel its job process listens on. :meth:`Spare.hand` sends it a job with the job's
-stdio, and returns once it took the job, or False when it had died while idle (its channel is
-closed then: it is dropped, never handed a job). A :class:`ZygoteChild` is a launched job,
-shaped like an asyncio ``Process``: its stdout and stderr as StreamReaders, and its exit status
-from the zygote's report (the worker is not its parent: it cannot ``waitpid`` it).
+A :class:`Spare` is a job process the zygote forked ahead of time (``zygote.py``): its pid (the
+job's process group once it runs) and the channel it listens on. :meth:`Spare.hand` sends it a
+job with the job's stdio, and returns once it took the job, or False when it had died while idle
+(its channel is closed then: it is dropped, never handed a job). A :class:`ZygoteChild` is a
+launched job, shaped like an asyncio ``Process``: its stdout and stderr as StreamReaders, and its
+exit status from the zygote's report (the worker is not its parent: it cannot ``waitpid`` it).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import socket
 
 from ..clock import Clock
-from . import reaper
 
 TAKE_TIMEOUT = 10.0  # seconds a spare gets to answer that it took its job
 
@@ -47,10 +47,21 @@ class ZygoteChild:
         """The exit status the zygote reported (it reaped the process; we are not its parent)."""
         return await asyncio.shield(self._exited)
 
+    def stop_now(self) -> None:
+        """Kill the job now: its process group (the job's process leads it); the zygote, its
+        parent, kills what left the group once the job's process is gone."""
+        kill_group(self.pid)
+
     def close(self) -> None:
         """Close the pipes' read ends (a grandchild outside the group may still hold them)."""
         for t in self._transports:
             t.close()
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a warm job's process group, which may already be gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 class Pipes:
@@ -101,26 +112,19 @@ class Pipes:
 
 
 class Spare:
-    """One job process forked ahead of time: its supervisor's pid and its job channel."""
+    """One job process forked ahead of time: its pid and its job channel."""
 
     def __init__(self, pid: int, chan: socket.socket) -> None:
-        self.pid = pid  # the supervisor's: the job's process group once it runs
+        self.pid = pid  # the job's process group once it runs
         self.chan = chan
         chan.setblocking(False)
 
-    async def hand(
-        self,
-        request: dict[str, object],
-        pipes: Pipes,
-        clock: Clock,
-        exited: asyncio.Future[int],
-    ) -> bool:
+    async def hand(self, request: dict[str, object], pipes: Pipes, clock: Clock) -> bool:
         """Give this spare its job; True once it took it, False if it was dead (or hung).
 
         Its answer (``took``) comes before it changes anything it inherited, so a spare that
-        died while idle (killed, OOM: its supervisor says its exit, or the channel closes) is
-        told apart from a job that failed at once. Once it took the job the channel stays
-        open until its supervisor says the job's exit status, which resolves ``exited``.
+        died while idle (killed, OOM: its channel closes) is told apart from a job that failed
+        at once. Its exit status comes from the zygote, its parent, as any job's.
         """
         loop = asyncio.get_running_loop()
         try:
@@ -131,28 +135,21 @@ class Spare:
         answered: asyncio.Future[bool] = loop.create_future()
 
         def readable() -> None:
-            while True:
-                try:
-                    data = self.chan.recv(4096)
-                except BlockingIOError:
-                    return
-                except OSError:
-                    data = b""
-                msg = json.loads(data) if data else {}
-                if "exit" in msg and not exited.done():
-                    exited.set_result(int(msg["exit"]))
-                if not answered.done():
-                    answered.set_result("took" in msg)
-                if not data or "exit" in msg or not answered.result():
-                    self.close()
-                    return
+            try:
+                data = self.chan.recv(4096)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not answered.done():
+                answered.set_result(bool(data) and "took" in json.loads(data))
+            self.close()
 
         loop.add_reader(self.chan.fileno(), readable)
         try:
             took = await clock.wait_for(answered, TAKE_TIMEOUT) and answered.result()
             if not answered.done():  # hung: it must never start this job later
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(self.pid, reaper.STOP)
+                kill_group(self.pid)
         except BaseException:
             self.close()
             raise
@@ -161,7 +158,7 @@ class Spare:
         return took
 
     def close(self) -> None:
-        """Hang up: an idle spare's job process exits quietly (its supervisor with it)."""
+        """Hang up: an idle spare's job process exits quietly."""
         if self.chan.fileno() < 0:
             return
         with contextlib.suppress(Exception):

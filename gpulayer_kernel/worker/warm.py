@@ -13,7 +13,6 @@ zygote imports is chosen here too (``env_preload``, ``session_preload``); a zygo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import logging
 import os
@@ -22,7 +21,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ..clock import SYSTEM_CLOCK, Clock
-from . import reaper
 from .config import ExecutorConfig
 from .env import base_env
 from .needs_torch import entry_needs_torch
@@ -143,8 +141,9 @@ class WarmRunner:
         return await self._launch(key, lambda c: c.spawn(entrypoint, cwd, env, stdin, sources))
 
     async def exec(self, argv: list[str], cwd: Path, env: dict[str, str]) -> ZygoteChild | None:
-        """Launch a command through the light zygote (no interpreter start-up in the way of its
-        supervisor); None means "use the cold spawn"."""
+        """Launch a command through the light zygote (``posix_spawn`` from it: no interpreter
+        start-up for a supervisor); None means "use the cold spawn". Raises ``LaunchFailed``
+        when the command cannot be executed."""
         return await self._launch((), lambda c: c.exec(argv, cwd, env))
 
     async def _usable(self, key: tuple[str, ...]) -> bool:
@@ -187,8 +186,7 @@ class WarmRunner:
                 )
             return None
         if self.closed:  # closed while this launch was under way: it must not outlive us
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(child.pid, reaper.STOP)
+            child.stop_now()
             child.close()
             return None
         return child

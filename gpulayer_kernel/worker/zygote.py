@@ -9,35 +9,38 @@ Python jobs that import torch, what ``GPULAYER_ZYGOTE_PRELOAD`` names: torch whe
 ``needs_torch.py`` tells them from their source, the rest fork from a light one). Worker and zygote
 speak JSON messages on a UNIX ``SOCK_SEQPACKET`` socket; fds travel as SCM_RIGHTS.
 
-Every job runs under its own supervisor S (:mod:`.reaper`): a subreaper in a session and process
-group of its own (pgid == S's pid, so ``killpg`` stops the job and its children) that dies with
-the zygote (``PR_SET_PDEATHSIG``), killing everything the job started first, even processes that
-left the group; the zygote dies with the worker, so a worker that dies hard takes its jobs with
-it. S's child J is the job's process. Two ways to get one:
+One fork per job (issue 35): the zygote forks each job's process J itself, in a session and
+process group of its own (pgid == J's pid, so ``killpg`` stops the job and its children), dying
+with the zygote (``PR_SET_PDEATHSIG``), and supervises it: it is J's parent (it reaps J through
+``waitid`` on SIGCHLD, kills J's process group when J ends, and reports the exit) and a child
+subreaper (``PR_SET_CHILD_SUBREAPER``), so whatever a job leaves, even a grandchild that
+``setsid``\\ s out of the group, is re-parented to it and killed once its job has ended
+(``orphans.py``). Above the zygote sits its *keeper* (:func:`reaper.fork_supervised`, forked
+once when the zygote starts: the process the worker started stays behind as it): a subreaper
+that dies with the worker and kills everything below it when the zygote dies, however hard, or
+when the worker does. Two ways to get a J:
 
-- **Spares, forked ahead of time** (``{"spares": n}``): the zygote forks S, S forks J, and J runs
-  a throwaway cell (the pages a cell touches are copied now) and waits on a channel of its own (a
+- **Spares, forked ahead of time** (``{"spares": n}``): the zygote forks J, and J runs a
+  throwaway cell (the pages a cell touches are copied now) and waits on a channel of its own (a
   socketpair whose other end the zygote hands to the worker with ``{"spare": pid}``). To run a
   Python job the worker sends the job straight to an idle J (no fork, no import on the critical
-  path: the zygote is not even involved), and J answers ``{"took": pid}`` first. When J has
-  ended and S has killed what it left, S says ``{"exit": code}`` on the same channel, so the
-  worker learns the end first-hand, one process hop sooner than through the zygote. A spare
-  that died while idle says its exit (or closes its channel) instead of ``took``: the worker never
-  hands it a job. The worker asks for a new spare after each use, so forking a replacement (~7
-  ms for a torch-loaded zygote, a fraction of a millisecond otherwise) happens after the job,
-  off its critical path.
+  path: the zygote is not even involved), and J answers ``{"took": pid}`` first. A spare that
+  died while idle closes its channel instead: the worker never hands it a job. The worker asks
+  for a new spare after each use, so forking a replacement (~7 ms for a torch-loaded zygote, a
+  fraction of a millisecond otherwise) happens after the job, off its critical path.
 - **On demand** (``{"id", "entrypoint" | "argv", "cwd", "env"}`` plus the job's stdin, stdout and
-  stderr): the zygote forks S now; a command (``argv``) is started by S with ``posix_spawn`` (no
-  copy of S, signals at their defaults); a Python job's J is forked by S. The zygote replies
-  ``{"id", "pid"}``.
+  stderr): a Python job's J is forked now; a command (``argv``) is started with ``posix_spawn``
+  (no copy of the zygote: ``vfork`` and ``exec``, signals at their defaults, its own session),
+  from the job's ``cwd``. The zygote replies ``{"id", "pid"}``, or ``{"id", "failed": code,
+  "error"}`` when the command cannot be executed (127 not found, 126 not executable).
 
 J then becomes the job (``jobproc.py``: stdio, cwd, environment, ``sys.path``, ``sys.argv``, std
 streams, signals and RNGs as a fresh interpreter has them; its id written into its start-up
-environment block for ``reap_leftovers``) and runs ``runner.main``. The zygote reaps its
-children (SIGCHLD through a wakeup fd) and sends ``{"exit": pid, "code": N}`` for every S
-(``-signal`` when killed, like ``Process.returncode``): the worker cannot ``waitpid`` a process it
+environment block for ``reap_leftovers`` and the orphans' sweep) and runs ``runner.main``. The
+zygote sends ``{"exit": pid, "code": N}`` for every J (``-signal`` when killed, like
+``Process.returncode``) once it has killed J's group: the worker cannot ``waitpid`` a process it
 did not fork, so that message *is* the job's exit status. If the zygote dies, its children die
-with it (pdeathsig) and every pending exit reads as SIGKILL.
+with it (pdeathsig, and the keeper) and every pending exit reads as SIGKILL.
 
 Importing torch does not initialise CUDA and the zygote never calls anything that would (no
 ``torch.cuda.*``, no tensors on a device); it checks after its imports and refuses to serve if a
@@ -45,12 +48,12 @@ preloaded module did (a CUDA context does not survive ``fork``, and ``CUDA_VISIB
 only read when a child first initialises CUDA — after it has its own environment). Do not
 preload modules that start threads at import: the zygote must stay single-threaded to fork.
 
-Not taken by the warm path (they use the cold spawn: ``python -S reaper.py`` around the argv):
 Python jobs whose environment sets interpreter start-up variables (``PYTHONHASHSEED``,
-``PYTHONOPTIMIZE``, …: see :data:`STARTUP_VARS`; commands with them are exec'd and unaffected)
-take the on-demand command path. A zygote that cannot start or answer falls back to the cold
-spawn (warned once): the optimisation never fails a job. Known difference: jobs forked from one
-zygote share its hash seed (``PYTHONHASHSEED`` randomisation is per zygote, not per job).
+``PYTHONOPTIMIZE``, …: see :data:`STARTUP_VARS`) are not forked: they take the on-demand command
+path (a fresh interpreter, exec'd). A zygote that cannot start or answer falls back to the cold
+spawn (``python -S reaper.py`` around the argv; warned once): the optimisation never fails a
+job. Known difference: jobs forked from one zygote share its hash seed (``PYTHONHASHSEED``
+randomisation is per zygote, not per job).
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ from typing import Any
 from .. import runner
 from . import jobproc, reaper
 from .jobproc import PACKAGE_ROOT, SLOT_LEN
+from .orphans import Orphans
 
 __all__ = ["MAX_MSG", "PACKAGE_ROOT", "PRELOAD_ENV", "SLOT_LEN", "STARTUP_VARS", "main"]
 
@@ -109,16 +113,11 @@ STARTUP_VARS = frozenset(
     }
 )
 MAX_MSG = 1 << 20  # one SEQPACKET message: a launch request (the env dominates) or a reply
-_PR_SET_PDEATHSIG = 1
+# Signals a command must start with at their defaults (this process ignores SIGINT; Python
+# ignores SIGPIPE and SIGXFSZ), as subprocess's restore_signals has them.
+COMMAND_SIGDEF = reaper.RESTORED
 
 Request = dict[str, Any]
-
-
-def _pdeathsig(parent: int) -> None:
-    """Get SIGKILL when ``parent`` exits; exit now if it already has (the race before prctl)."""
-    reaper._prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:
-        os._exit(0)
 
 
 def _cuda_initialised() -> bool:
@@ -129,7 +128,7 @@ def _cuda_initialised() -> bool:
 
 
 class Zygote:
-    """The fork server's loop and what its children inherit (one per zygote process)."""
+    """The fork server's loop, its job processes and what they inherit (one per zygote)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -140,6 +139,8 @@ class Zygote:
         os.set_blocking(self.rfd, False)
         os.set_blocking(self.wfd, False)
         self.sel = selectors.DefaultSelector()
+        self.jobs: set[int] = set()  # job processes alive (spares included): our children
+        self.orphans = Orphans(self.pid)
 
     def serve(self) -> Request | None:
         """The loop. Returns None when the worker hangs up; in a forked job process, its job.
@@ -159,38 +160,73 @@ class Zygote:
                         os.read(self.rfd, 4096)
                     self._reap()
                     continue
-                msg, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_MSG, 3)
+                msg, fds, _flags, _addr = socket.recv_fds(
+                    self.sock, MAX_MSG, 3, socket.MSG_CMSG_CLOEXEC
+                )
                 if not msg:  # the worker closed its end: nothing more to do
                     for fd in fds:
                         os.close(fd)
                     return None
-                req: Request = {}
-                try:
-                    req = json.loads(msg)
-                    if "spares" in req:
-                        for fd in fds:
-                            os.close(fd)
-                        for _ in range(max(0, min(16, int(req["spares"])))):
-                            job = self._fork_spare()
-                            if job is not None:
-                                return job  # in a spare's job process, with its job
-                        continue
-                    if len(fds) != 3:
-                        raise ValueError(f"expected 3 fds, got {len(fds)}")
-                    pid = os.fork()
-                except Exception as exc:
-                    for fd in fds:
-                        with contextlib.suppress(OSError):
-                            os.close(fd)
-                    reply = {"id": req.get("id"), "error": repr(exc)}
-                    self.sock.send(json.dumps(reply).encode())
-                    continue
+                job = self._request(msg, fds)
+                if job is not None:
+                    return job  # in a job's process, with its job
+
+    def _request(self, msg: bytes, fds: list[int]) -> Request | None:
+        """Serve one request; returns only in a forked job's process (with its job)."""
+        req: Request = {}
+        try:
+            req = json.loads(msg)
+            if "spares" in req:
+                for fd in fds:
+                    os.close(fd)
+                for _ in range(max(0, min(16, int(req["spares"])))):
+                    job = self._fork_spare()
+                    if job is not None:
+                        return job  # in a spare's job process, with its job
+                return None
+            if len(fds) != 3:
+                raise ValueError(f"expected 3 fds, got {len(fds)}")
+            if req.get("argv"):
+                reply = self._spawn_command(req, fds)
+            else:
+                pid = os.fork()
                 if pid == 0:
                     self._child(functools.partial(self._become_job, req, fds))
                     return req
-                for fd in fds:
-                    os.close(fd)
-                self.sock.send(json.dumps({"id": req["id"], "pid": pid}).encode())
+                self.jobs.add(pid)
+                reply = {"id": req["id"], "pid": pid}
+        except Exception as exc:
+            reply = {"id": req.get("id"), "error": repr(exc)}
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.sock.send(json.dumps(reply).encode())
+        return None
+
+    def _spawn_command(self, req: Request, fds: list[int]) -> dict[str, Any]:
+        """Start a command as a job's process: ``posix_spawn`` (``vfork`` + ``exec``: no copy of
+        this process), in its own session, its stdio the job's, from its ``cwd``."""
+        argv = [str(a) for a in req["argv"]]
+        env: dict[str, str] = req["env"]
+        os.chdir(req["cwd"])  # single-threaded: nothing else runs until we are back
+        try:
+            pid = os.posix_spawn(
+                _program(argv[0], env.get("PATH", os.defpath)),
+                argv,
+                env,
+                file_actions=[(os.POSIX_SPAWN_DUP2, fd, i) for i, fd in enumerate(fds)],
+                setsid=True,
+                setsigdef=COMMAND_SIGDEF,
+                setsigmask=(),
+            )
+        except OSError as exc:
+            code = 126 if isinstance(exc, PermissionError) else 127
+            why = f"cannot run {argv[0]}: {exc.strerror}"
+            return {"id": req["id"], "failed": code, "error": why}
+        finally:
+            os.chdir("/")
+        self.jobs.add(pid)
+        return {"id": req["id"], "pid": pid}
 
     def _child(self, become: Callable[[], None]) -> None:
         """In a forked child: drop the zygote's loop, then ``become`` (the job, or a spare)."""
@@ -202,6 +238,9 @@ class Zygote:
             os.setsid()  # own session and process group, as the cold spawn's start_new_session
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            reaper.prctl(reaper.PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the zygote
+            if os.getppid() != self.pid:  # the zygote died before prctl
+                os._exit(1)
             become()
         except BaseException as exc:
             with contextlib.suppress(Exception):
@@ -209,33 +248,41 @@ class Zygote:
             os._exit(126)
 
     def _reap(self) -> None:
+        """Collect every child that ended: a job's process (its group is killed, its exit
+        reported) or an orphan; then sweep the orphans whose jobs have ended."""
+        exits: list[dict[str, int]] = []
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            code = os.waitstatus_to_exitcode(status)
-            self.sock.send(json.dumps({"exit": pid, "code": code}).encode())
+                break
+            if info is None:
+                break
+            pid = info.si_pid
+            if pid in self.jobs:
+                # Not reaped yet: the group's id is still the job's, so this reaches only what
+                # the job left in its group (SIGKILL, as the cold path's supervisor does).
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            if pid in self.jobs:
+                self.jobs.discard(pid)
+                exits.append({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+            self.orphans.forget(pid)
+        self.orphans.sweep(self.jobs)
+        for msg in exits:
+            self.sock.send(json.dumps(msg).encode())
 
     def _become_job(self, req: Request, fds: list[int]) -> None:
-        """An on-demand job: this process becomes its supervisor; only J returns from here."""
+        """An on-demand Python job, in its own forked process."""
         jobproc.take_stdio(fds)
-        env: dict[str, str] = req["env"]
-        jobproc.name_job(self.slot, env)  # S and J both carry the job's name
-        # This process becomes the supervisor (it dies with the zygote, passed in: by now
-        # getppid() may be init); only a Python job's process returns from here.
-        if req.get("argv"):  # a command, not Python: spawned as the cold spawn would, cheaply
-            os.chdir(req["cwd"])
-            reaper.spawn_supervised(self.pid, list(req["argv"]), dict(env))
-        reaper.fork_supervised(self.pid)
+        jobproc.name_job(self.slot, req["env"])
         jobproc.become_python_job(req, self.base_path)
 
     def _fork_spare(self) -> Request | None:
-        """Fork S and its J ahead of time; J waits for a job on a channel the worker gets.
+        """Fork a job's process ahead of time; it waits for a job on a channel the worker gets.
 
-        Returns None in the zygote; in J, once a job arrived, that job (J is set up for it).
+        Returns None in the zygote; in the spare, once a job arrived, that job (set up for it).
         """
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
@@ -244,12 +291,12 @@ class Zygote:
 
             def become() -> None:
                 ours.close()
-                reaper.fork_supervised(self.pid, report_to=theirs.fileno())
                 _warm_up()
                 job.append(self._await_job(theirs))
 
             self._child(become)
             return job[0]
+        self.jobs.add(pid)
         theirs.close()
         try:
             socket.send_fds(self.sock, [json.dumps({"spare": pid}).encode()], [ours.fileno()])
@@ -258,9 +305,9 @@ class Zygote:
         return None
 
     def _await_job(self, chan: socket.socket) -> Request:
-        """In a spare's J: wait for a job; set up for it. EOF (retired, or the worker is gone):
+        """In a spare: wait for a job; set up for it. EOF (retired, or the worker is gone):
         exit quietly."""
-        msg, fds, _flags, _addr = socket.recv_fds(chan, MAX_MSG, 3)
+        msg, fds, _flags, _addr = socket.recv_fds(chan, MAX_MSG, 3, socket.MSG_CMSG_CLOEXEC)
         if not msg or len(fds) != 3:
             os._exit(0)
         req: Request = json.loads(msg)
@@ -270,6 +317,18 @@ class Zygote:
         jobproc.name_job(self.slot, req["env"])
         jobproc.become_python_job(req, self.base_path)
         return req
+
+
+def _program(name: str, path: str) -> str:
+    """``name`` looked up on the *job's* ``PATH`` (``posix_spawnp`` would search ours), as a
+    shell would; a name with a slash is a path (relative to the job's cwd)."""
+    if "/" in name:
+        return name
+    for folder in path.split(os.pathsep):
+        candidate = os.path.join(folder or ".", name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return name  # not found: posix_spawn says so (ENOENT), reported as 127
 
 
 def _warm_up() -> None:
@@ -284,7 +343,11 @@ def _warm_up() -> None:
 def main(argv: list[str]) -> int:
     """``python -m gpulayer_kernel.worker.zygote FD PARENT_PID [PRELOAD,...]``."""
     fd, parent = int(argv[0]), int(argv[1])
-    _pdeathsig(parent)
+    os.set_inheritable(fd, False)  # passed to us; not to the commands we exec
+    # This process stays behind as the zygote's keeper (dies with the worker, kills everything
+    # below it when the zygote or the worker dies); the zygote goes on in its child.
+    reaper.fork_supervised(parent)
+    reaper.prctl(reaper.PR_SET_CHILD_SUBREAPER, 1)  # what our jobs orphan comes to us
     # The worker may live in a Jupyter kernel, whose interrupt signals its process group; we run
     # in a session of our own, and ignore SIGINT besides (children restore the default).
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -3,7 +3,9 @@
 It starts the zygote, speaks the protocol ``zygote.py`` describes, launches jobs through it and
 keeps its spares: job processes forked ahead of time that a Python job is handed to
 (``spares.py``). Which zygotes a worker runs, and when, is its warm runner's business
-(``warm.py``).
+(``warm.py``). The process it starts stays behind as the zygote's keeper (``reaper.py``): the
+zygote is the keeper's child, so ``proc`` is the keeper (the one we reap) and ``zygote_pid``
+the zygote (it says so when ready).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from pathlib import Path
 
 from .. import job
 from ..clock import SYSTEM_CLOCK, Clock
+from . import reaper
 from .spares import Pipes, Spare, ZygoteChild
 from .zygote import MAX_MSG, PACKAGE_ROOT, SLOT_LEN
 
-__all__ = ["ZygoteChild", "ZygoteClient", "ZygoteUnavailable"]
+__all__ = ["LaunchFailed", "ZygoteChild", "ZygoteClient", "ZygoteUnavailable"]
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -32,11 +35,22 @@ START_TIMEOUT = 30.0  # seconds for the zygote to import what it preloads and sa
 SPAWN_TIMEOUT = 10.0  # seconds for the zygote to answer a launch with a pid
 CLOSE_WAIT = 2.0  # seconds a hung-up zygote gets to exit on its own before SIGKILL
 REAP_WAIT = 0.5  # seconds a zygote that closed its socket gets to finish exiting
+KEEPER_WAIT = 2.0  # seconds the keeper gets to kill everything below it once told to stop
 REPLENISH_AFTER = 0.1  # seconds after a use before a spare is replaced, while another is ready
 
 
 class ZygoteUnavailable(Exception):
     """The zygote could not start or launch: the caller uses the cold spawn."""
+
+
+class LaunchFailed(Exception):
+    """The zygote is fine, the command is not: it cannot be executed (``code``: 127 not found,
+    126 not executable, as a shell says). The job fails with it; no fallback would do better."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 class ZygoteClient:
@@ -148,6 +162,8 @@ class ZygoteClient:
                 if fut is not None and not fut.done():
                     if "pid" in msg:
                         fut.set_result(int(msg["pid"]))
+                    elif "failed" in msg:
+                        fut.set_exception(LaunchFailed(int(msg["failed"]), str(msg["error"])))
                     else:
                         fut.set_exception(ZygoteUnavailable(str(msg.get("error"))))
 
@@ -174,7 +190,7 @@ class ZygoteClient:
             fut = self._exits.pop(pid, None)
             if fut is None:  # nobody waits yet: kept, done, for the launch that comes back
                 fut = self._exits[pid] = self.loop.create_future()
-            if not fut.done():  # a spare's supervisor may have said it first, on its channel
+            if not fut.done():
                 fut.set_result(code)
         if state is not None:
             # Replenished after each use (or loss), off the next job's path: a moment later
@@ -225,12 +241,18 @@ class ZygoteClient:
                 fut.set_result(-signal.SIGKILL)
 
     def _reap_zygote(self, wait: float) -> None:
-        """Collect the zygote's exit status, killing it after ``wait`` seconds: always reaped."""
+        """Collect the zygote's keeper (the process we started), stopping it after ``wait``
+        seconds (it kills everything below it first): always reaped."""
         proc = self.proc
         if proc is None or proc.returncode is not None:
             return
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(wait)
+            return
+        with contextlib.suppress(OSError):
+            proc.send_signal(reaper.STOP)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(KEEPER_WAIT)
             return
         with contextlib.suppress(OSError):
             proc.kill()
@@ -272,9 +294,7 @@ class ZygoteClient:
         pipes = Pipes(stdin)
         exited = self._exit_future(spare.pid)
         try:
-            took = await spare.hand(
-                {**what, "cwd": str(cwd), "env": env}, pipes, self.clock, exited
-            )
+            took = await spare.hand({**what, "cwd": str(cwd), "env": env}, pipes, self.clock)
         except BaseException:
             pipes.abandon()
             spare.close()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gpulayer_kernel import bundles
-from gpulayer_kernel.contracts import Job, JobSpec, JobState, PythonWorkload
+from gpulayer_kernel.contracts import CommandWorkload, Job, JobSpec, JobState, PythonWorkload
 from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.testing import until
 from gpulayer_kernel.worker import zygote_client
@@ -31,8 +31,8 @@ Run = Callable[..., Awaitable[tuple[Job, list[str], list[str]]]]
 async def _gone(pid: int, seconds: float = 15.0) -> None:
     """Return once ``pid`` has exited; fail the test if it still runs after ``seconds``.
 
-    Generous on purpose: a death that propagates through parent-death signals (worker → zygote
-    → supervisor → job) waits on the scheduler of a shared 2-core machine at each hop. On a
+    Generous on purpose: a death that propagates through parent-death signals (worker → keeper
+    → zygote → job) waits on the scheduler of a shared 2-core machine at each hop. On a
     failure, the process's own /proc status says where it stuck.
     """
     try:
@@ -102,12 +102,15 @@ facts = {
                 for s in (sys.stdin, sys.stdout, sys.stderr)],
     "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
     "sigchld": signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL,
-    # Its supervisor (its parent) leads the job's own session and process group.
-    "own_session": os.getsid(0) == os.getpgid(0) == os.getppid(),
+    # A session and process group of its own, apart from the worker's...
+    "own_session": os.getsid(0) == os.getpgid(0) != int(os.environ["WORKER_PGID"]),
     "name": __name__,
     "x": x,
 }
-print("ppid", PARENT_OF(os.getppid()), flush=True)  # the parent of the job's supervisor
+# ... led by the process the worker sees as the job: itself (warm), its supervisor (cold).
+pgid = os.getpgid(0)
+leader = "self" if pgid == os.getpid() else "parent" if pgid == os.getppid() else "other"
+print("parents", os.getppid(), PARENT_OF(os.getppid()), leader, flush=True)
 proc_env = open("/proc/self/environ", "rb").read().split(b"\\0")
 print("proc", f"GPULAYER_JOB_ID={os.environ['GPULAYER_JOB_ID']}".encode() in proc_env,
       any(v.startswith(b"GPULAYER_TOKEN=") for v in proc_env))
@@ -123,15 +126,17 @@ async def test_a_cell_runs_in_the_zygote_exactly_as_in_a_fresh_interpreter(
     seen: dict[str, tuple[Job, list[str], list[str]]] = {}
     for warm in (True, False):  # one worker at a time, so each job lands on the one we mean
         agent = await gl_zworker(name=f"w-{warm}", warm_runner=warm)
-        seen[str(warm)] = await run(
-            {"cell.py": FACTS}, "cell:cell.py", args={"x": [1, 2]}, env={"MINE": "1"}
-        )
+        env = {"MINE": "1", "WORKER_PGID": str(os.getpgid(0))}
+        seen[str(warm)] = await run({"cell.py": FACTS}, "cell:cell.py", args={"x": [1, 2]}, env=env)
         if warm:
             zygote_pid = agent.warm_runner.pid
         await agent.stop()
     (w, w_out, w_err), (c, c_out, c_err) = seen["True"], seen["False"]
     assert w.state == c.state == JobState.SUCCEEDED, (w_err, c_err)
-    assert w_out[0] == f"ppid {zygote_pid}" != c_out[0]  # forked by the zygote
+    # Warm: forked by the zygote itself, leading its own group (one fork per job, issue 35).
+    assert w_out[0] == f"parents {zygote_pid} {w_out[0].split()[2]} self"
+    # Cold: under its supervisor, which the worker started and which leads the group.
+    assert c_out[0] == f"parents {c_out[0].split()[1]} {os.getpid()} parent"
     assert w_out[1] == c_out[1] == "proc True False"  # /proc names the job; no worker token
     assert "GPULAYER_TOKEN" not in w.result["env"] and w.result["env"]["MINE"] == "1"
     assert w.result["own_session"] and w.result["x"] == [1, 2]
@@ -176,7 +181,9 @@ async def test_exit_codes_come_back(
     assert agent.warm_runner.pid is not None  # it ran warm
 
 
-# The job's grandparent: its supervisor's parent (the zygote, or the worker for a cold spawn).
+# The job's parent: the zygote (warm); and its grandparent: the worker, for a cold spawn (its
+# parent is its supervisor).
+PARENT = "import os\nos.getppid()"
 GRANDPARENT = f"import os\n{PARENT_OF}(os.getppid())"
 
 SPAWNER = """\
@@ -246,7 +253,7 @@ async def test_a_dead_zygote_is_replaced_and_its_running_job_fails_cleanly(
     assert (done.state, done.reason) == (JobState.FAILED, "killed by SIGKILL")
     await _gone(main)
     await _gone(child)
-    done, out, _ = await run({"cell.py": GRANDPARENT}, "cell:cell.py")
+    done, out, _ = await run({"cell.py": PARENT}, "cell:cell.py")
     second = agent.warm_runner.pid
     assert done.state == JobState.SUCCEEDED and second not in (None, first)
     assert done.result == second
@@ -267,9 +274,9 @@ async def test_a_zygote_that_cannot_start_falls_back_to_a_fresh_interpreter(
 
 async def test_startup_variables_take_the_cold_path(gl_zworker: WorkerFactory, run: Run) -> None:
     agent = await gl_zworker()
-    cell = f"import os, sys\n({PARENT_OF}(os.getppid()), sys.flags.optimize)"
+    cell = "import os, sys\n(os.getppid(), sys.flags.optimize)"
     done, _, _ = await run({"cell.py": cell}, "cell:cell.py", env={"PYTHONOPTIMIZE": "1"})
-    # A fresh interpreter (it honours the variable), exec'd under a supervisor the zygote forked.
+    # A fresh interpreter (it honours the variable), exec'd by the zygote (posix_spawn).
     assert done.state == JobState.SUCCEEDED and done.result == [agent.warm_runner.pid, 1]
 
 
@@ -366,3 +373,41 @@ async def test_exit_joins_threads_runs_atexit_and_leaves_files_as_the_cold_path(
         written.append(await gl_cp.get_blob(art.digest))
         await agent.stop()
     assert written[0] == written[1]  # (b"": not even a fresh interpreter flushes that file)
+
+
+# -- commands, spawned by the zygote -------------------------------------------------------------
+
+
+async def test_a_command_is_found_on_the_jobs_own_path(
+    gl_cp: ControlPlane, gl_zworker: WorkerFactory, tmp_path: Path
+) -> None:
+    """The job's PATH, not the worker's, finds its program (the cold path's rule)."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    tool = tools / "only-here"
+    tool.write_text("#!/bin/sh\necho found on the job PATH\n")
+    tool.chmod(0o755)
+    agent = await gl_zworker()
+    path = f"{tools}{os.pathsep}{os.environ['PATH']}"
+    job = await gl_cp.submit(
+        JobSpec(workload=CommandWorkload(argv=["only-here"]), env={"PATH": path})
+    )
+    done = await gl_cp.wait(job.id, timeout=30)
+    page = await gl_cp.logs(job.id)
+    assert (done.state, done.exit_code) == (JobState.SUCCEEDED, 0), done.reason
+    assert [r.text for r in page.records if r.stream == "stdout"] == ["found on the job PATH"]
+    assert agent.warm_runner.pid is not None  # through the zygote, not the cold spawn
+
+
+async def test_a_command_that_cannot_be_executed_fails_with_127_and_says_why(
+    gl_cp: ControlPlane, gl_zworker: WorkerFactory, tmp_path: Path
+) -> None:
+    script = tmp_path / "bad-interpreter"
+    script.write_text("#!/nonexistent/interpreter\n")
+    script.chmod(0o755)
+    await gl_zworker()
+    job = await gl_cp.submit(JobSpec(workload=CommandWorkload(argv=[str(script)])))
+    done = await gl_cp.wait(job.id, timeout=30)
+    assert (done.state, done.exit_code) == (JobState.FAILED, 127)
+    assert done.reason is not None and str(script) in done.reason, done.reason
+    assert "No such file or directory" in done.reason

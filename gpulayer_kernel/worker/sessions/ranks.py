@@ -28,7 +28,6 @@ from ...errors import GPUlayerError
 from ...job import CONTROL_ENV, JOB_ID_ENV, OUTPUT_ENV, RESULT_ENV
 from ...redact import Redactor
 from ...runner import SESSION_ENTRYPOINT
-from .. import reaper
 from ..config import ExecutorConfig
 from ..control import ControlReader
 from ..env import base_env, job_env
@@ -36,7 +35,7 @@ from ..exits import describe_exit
 from ..jobproc import PACKAGE_ROOT
 from ..launch import Launch, device_env
 from ..logship import LogShipper, Stream, pump_stream
-from ..processes import Spawned, group_alive, killpg, spawn_cold
+from ..processes import Spawned, group_alive, killpg, spawn_cold, stop_now
 from ..transport import Transport
 from ..warm import WarmRunner
 from .output import RankOutput
@@ -249,8 +248,7 @@ class SessionRanks:
         )
         for r in ranks:
             if r.proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(r.proc.pid, reaper.STOP)  # the supervisor kills all below it
+                stop_now(r.proc)  # everything the rank started, even what left its group
             killpg(r.proc.pid, signal.SIGKILL)
         for r in ranks:
             with contextlib.suppress(Exception):
