@@ -62,7 +62,10 @@ class CellRun:
 
     def finish(self, bridge: Bridge, job: Job) -> str | None:
         """(The job ended.) Its outputs into the folder; the words for the cell's output."""
-        if self.folder is None or not _records(job):
+        if not _records(job):
+            return None  # in place, or no workspace: nothing came back
+        if self.folder is None:  # a worker copies folders after all: the next cell sends it
+            _FLEETS.clear()
             return None
         return _lines(bridge.call(lambda s: self._back(s, job)))
 
@@ -81,7 +84,7 @@ class CellRun:
     def later(self, bridge: Bridge, job_id: str) -> None:
         """(``--no-wait``.) The same when the job ends, from the bridge's loop."""
         if self.folder is None:
-            return
+            return  # (a worker that copies folders is seen at the next look at the fleet)
 
         async def start(s: Any) -> None:
             task = asyncio.ensure_future(_when_done(s, job_id, self))

@@ -224,7 +224,7 @@ class JobWorkspace:
         if plan.mode == "in_place" and plan.path:
             where = Path(plan.path)
             if not where.is_dir():
-                system(f"gpulayer: no workspace: {where} is not a folder on this worker")
+                system(f"no workspace: {where} is not a folder on this worker")
                 return cwd
         elif plan.mode == "synced" and (source.manifest is not None or source.pull):
             copy = copies_of(self.work_root).get(self.owner, source)
@@ -232,7 +232,7 @@ class JobWorkspace:
             try:
                 if source.manifest is not None:
                     for note in await copy.bring_up(self.job_id, self._link(), source.manifest):
-                        system(f"gpulayer: {note}")
+                        system(note)
             except BaseException:
                 copy.busy -= 1
                 raise
@@ -241,7 +241,7 @@ class JobWorkspace:
         else:
             self.unsent = plan.mode == "synced"
             words = " (the cell sent no copy of the folder; the next one does)" * self.unsent
-            system(f"gpulayer: no workspace: {plan.reason}{words}")
+            system(f"no workspace: {plan.reason}{words}")
             return cwd
         env[BUNDLE_ENV] = str(cwd)  # the job's own files stay where they are
         return where
