@@ -123,3 +123,22 @@ def progress(**fields: Any) -> None:
 
     ensure_json(fields, "progress")
     _send({"kind": "progress", "time": time.time(), "fields": fields})
+
+
+# What torch says when code asks CUDA for a GPU that is simulated (vendor ``sim``: no CUDA here).
+_NO_CUDA = (
+    "Torch not compiled with CUDA enabled",
+    "No CUDA GPUs are available",
+    "no NVIDIA driver",
+)
+
+
+def simulated_note(message: str) -> str | None:
+    """A word for an error that asked CUDA for a simulated GPU: they run on the CPU."""
+    if os.environ.get("GPULAYER_SIMULATED") != "1" or not any(m in message for m in _NO_CUDA):
+        return None
+    return (
+        "gpulayer: the GPUs of this job are simulated (vendor sim): the maths runs on the CPU, "
+        "and CUDA is not there. Use gpulayer_kernel.torch.device() (or .to(device())) instead "
+        "of .cuda(), so the same code runs on real and simulated GPUs"
+    )

@@ -45,10 +45,15 @@ def elapsed(job: Job, now: float | None = None) -> float | None:
 
 
 def ranks(job: Job) -> int:
-    """How many ranks (processes) the job runs as: one per placed device of a gang."""
-    if job.placement is None or not job.spec.is_gang:
+    """How many ranks (processes) the job runs as: one per placed device of a gang (a GPU
+    kernel is one process that sees all its GPUs)."""
+    if job.placement is None or not _ranked(job):
         return 1
     return sum(max(1, len(n.devices)) for n in job.placement.nodes if not n.cpu_fallback) or 1
+
+
+def _ranked(job: Job) -> bool:
+    return job.spec.is_gang and not getattr(job.spec.workload, "kernel", False)
 
 
 def placement(job: Job) -> str:
@@ -68,7 +73,7 @@ def placement(job: Job) -> str:
         where += ",".join(map(str, n.devices))
         if n.simulated:
             where += " (simulated)"
-        if job.spec.is_gang:
+        if _ranked(job):
             last = base + len(n.devices) - 1
             where += f" · rank{'s' if last > base else ''} {base}" + (
                 f"-{last}" if last > base else ""
@@ -276,8 +281,8 @@ def log_text(record: LogRecord) -> str:
     """A log line as shown in a cell: ``[rank 1] text`` for a rank, ``gpulayer: ...`` for ours."""
     prefix = f"[rank {record.rank}] " if record.rank is not None else ""
     text = visible(record.text)
-    if record.stream == "system":
-        return f"gpulayer: {prefix}{words.plain(text)}"  # our words: plain text, no `code` marks
+    if record.stream == "system":  # our words: plain text, no `code` marks, "gpulayer" once
+        return f"gpulayer: {prefix}{words.plain(text.removeprefix('[gpulayer] '))}"
     return f"{prefix}{text}"
 
 
@@ -299,17 +304,18 @@ def age(t: float | None, now: float | None = None) -> str:
 def session_line(info: SessionInfo, now: float | None = None) -> str:
     """One line for a session: name, status, where, ranks, cells, when it ends if idle, holder."""
     where = placement(info.job) if info.job.placement is not None else "not placed yet"
-    ranks = words.count(info.ranks, "rank")
+    # A GPU kernel is one process and takes no session cells (its notebook's cells are its).
+    ranks = "GPU kernel" if info.kernel else words.count(info.ranks, "rank")
     idle = ""
     if info.status == SessionStatus.IDLE and info.ends_at is not None:
         left = max(0.0, info.ends_at - (now or time.time()))
         idle = f", idle (ends in {duration(left)} unless a cell runs)"
-    cells = words.count(info.cells, "cell")
+    cells = "" if info.kernel else f", {words.count(info.cells, 'cell')}"
     why = f" — {info.reason}" if info.reason else ""
     ws = info.workspace
     folder = f", {workspace_words(ws.mode)} {ws.folder}" if ws is not None and ws.folder else ""
     return (
-        f"{info.name} [{info.status.value}] {where}, {ranks}, {cells}{idle}{folder}, "
+        f"{info.name} [{info.status.value}] {where}, {ranks}{cells}{idle}{folder}, "
         f"held by {info.holder.label}{why}"
     )
 

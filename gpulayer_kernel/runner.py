@@ -30,25 +30,8 @@ SESSION_ENTRYPOINT = "session:"
 # The job's own files (its cell, its --in values, --files) when it runs in the notebook's folder
 # (a workspace, ADR 0022) rather than among them: read from here, never written into the folder.
 BUNDLE_ENV = "GPULAYER_BUNDLE_DIR"
-# What torch says when code asks CUDA for a GPU that is simulated (vendor ``sim``: no CUDA here).
-_NO_CUDA = (
-    "Torch not compiled with CUDA enabled",
-    "No CUDA GPUs are available",
-    "no NVIDIA driver",
-)
 # ensure_json's size limit (contracts._base.MAX_JSON_BYTES); bigger values take the slow path.
 _FAST_JSON_BYTES = 1 << 20
-
-
-def simulated_note(message: str) -> str | None:
-    """A word for an error that asked CUDA for a simulated GPU: they run on the CPU."""
-    if os.environ.get("GPULAYER_SIMULATED") != "1" or not any(m in message for m in _NO_CUDA):
-        return None
-    return (
-        "gpulayer: the GPUs of this job are simulated (vendor sim): the maths runs on the CPU, "
-        "and CUDA is not there. Use gpulayer_kernel.torch.device() (or .to(device())) instead "
-        "of .cuda(), so the same code runs on real and simulated GPUs"
-    )
 
 
 def run_cell(path: Path, namespace: dict[str, Any], source: str | None = None) -> tuple[bool, Any]:
@@ -121,7 +104,7 @@ def main(argv: list[str], sources: Mapping[str, str] | None = None) -> int:
         print("Traceback (most recent call last):", file=sys.stderr)
         print("".join(traceback.format_list(frames)), end="", file=sys.stderr)
         print("".join(traceback.format_exception_only(etype, evalue)), end="", file=sys.stderr)
-        note = simulated_note(str(evalue))
+        note = job.simulated_note(str(evalue))
         if note:
             print(note, file=sys.stderr)
         return 1

@@ -86,20 +86,44 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-# -- Python >= 3.11 ----------------------------------------------------------------------------
+# -- Python >= 3.11, one the worker's user can run ---------------------------------------------
+# As root the worker runs as --run-as USER: an interpreter under a private home (/root/.pyenv)
+# would build a venv that user cannot run. Each candidate is tried as that user (or, before the
+# user is made, as nobody); the first that user can run is taken.
+checker=
+if [ "$(id -u)" = 0 ] && command -v runuser >/dev/null 2>&1; then
+  if id -u "$run_as" >/dev/null 2>&1; then checker=$run_as
+  elif id -u nobody >/dev/null 2>&1; then checker=nobody; fi
+fi
 python_ok() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' </dev/null >/dev/null 2>&1; }
+user_runs() {
+  [ -z "$checker" ] || runuser -u "$checker" -- "$1" -c 'import sys' </dev/null >/dev/null 2>&1
+}
+private_hint="install a Python the user can run (Debian/Ubuntu 'apt-get install python3.11 python3.11-venv'), or point PYTHON at one outside a private home"
 if [ -n "${PYTHON:-}" ]; then
   python_ok "$PYTHON" || fail "PYTHON=$PYTHON is not a Python 3.11 or newer" \
     "point PYTHON at a python3.11 (or newer) interpreter, or unset it to search PATH"
+  user_runs "$PYTHON" || fail "PYTHON=$PYTHON cannot be run by the user ${run_as} the worker runs as (Permission denied: it lives where only root can reach, such as /root/.pyenv)" "$private_hint"
   python=$PYTHON
 else
   python=
+  private=
   for candidate in python3.14 python3.13 python3.12 python3.11 python3; do
-    if command -v "$candidate" >/dev/null 2>&1 && python_ok "$candidate"; then
-      python=$(command -v "$candidate")
-      break
-    fi
+    old_ifs=$IFS
+    IFS=:
+    for dir in $PATH; do
+      IFS=$old_ifs
+      if [ -z "$dir" ] || [ ! -x "$dir/$candidate" ] || ! python_ok "$dir/$candidate"; then
+        continue
+      fi
+      if user_runs "$dir/$candidate"; then python=$dir/$candidate; break 2; fi
+      private=${private:-$dir/$candidate}
+    done
+    IFS=$old_ifs
   done
+  if [ -z "$python" ] && [ -n "$private" ]; then
+    fail "no Python 3.11 or newer that the user ${run_as} can run: $private lives where only root can reach (such as /root/.pyenv)" "$private_hint"
+  fi
   [ -n "$python" ] || fail "no Python 3.11 or newer found (tried python3.14 ... python3.11, python3)" \
     "install one: Debian/Ubuntu 'apt-get install python3.11 python3.11-venv' (older Ubuntu: the deadsnakes PPA), RHEL/Rocky 'dnf install python3.11', or 'uv python install 3.12'; then run this again, with PYTHON=/path/to/python3.11 if it is not on PATH"
 fi
@@ -136,11 +160,15 @@ if [ "$torch" = auto ]; then
 else
   why="asked for"
 fi
+picked=$torch  # auto's pick may fall back below; an explicit choice never does
+[ "$why" = "asked for" ] && picked=
 case $torch in
   none) torch_args= ; torch_text="no torch ($why): command and Python jobs only" ;;
   cpu | cu[0-9]*)
     torch_args="$TORCH_REQ --index-url $TORCH_INDEX/$torch"
     torch_text="torch, the $torch build ($why): pip install '$TORCH_REQ' --index-url $TORCH_INDEX/$torch"
+    # auto needs that host: said now, and a fallback when it cannot be reached (below)
+    [ -z "$picked" ] || torch_text="$torch_text (needs $TORCH_INDEX; if it cannot be reached: torch from the package index, else none)"
     ;;
   *) torch_args=$torch; torch_text="$torch ($why): pip install '$torch'" ;;
 esac
@@ -271,8 +299,20 @@ fi
 if [ -n "$torch_args" ]; then
   say "installing $torch_text"
   # shellcheck disable=SC2086 # torch_args is a requirement and, for a build, its index option
-  pip install $torch_args numpy || fail "pip could not install torch ($torch_args)" \
-    "pass --torch cpu, --torch none, or a requirement that fits this machine (see --help)"
+  if pip install $torch_args numpy; then
+    :
+  elif [ -n "$picked" ]; then
+    # --torch auto: PyTorch's own index may be unreachable from here (a proxy, an air gap).
+    say "warning: could not install torch from $TORCH_INDEX/$picked; trying the package index"
+    if pip install "$TORCH_REQ" numpy; then
+      say "installed torch from the package index (its default build, not the $picked one)"
+    else
+      say "warning: no torch installed: this worker runs command and Python jobs only; add torch later with $venv/bin/pip install '$TORCH_REQ' --index-url $TORCH_INDEX/$picked"
+    fi
+  else
+    fail "pip could not install torch ($torch_args)" \
+      "pass --torch cpu, --torch none, or a requirement that fits this machine (see --help)"
+  fi
 fi
 
 # -- the capability probe (what the worker will advertise) --------------------------------------
@@ -359,6 +399,18 @@ TimeoutStopSec=60
 
 [Install]
 WantedBy=$wanted"
+
+# The last check, as the unit runs the worker: its user, its launcher, its settings file. A venv
+# or a settings file that user cannot read fails here, not at the first start of the unit.
+if [ -n "$unit_user" ]; then
+  say "checking the worker as $unit_user, as the unit will start it"
+  runuser -u "$unit_user" -- "$launcher" --check </dev/null \
+    || fail "the worker does not start as $unit_user (see the error above)" \
+      "the user must be able to run $venv/bin/gpulayer and read $env_file; $private_hint"
+else
+  "$launcher" --check </dev/null >/dev/null \
+    || fail "the worker does not start with $launcher (see the error above)" "run it by hand to see why"
+fi
 
 if [ -n "$unit_file" ]; then
   mkdir -p "$(dirname "$unit_file")"

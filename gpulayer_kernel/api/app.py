@@ -19,6 +19,7 @@ import tornado.web
 from .. import versions
 from ..contracts import PROTOCOL
 from ..controlplane import ControlPlane
+from ..ha.failover import ROLE_HEADER
 from ..security import TokenService, check_serve
 from .auth import ClientTokenAuth
 from .context import ApiContext
@@ -37,6 +38,7 @@ class JSONNotFound(tornado.web.RequestHandler):
 
     def set_default_headers(self) -> None:
         self.set_header(versions.HEADER, PROTOCOL)
+        self.set_header(ROLE_HEADER, "leader")
 
     def prepare(self) -> None:
         raise tornado.web.HTTPError(404)

@@ -21,9 +21,10 @@ from ..contracts import (
     WorkerState,
     check_secret_name,
 )
+from ..controlplane import ControlPlane
 from ..errors import NotFound
-from ..security import Role, TokenKind, token_state
-from ..security.vault import Rotation
+from ..security import Identity, Role, TokenKind, token_state
+from ..security.rotation import Rotation
 from ..store import TokenRecord
 from ..store.artifacts import check_digest
 from .mixin import GLMixin
@@ -411,8 +412,22 @@ class SecretKeyHandler(GLMixin):
     async def post(self, step: str, key: str | None) -> KeyRotated:
         done = await self.cp.secrets.rotation_step(step, key, who=self.who)
         # Key ids and the step only, never key material.
-        await self.cp.audit.record(self.who, "secret.rotate_key", done.key_id, step=done.step)
+        await audit_rotation(self.cp, self.who, done)
         return key_rotated(done)
+
+
+async def audit_rotation(cp: ControlPlane, who: Identity | None, done: Rotation) -> None:
+    """The rotation's audit row: it names the key the step acted on (``add``: the new key, not
+    the one still sealing), with the key sealing now beside it. Key ids only, never material."""
+    target = done.added or done.key_id
+    await cp.audit.record(
+        who,
+        "secret.rotate_key",
+        target,
+        step=done.step,
+        sealing=done.key_id,
+        retired=list(done.retired),
+    )
 
 
 def key_rotated(done: Rotation) -> KeyRotated:

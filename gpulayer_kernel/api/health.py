@@ -10,7 +10,9 @@ traffic to the leader alone. Both answer 503 ``shutting_down`` once their host h
 stop, so an orchestrator stops sending traffic before the socket closes. Inside a Jupyter server
 they are mounted like the worker routes, behind the host's gate, so they answer 503 ``starting``
 until the control plane there is ready. They tell an anonymous caller nothing a token protects:
-no workers, jobs, tokens or paths; the version and the role only.
+no workers, jobs, tokens or paths; the version, the role, and the ids of the secrets keys the
+server holds (an id is a hash prefix that opens nothing; it tells an operator whether a key file
+reached every server during a rotation).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class HealthHandler(PublicRoute):
     )
     async def get(self) -> Health:
         self.refuse_when_stopping()
-        return Health(version=self.ctx.version, role="leader")
+        return Health(version=self.ctx.version, role="leader", keys=self.cp.secrets.held_key_ids())
 
 
 class ReadyHandler(PublicRoute):

@@ -19,10 +19,9 @@ from ..contracts.kernels import (
     KernelPage,
     KernelStart,
 )
-from ..controlplane.sessions.kernels import LanePage
 from ..errors import NotFound, ValidationFailed
 from ..security import Role
-from ..wire.kernels import KernelMessage, from_frames, to_frames
+from ..wire.kernels import KernelMessage, LanePage, from_frames, to_frames
 from .mixin import GLMixin
 from .ops import op
 from .params import WAIT, Param
@@ -199,6 +198,7 @@ def _page(page: LanePage) -> KernelPage:
         state=page.status.state,
         generation=page.status.generation,
         reason=page.status.reason,
+        final=page.status.final,
     )
 
 

@@ -30,6 +30,7 @@ from ..contracts import PROTOCOL, parse
 from ..controlplane import ControlPlane
 from ..display import human_bytes
 from ..errors import GPUlayerError, InvalidInput, TooLarge, Unauthorized, Unavailable
+from ..ha.failover import ROLE_HEADER
 from ..security import Identity, Principal, check_role
 from . import idempotency
 from .context import ApiContext
@@ -69,6 +70,7 @@ class GLMixin(LongPollMixin):
 
     def set_default_headers(self) -> None:
         super().set_default_headers()
+        self.set_header(ROLE_HEADER, "leader")  # a standby says "standby" (ha/standby.py)
         ctx = getattr(self, "ctx", None)
         if ctx is not None and ctx.protocol == "1.0":
             self.clear_header(versions.HEADER)  # a mount from before 1.1 said nothing
@@ -196,7 +198,9 @@ class GLMixin(LongPollMixin):
         """Run one ``@op`` method: check the caller's role, parse what ``spec`` declares, call it,
         send its answer (through ``idempotency.run_keyed`` when it carries an Idempotency-Key)."""
         if spec.role is not None:
-            check_role(self.who, spec.role, spec.summary)
+            # The route, not its summary: a summary is often a noun ("the audit log, …"), and
+            # "may not the audit log" said nothing (issue 32).
+            check_role(self.who, spec.role, f"call {self.request.method} {self.route}")
         kwargs: dict[str, Any] = {p.name: p.parse(self, self.ctx.limits) for p in spec.query}
         if self._gl_refused is not None:
             raise self._gl_refused

@@ -43,6 +43,12 @@ class Health(Contract):
     problem: dict[str, Any] | None = Field(
         None, description="{code, message, hint}: what a standby could not take over with"
     )
+    keys: list[str] = Field(
+        default_factory=list,
+        description="the ids of the secrets keys this server holds, the sealing one first (ids "
+        "only: the first 8 hex of each key's sha256); compare them across servers during a "
+        "rotation",
+    )
 
 
 class Ready(Contract):

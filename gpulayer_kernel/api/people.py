@@ -65,7 +65,8 @@ class UsersHandler(GLMixin):
         role=Role.ADMIN,
     )
     async def post(self, body: UserRequest) -> UserInfo:
-        return user_info(await self.cp.users.add(body.name, body.role, group=body.group))
+        rec = await self.cp.add_user(body.name, body.role, group=body.group, who=self.who)
+        return user_info(rec)
 
 
 class UserHandler(GLMixin):

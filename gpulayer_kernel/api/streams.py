@@ -30,7 +30,7 @@ import tornado.web
 import tornado.websocket
 
 from ..contracts.kernels import MAX_MESSAGE
-from ..controlplane.sessions.kernels import KernelRelay, KernelStatus, LiveKernel
+from ..controlplane.sessions.kernels import KernelRelay, LiveKernel
 from ..controlplane.sessions.lanes import Lane
 from ..controlplane.signals import first_of
 from ..errors import GPUlayerError, InvalidInput
@@ -39,6 +39,7 @@ from ..wire.kernels import (
     ACK,
     MSG,
     KernelMessage,
+    KernelStatus,
     decode,
     decode_ack,
     encode,

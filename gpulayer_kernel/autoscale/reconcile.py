@@ -5,8 +5,10 @@ Pure, like ``plan_scaling``: the control plane's reconciler lists each provider'
 
 - a machine GPUlayer recorded as *requested* that its provider reports is adopted (booting):
   a control plane killed between recording a launch and hearing its answer launches nothing
-  twice; one that its provider does not know and no launch of ours is in flight for was never
-  launched (the control plane stopped first): failed, so the planner launches again;
+  twice; a live one whose id GPUlayer lacks (it joined before any round adopted it) gets the
+  id its provider reports, so ending it reaches the machine; one that its provider does not
+  know and no launch of ours is in flight for was never launched (the control plane stopped
+  first): failed, so the planner launches again;
 - a machine reported *preempted* is preempted, and its worker's jobs end ``lost`` with reason
   ``preempted`` (retried when they asked for it); one reported ended or failed (Slurm cancelled
   its batch job, its worker exited) failed, unless GPUlayer was ending it;
@@ -139,6 +141,10 @@ def reconcile(
             continue
         if inst.state == S.REQUESTED and rep.external_id:  # "": starting, nothing to adopt yet
             changes.append(Change(inst.id, S.BOOTING, None, rep.external_id))
+        elif rep.external_id and rep.external_id != inst.external_id:
+            # Joined before any round adopted it (its launch's answer lost with a killed
+            # leader): its id is learnt now, so its end reaches the machine.
+            changes.append(Change(inst.id, None, None, rep.external_id))
         if inst.state in (S.REQUESTED, S.BOOTING) and now > inst.boot_deadline:
             changes.append(_failed(inst, _late(inst), boot=True))
             terminate.append(inst.id)

@@ -94,9 +94,11 @@ class LocalAdmin:
         return str(await self.cp.secrets.rotate())
 
     async def rotate_key_step(self, step: str, key: str | None = None) -> dict[str, Any]:
-        from ..api.handlers import key_rotated
+        from ..api.handlers import audit_rotation, key_rotated
 
-        return key_rotated(await self.cp.secrets.rotation_step(step, key)).model_dump(mode="json")
+        done = await self.cp.secrets.rotation_step(step, key)
+        await audit_rotation(self.cp, None, done)
+        return key_rotated(done).model_dump(mode="json")
 
     async def list_users(self) -> list[dict[str, Any]]:
         from ..api.people import user_info
@@ -108,7 +110,7 @@ class LocalAdmin:
     ) -> dict[str, Any]:
         from ..api.people import user_info
 
-        return user_info(await self.cp.users.add(name, role, group=group)).model_dump(mode="json")
+        return user_info(await self.cp.add_user(name, role, group=group)).model_dump(mode="json")
 
     async def update_user(self, name: str, **changes: Any) -> dict[str, Any]:
         from ..api.people import user_info

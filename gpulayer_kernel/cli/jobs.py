@@ -73,6 +73,8 @@ def print_record(stream: str, text: str, rank: int | None) -> None:
         sys.stdout.flush()
     else:
         tag = "gpulayer: " if stream == "system" else ""
+        if tag:  # a note that names itself ("[gpulayer] …") says it once
+            text = text.removeprefix("[gpulayer] ")
         sys.stderr.write(f"{tag}{prefix}{text}\n")
         sys.stderr.flush()
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 from typing import Any
 
@@ -162,7 +163,14 @@ async def _serve_leading(args: argparse.Namespace, opts: Any) -> int:
     from dataclasses import replace
 
     from ..ha.leadership import Leadership
-    from ..ha.standby import KeyWatch, StandbyServer, sealing_keys
+    from ..ha.standby import (
+        KeyWatch,
+        StandbyServer,
+        forget_standby,
+        lead_when_ready,
+        publish_keys,
+        sealing_keys,
+    )
     from ..home import home_dir
     from ..security import server_context
     from ..security.vault import key_source
@@ -180,8 +188,12 @@ async def _serve_leading(args: argparse.Namespace, opts: Any) -> int:
     standby = StandbyServer(leadership, watch)
     url = await standby.start(opts.host, opts.port, ssl_ctx)
     leadership.advertise = args.advertise_url or url
+    # Every check says which keys this standby holds (its /health and the leader's reseal).
+    watch.publish = lambda held, problem: publish_keys(args.db, leadership.advertise, held, problem)
+    await watch.check()
     print(f"{STANDBY} on {url}/api/v1 (leader: {await leadership.leader_url()})", flush=True)
-    acquiring = asyncio.ensure_future(leadership.acquire())
+    # A degraded standby (a stale key) does not compete: it would take over only to exit.
+    acquiring = asyncio.ensure_future(lead_when_ready(leadership, watch))
     signalled = asyncio.ensure_future(until_signalled())
     await asyncio.wait({acquiring, signalled}, return_when=asyncio.FIRST_COMPLETED)
     await standby.stop()
@@ -191,6 +203,8 @@ async def _serve_leading(args: argparse.Namespace, opts: Any) -> int:
         return 0
     signalled.cancel()
     acquiring.result()
+    with contextlib.suppress(Exception):  # a stale row only lingers STANDBY_STALE seconds
+        await forget_standby(args.db, leadership.advertise)
     try:
         return await _serve(args, replace(opts, port=standby.port), leadership)
     finally:
@@ -216,6 +230,11 @@ async def _serve(args: argparse.Namespace, opts: Any, leadership: Any) -> int:
     if leadership is not None:
         emb.store.fence = leadership.fence  # type: ignore[attr-defined]  # a PostgresStore
     await emb.start()
+    if leadership is not None:
+        from ..ha.standby import standby_keys
+
+        # A re-seal is refused while a live standby lacks the key (security/rotation.py).
+        emb.cp.secrets.standbys = lambda: standby_keys(args.db, exclude=leadership.advertise)
     try:
         assert emb.tokens is not None and emb.url is not None
         if not any(

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,9 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     finally:
         confirming.cancel()
         await agent.stop()
+    if agent.fatal is not None:  # a failure retrying cannot mend: said, not looped on
+        print(f"gpulayer worker: stopped: {agent.fatal}", file=sys.stderr, flush=True)
+        return 1
     print("gpulayer worker: left the control plane", flush=True)
     return 0
 

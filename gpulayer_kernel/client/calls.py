@@ -66,6 +66,10 @@ class Req:
     # An Idempotency-Key (ADR 0003): a write sent again with it is done once. The client sends
     # the same Req, so the same key, on each of its retries (``failover.Servers``).
     key: str | None = None
+    # Sending it twice does no harm (a heartbeat): it moves past a hung server as a GET does.
+    repeatable: bool = False
+    # Nobody reads the answer: ``Prefer: return=minimal`` (a 1.1 server answers 204).
+    minimal: bool = False
 
     def send_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"params": self.params}

@@ -6,7 +6,9 @@ in-process ControlPlane or a client. Errors come back as the same exception type
 (``errors.from_json``); an unreachable server is ``Unavailable`` (code ``server_unreachable``).
 
 Several URLs (``"https://a:8470,https://b:8470"``, an active control plane and its standby) fail
-over as ``ha/failover.py`` says: to the next URL when a request surely was not handled there.
+over as ``ha/failover.py`` says: to the next URL when a request surely was not handled there,
+and past a hung server within seconds (short connect and first-byte timeouts per URL; a
+long-poll keeps its own).
 
 Each call is written once, as a generator that yields requests and receives responses
 (``calls.py``; sessions' in ``sessions.py``, administration's in ``admin.py``,
@@ -22,9 +24,7 @@ under 1 ms). Long waits (``wait``, ``logs``, ``events``) are split into server-s
 
 from __future__ import annotations
 
-import asyncio
 import builtins
-import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
@@ -44,7 +44,7 @@ from ..contracts import (
     WorkerInfo,
 )
 from ..errors import GPUlayerError
-from ..ha.failover import Servers
+from ..ha.failover import Servers, send, send_sync
 from ..security.tls import check_url
 from .admin import Admin, AsyncAdmin
 from .calls import Call, Calls, Req
@@ -68,17 +68,12 @@ class _Base:
         self._ca_cert = ca_cert
         self._timeout = timeout
 
-    def _moved(self, req: Req, outcome: BaseException | httpx.Response, tries: int) -> float | None:
-        """Seconds to wait before sending ``req`` again to the next URL, or None: do not."""
-        keyed = req.key is not None  # a keyed write is done once however often it is sent
-        if not self.servers.moves_on(req.method, outcome, keyed=keyed):
-            return None
-        if time.monotonic() > self._until:
-            return None
-        self.servers.move(outcome)
-        return self.servers.pause(tries + 1)
-
-    _until = 0.0
+    @staticmethod
+    def _kwargs(req: Req) -> dict[str, Any]:
+        """What httpx is given besides the timeouts, which ``Servers.timeout`` decides."""
+        kw = req.send_kwargs()
+        kw.pop("timeout", None)
+        return kw
 
     def _check(self, req: Req, resp: httpx.Response) -> httpx.Response:
         self._calls.heard(resp)  # the server's protocol (another major version is refused)
@@ -113,21 +108,19 @@ class AsyncClient(_Base, AsyncProvisioning, AsyncSessionCalls, AsyncAdmin):
         return self._https[url]
 
     async def _send(self, req: Req) -> httpx.Response:
-        self._until = self.servers.deadline()
-        tries = 0
-        while True:
-            try:
-                resp = await self._http.request(req.method, req.path, **req.send_kwargs())
-            except httpx.TransportError as exc:
-                delay = self._moved(req, exc, tries)
-                if delay is None:
-                    raise unreachable(self.servers.url, exc) from None
-            else:
-                delay = self._moved(req, resp, tries) if resp.status_code == 503 else None
-                if delay is None:
-                    return resp
-            tries += 1
-            await asyncio.sleep(delay)  # failover backoff
+        outcome = await send(
+            self.servers,
+            lambda: self._http,
+            req.method,
+            req.path,
+            default=self._timeout,
+            own=req.timeout,
+            keyed=req.key is not None,  # a keyed write is done once however often it is sent
+            **self._kwargs(req),
+        )
+        if isinstance(outcome, httpx.TransportError):
+            raise unreachable(self.servers.url, outcome) from None
+        return outcome
 
     async def _run(self, call: Call[T]) -> T:
         try:
@@ -307,21 +300,19 @@ class Client(_Base, Provisioning, SessionCallsSync, Admin):
         return self._https[url]
 
     def _send(self, req: Req) -> httpx.Response:
-        self._until = self.servers.deadline()
-        tries = 0
-        while True:
-            try:
-                resp = self._http.request(req.method, req.path, **req.send_kwargs())
-            except httpx.TransportError as exc:
-                delay = self._moved(req, exc, tries)
-                if delay is None:
-                    raise unreachable(self.servers.url, exc) from None
-            else:
-                delay = self._moved(req, resp, tries) if resp.status_code == 503 else None
-                if delay is None:
-                    return resp
-            tries += 1
-            time.sleep(delay)  # failover backoff (a sync client, off the event loop)
+        outcome = send_sync(
+            self.servers,
+            lambda: self._http,
+            req.method,
+            req.path,
+            default=self._timeout,
+            own=req.timeout,
+            keyed=req.key is not None,
+            **self._kwargs(req),
+        )
+        if isinstance(outcome, httpx.TransportError):
+            raise unreachable(self.servers.url, outcome) from None
+        return outcome
 
     def _run(self, call: Call[T]) -> T:
         try:

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from ..errors import GPUlayerError, Unavailable, from_json
+from ..ha.failover import LEADER_HEADER, ROLE_HEADER
 from ..home import Layout, home_dir, read_owner
 from ..security.tls import CA_CERT_ENV, check_url, client_verify, is_loopback
 
@@ -94,6 +95,19 @@ def error_from(resp: httpx.Response) -> GPUlayerError:
         body = None
     if isinstance(body, dict) and "code" in body:
         return from_json(resp.status_code, body)
+    if resp.status_code == 503 and resp.headers.get(ROLE_HEADER) == "standby":
+        # A standby's answer to HEAD has no body to say so: its header does.
+        leader = resp.headers.get(LEADER_HEADER)
+        return from_json(
+            503,
+            {
+                "code": "not_leader",
+                "message": "this control plane is a standby"
+                + (f"; the leader is {leader}" if leader else ""),
+                "hint": "give every URL of the cluster (GPULAYER_URL=URL1,URL2)",
+                "details": {"leader": leader},
+            },
+        )
     text = resp.text[:300] if resp.request.method != "HEAD" else ""
     return from_json(
         resp.status_code,

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import Field
 
 from ._base import Contract
-from .jobs import DEFAULT_IDLE_TIMEOUT, MAX_IDLE_TIMEOUT
+from .jobs import DEFAULT_IDLE_TIMEOUT, MAX_IDLE_TIMEOUT, EnvVars
 from .sessions import SESSION_NAME_PATTERN, SessionHolder
 from .workspace import WorkspaceSource
 
@@ -60,6 +60,12 @@ class KernelPage(Contract):
     )
     generation: int = Field(0, ge=0, description="the kernel process's start count")
     reason: str | None = Field(None, description="why it exited or ended, or why it waits")
+    final: bool = Field(
+        False,
+        description="ended on purpose (its session was stopped or idled out: `cancelled`), so "
+        "no automatic restart brings it back; the Jupyter host keeps the kernel and answers "
+        "its cells with the reason until the user restarts it (a lost worker: false)",
+    )
 
 
 class KernelStart(Contract):
@@ -80,6 +86,10 @@ class KernelStart(Contract):
     wait_for_capacity: bool = False
     workspace: WorkspaceSource | None = Field(
         None, description="the notebook's folder: the kernel runs in it (ADR 0022)"
+    )
+    env: EnvVars = Field(
+        default_factory=dict,
+        description="set in the kernel process's environment (e.g. JPY_SESSION_NAME, the notebook)",
     )
 
 

@@ -1,11 +1,13 @@
 """The ControlPlane's administration: users' secrets, users (disabling one ends their work:
 ``people.py``), providers, costs and budgets (ADR 0010, 0011), each change in the audit log. A
-base of ``ControlPlane``; these calls change with teams and accounting, not with jobs.
+service given only the parts it works with; ``ControlPlane`` offers its calls as its own. These
+calls change with teams and accounting, not with jobs.
 """
 
 from __future__ import annotations
 
 import builtins
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from ..contracts import (
@@ -33,21 +35,32 @@ if TYPE_CHECKING:
     from .sessions.table import SessionTable
 
 
-class AdminSide:
-    """Secrets, users, providers, costs and budgets (mixed into ``ControlPlane``)."""
+StopSession = Callable[[str, str], Awaitable[SessionInfo]]
 
-    if TYPE_CHECKING:  # built by Wiring.__init__ (and SessionSide)
-        secrets: SecretTable
-        users: UserService
-        audit: AuditLog
-        jobs: JobTable
-        outcomes: Outcomes
-        provisioning: Provisioning
-        sessions: SessionTable
 
-        async def stop_session(
-            self, ref: str, reason: str = ..., *, who: Identity | None = None
-        ) -> SessionInfo: ...
+class AdminCalls:
+    """Secrets, users, providers, costs and budgets."""
+
+    def __init__(
+        self,
+        *,
+        secrets: SecretTable,
+        users: UserService,
+        audit: AuditLog,
+        jobs: JobTable,
+        outcomes: Outcomes,
+        provisioning: Provisioning,
+        sessions: SessionTable,
+        stop_session: StopSession,
+    ) -> None:
+        self.secrets = secrets
+        self.users = users
+        self.audit = audit
+        self.jobs = jobs
+        self.outcomes = outcomes
+        self.provisioning = provisioning
+        self.sessions = sessions
+        self.stop_session = stop_session  # the session calls': a disabled user's sessions end
 
     # -- secrets: sealed at rest, per owner, resolved for the worker at assignment, never returned
 
@@ -73,6 +86,20 @@ class AdminSide:
         return deleted
 
     # -- users (the records are ``users``'; what disabling one does to their work: people.py) --
+
+    async def add_user(
+        self,
+        name: str,
+        role: Role | str = Role.USER,
+        *,
+        group: str | None = None,
+        who: Identity | None = None,
+    ) -> UserRecord:
+        """Add a user (in the audit log, as every change of who may do what)."""
+        check_role(who, Role.ADMIN, "add users")
+        rec = await self.users.add(name, role, group=group)
+        await self.audit.record(who, "user.add", name, role=rec.role, group=rec.group)
+        return rec
 
     async def update_user(
         self,

@@ -28,6 +28,7 @@ ACTIONS: Final = (
     "job.cancel",
     "session.attach",
     "session.stop",
+    "user.add",
     "user.update",
     "quota.set",
     "budget.set",

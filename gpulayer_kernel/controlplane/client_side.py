@@ -1,14 +1,15 @@
 """The ControlPlane's client side (ADR 0001, 0003): what a user's client calls — submit, read,
-follow, cancel and wait for jobs, their logs and artifacts, events, workers, blobs — over the parts
-that do the work. A base of ``ControlPlane`` (``wiring.py`` builds the parts); it changes with the
-client API.
+follow, cancel and wait for jobs, their logs and artifacts (:class:`JobCalls`), blobs
+(:class:`BlobCalls`), events and workers (:class:`ViewCalls`) — each service given, in its
+constructor, only the parts it works with (``wiring.py`` builds them). ``ControlPlane`` offers
+their calls as its own (``core.py``); they change with the client API.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from ..contracts import (
@@ -54,23 +55,35 @@ if TYPE_CHECKING:
     from .workers import WorkerRegistry
 
 
-class ClientSide:
-    """The calls of a user's client (mixed into ``ControlPlane``)."""
+class JobCalls:
+    """A user's jobs: submit, read, follow, cancel, wait, explain."""
 
-    if TYPE_CHECKING:  # built by Wiring.__init__
-        store: MetadataStore
-        users: UserService
-        blobs: Blobs
-        event_log: EventLog
-        jobs: JobTable
-        registry: WorkerRegistry
-        tails: LogTails
-        outcomes: Outcomes
-        follower: Follower
-        inline: InlineBundles
-        scheduling: SchedulingLoop
-        provisioning: Provisioning
-        audit: AuditLog
+    def __init__(
+        self,
+        *,
+        store: MetadataStore,
+        users: UserService,
+        blobs: Blobs,
+        jobs: JobTable,
+        tails: LogTails,
+        outcomes: Outcomes,
+        follower: Follower,
+        scheduling: SchedulingLoop,
+        provisioning: Provisioning,
+        audit: AuditLog,
+        put_bundle: Callable[..., Awaitable[str]],
+    ) -> None:
+        self.store = store
+        self.users = users
+        self.blobs = blobs
+        self.jobs = jobs
+        self.tails = tails
+        self.outcomes = outcomes
+        self.follower = follower
+        self.scheduling = scheduling
+        self.provisioning = provisioning
+        self.audit = audit
+        self.put_bundle = put_bundle  # a run's inline bundle goes where blobs go
 
     async def submit(self, spec: JobSpec, *, who: Identity | None = None) -> Job:
         """Queue a job as ``who``'s. A Python workload's bundle must already be uploaded (by
@@ -232,6 +245,60 @@ class ClientSide:
     async def explain(self, job_id: str, *, who: Identity | None = None) -> str:
         return self.scheduling.explain(await self.get(job_id, who=who))
 
+    # -- for the HTTP API (ADR 0003) and tools ---------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """The cluster as the scheduler sees it now."""
+        return self.scheduling.snapshot()
+
+    async def job_counts(self) -> dict[str, int]:
+        """How many jobs are in each state (for ``GET /status``)."""
+        return await self.store.count_jobs()
+
+    async def artifact_for(
+        self, job_id: str, name: str, *, who: Identity | None = None
+    ) -> Artifact:
+        return artifact_named(await self.get(job_id, who=who), name)
+
+
+class BlobCalls:
+    """Bundles and artifacts: one content-addressed store (``blobs.Blobs``: who may read
+    which); a bundle just put is kept to hand out with its work (``inline``)."""
+
+    def __init__(self, blobs: Blobs, inline: InlineBundles) -> None:
+        self.blobs = blobs
+        self.inline = inline
+
+    async def put_blob(
+        self, data: bytes, digest: str | None = None, *, who: Identity | None = None
+    ) -> str:
+        stored = await self.blobs.put(data, digest, who=who)
+        self.inline.keep(stored, data)  # a bundle about to be run: handed out with its work
+        return stored
+
+    async def claim_blob(self, digest: str, *, who: Identity | None = None) -> None:
+        """Record that ``who`` uploaded the blob ``digest`` (they may read it and run it)."""
+        await self.blobs.claim(digest, who=who)
+
+    async def has_blob(self, digest: str, *, who: Identity | None = None) -> bool:
+        return await self.blobs.has(digest, who=who)
+
+    async def get_blob(self, digest: str, *, who: Identity | None = None) -> bytes:
+        return await self.blobs.get(digest, who=who)
+
+    put_bundle = put_blob
+    has_bundle = has_blob
+    get_bundle = get_blob
+
+
+class ViewCalls:
+    """What a user sees of the cluster: its workers and the event stream."""
+
+    def __init__(self, registry: WorkerRegistry, jobs: JobTable, event_log: EventLog) -> None:
+        self.registry = registry
+        self.jobs = jobs
+        self.event_log = event_log
+
     async def workers(self, *, who: Identity | None = None) -> builtins.list[WorkerInfo]:
         """Every worker; a user reads only its own jobs' ids on them (``visibility``)."""
         if sees_all(who):
@@ -259,45 +326,6 @@ class ClientSide:
     async def event_cursor(self) -> str:
         """The event log's position now: follow from it to see only what happens next."""
         return self.event_log.cursor()
-
-    # blobs: bundles and artifacts share one content-addressed store (``blobs.Blobs``: who may
-    # read which)
-
-    async def put_blob(
-        self, data: bytes, digest: str | None = None, *, who: Identity | None = None
-    ) -> str:
-        stored = await self.blobs.put(data, digest, who=who)
-        self.inline.keep(stored, data)  # a bundle about to be run: handed out with its work
-        return stored
-
-    async def claim_blob(self, digest: str, *, who: Identity | None = None) -> None:
-        """Record that ``who`` uploaded the blob ``digest`` (they may read it and run it)."""
-        await self.blobs.claim(digest, who=who)
-
-    async def has_blob(self, digest: str, *, who: Identity | None = None) -> bool:
-        return await self.blobs.has(digest, who=who)
-
-    async def get_blob(self, digest: str, *, who: Identity | None = None) -> bytes:
-        return await self.blobs.get(digest, who=who)
-
-    put_bundle = put_blob
-    has_bundle = has_blob
-    get_bundle = get_blob
-
-    # -- for the HTTP API (ADR 0003) and tools ---------------------------------------------------
-
-    def snapshot(self) -> Snapshot:
-        """The cluster as the scheduler sees it now."""
-        return self.scheduling.snapshot()
-
-    async def job_counts(self) -> dict[str, int]:
-        """How many jobs are in each state (for ``GET /status``)."""
-        return await self.store.count_jobs()
-
-    async def artifact_for(
-        self, job_id: str, name: str, *, who: Identity | None = None
-    ) -> Artifact:
-        return artifact_named(await self.get(job_id, who=who), name)
 
 
 def _owned_by(event: Event, user: str) -> bool:

@@ -48,7 +48,11 @@ class Dispatcher:
         self._inbox: dict[str, list[JobAssignment]] = {}
         self._cancels: dict[str, set[str]] = {}
         self._stops: dict[str, set[tuple[str, int]]] = {}  # worker -> stale (job, attempt)
-        self._started: dict[str, set[str]] = {}  # job -> workers that reported it started
+        # job -> attempt -> workers that reported that attempt started. Per attempt: a job's
+        # changes reach ``job_changed`` after the awaits of their write, so a retry's "queued"
+        # may arrive after its next attempt was placed; a mark of the old attempt must never
+        # keep the new one from its worker (issue 32: a retried job stuck placed).
+        self._started: dict[str, dict[int, set[str]]] = {}
         self._holders: OrderedDict[str, set[str]] = OrderedDict()  # job -> workers ever given it
         self._rendezvous: dict[str, Rendezvous] = {}
         # Sessions (ADR 0019): cells to run, and interrupts and restarts, per worker.
@@ -90,10 +94,10 @@ class Dispatcher:
         """Whether ``worker_id`` was handed some attempt of the job (since this process started)."""
         return worker_id in self._holders.get(job_id, ())
 
-    def started(self, job_id: str, worker_id: str) -> None:
-        """The worker reported its part of the job's current attempt started: never hand it
-        that attempt again (a redelivered copy would run it twice)."""
-        self._started.setdefault(job_id, set()).add(worker_id)
+    def started(self, job_id: str, worker_id: str, attempt: int) -> None:
+        """The worker reported its part of ``attempt`` of the job started: never hand it that
+        attempt again (a redelivered copy would run it twice)."""
+        self._started.setdefault(job_id, {}).setdefault(attempt, set()).add(worker_id)
 
     def deliverable(self, a: JobAssignment, worker_id: str) -> bool:
         """Whether an assignment may still go out: its attempt is current, placed on this
@@ -107,7 +111,7 @@ class Dispatcher:
             and job.state in (JobState.PLACED, JobState.RUNNING)
             and job.placement is not None
             and worker_id in job.placement.worker_ids
-            and worker_id not in self._started.get(job.id, ())
+            and worker_id not in self._started.get(job.id, {}).get(a.attempt, ())
         )
 
     def stop_attempt(self, worker_id: str, job_id: str, attempt: int) -> None:
@@ -221,9 +225,18 @@ class Dispatcher:
 
     def job_changed(self, job: Job) -> None:
         """A job moved or changed: a requeued or final job's record goes; its waiters re-check."""
+        if job.state.terminal:
+            self._started.pop(job.id, None)
+        elif job.placement is None and job.id in self._started:
+            # A new attempt starts from nothing; the marks of a later one (this change arrived
+            # after it was placed) stay.
+            marks = {n: w for n, w in self._started[job.id].items() if n >= job.attempts}
+            if marks:
+                self._started[job.id] = marks
+            else:
+                del self._started[job.id]
         if job.state.terminal or job.placement is None:
             self._rendezvous.pop(job.id, None)
-            self._started.pop(job.id, None)  # a new attempt starts from nothing
         if job.state.terminal:
             self._jobs.drop(job.id)
         else:

@@ -213,7 +213,7 @@ class Outcomes:
         """
         assert job.placement is not None
         if job.state == JobState.PLACED and (started or report.state == "succeeded"):
-            self.dispatch.started(job.id, worker_id)
+            self.dispatch.started(job.id, worker_id, job.attempts)
             self.jobs.fold(self.jobs.stage(job.id, JobState.RUNNING, started_at=self.clock.now()))
             job = self.jobs.active_job(job.id) or job
         assert job.placement is not None

@@ -82,7 +82,7 @@ class Reports:
         held = self.outcomes.held
         job = held(worker_id, r.job_id, r.attempt)
         if r.started:
-            self.dispatch.started(job.id, worker_id)  # never hand this attempt to it again
+            self.dispatch.started(job.id, worker_id, job.attempts)  # never again to it
         if r.finished is None and r.started and job.state == JobState.PLACED:
             # Still running after the worker's linger: a start that matters on its own.
             await self.jobs.commit(job.id, JobState.RUNNING, started_at=self.clock.now())

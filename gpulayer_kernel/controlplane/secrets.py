@@ -8,12 +8,13 @@ hand a job its secrets and to teach the redactor what to mask; nothing returns o
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from ..contracts import Job, check_secret_name
 from ..redact import Redactor
 from ..security.roles import Identity, Role, check_role, resolved
-from ..security.vault import KeySource, Rotation, Vault, rotation_step
+from ..security.rotation import Rotation, Standbys, rotation_step
+from ..security.vault import KeySource, Vault, key_id
 from ..store import MetadataStore, SecretRecord
 
 
@@ -25,6 +26,9 @@ class SecretTable:
         self.redactor = redactor
         self.keys = keys
         self._vault: Vault | None = None
+        # The key ids each live standby holds (a leader of a PostgreSQL database sets it,
+        # ``ha/standby.py``): a re-seal is refused while one lacks the key.
+        self.standbys: Callable[[], Awaitable[Standbys]] | None = None
 
     @property
     def vault(self) -> Vault:
@@ -89,4 +93,9 @@ class SecretTable:
     ) -> Rotation:
         """One step of the key rotation (add, reseal, retire, or all; admins only)."""
         check_role(who, Role.ADMIN, "rotate the secrets key")
-        return await rotation_step(self.vault, self.store, step, key)
+        standbys = await self.standbys() if self.standbys is not None else None
+        return await rotation_step(self.vault, self.store, step, key, standbys=standbys)
+
+    def held_key_ids(self) -> builtins.list[str]:
+        """The ids of the keys this server holds (the first seals); none before it started."""
+        return [key_id(k) for k in self._vault.keys] if self._vault is not None else []

@@ -1,25 +1,23 @@
 """The ControlPlane's parts, built and connected (ADR 0001): the one place that knows which part
-calls which. ``Wiring`` is the first base of ``ControlPlane`` (``core.py``): its constructor builds
-every part over the store, its callbacks are what one part's change does to the others (a job
-changed, a worker lost, the reaper's round), and ``start``/``close`` bring them up and down in
-order. The calls users, workers and admins make are the ``*_side.py`` bases, over these parts.
+calls which. ``Wiring`` is the base of ``ControlPlane`` (``core.py``): its constructor builds every
+part over the store, its callbacks are what one part's change does to the others (a job changed,
+a worker lost, the reaper's round), and ``start``/``close`` bring them up and down in order. The
+calls users, workers and admins make are services over these parts (the ``*_side.py`` modules),
+each given only the parts it uses.
 """
 
 from __future__ import annotations
 
-import builtins
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
-
 from ..clock import SYSTEM_CLOCK, Clock
-from ..contracts import Job, JobSpec, JobState, SessionHold, WorkerState
+from ..contracts import JobState, WorkerState
 from ..redact import Redactor
-from ..security.roles import Identity
 from ..security.users import UserService
 from ..security.vault import MEMORY_KEYS, KeySource
 from ..store import ArtifactStore, MetadataStore
+from .admin_side import AdminCalls
 from .audit import AuditLog
 from .blobs import Blobs
+from .client_side import BlobCalls, JobCalls, ViewCalls
 from .dispatch import Dispatcher
 from .events import EventLog
 from .follow import Follower
@@ -34,29 +32,15 @@ from .reports import Reports
 from .scheduling import SchedulingLoop
 from .secrets import SecretTable
 from .sessions.kernels import KernelRelay
+from .sessions.side import SessionCalls
 from .sessions.table import SessionTable
 from .usage import DEFAULT_HALF_LIFE, UsageMeter
+from .worker_side import WorkerCalls
 from .workers import SUSPECT_GRACE, WorkerRegistry
 
 
 class Wiring:
     """Every part of a control plane, and what connects them (a base of ``ControlPlane``)."""
-
-    if TYPE_CHECKING:  # the calls of other bases that the parts are handed
-
-        async def enqueue(
-            self,
-            spec: JobSpec,
-            *,
-            who: Identity | None = None,
-            added: Callable[[Job], None] | None = None,
-        ) -> Job: ...
-
-        async def cancel(
-            self, job_id: str, reason: str = ..., *, who: Identity | None = None
-        ) -> Job: ...
-
-        def _session_holds(self, worker_names: Sequence[str]) -> builtins.list[SessionHold]: ...
 
     def __init__(
         self,
@@ -131,13 +115,57 @@ class Wiring:
         self.sessions = SessionTable(
             store, self.jobs, self.dispatch, self.tails, self.event_log, self.redactor, clock=clock
         )
-        self.sessions.submit, self.sessions.cancel = self.enqueue, self.cancel
         self.kernels = KernelRelay(self.jobs, self.dispatch, self.sessions, clock=clock)
-        self.scheduling.session_holds = self._session_holds
         self.registry.on_change = self.scheduling.kick  # a worker under suspicion, or back
         self.audit = AuditLog(store, clock=clock)  # who did what (ADR 0020)
         self.metrics = Metrics(self)  # its own registry: several control planes share a process
         self.metrics.instrument(self.scheduling, store, self.provisioning.ledger)
+
+        # The services over the parts, each given only the parts it uses (ADR 0001).
+        self.blob_calls = BlobCalls(self.blobs, self.inline)
+        self.job_calls = JobCalls(
+            store=self.store,
+            users=self.users,
+            blobs=self.blobs,
+            jobs=self.jobs,
+            tails=self.tails,
+            outcomes=self.outcomes,
+            follower=self.follower,
+            scheduling=self.scheduling,
+            provisioning=self.provisioning,
+            audit=self.audit,
+            put_bundle=self.blob_calls.put_blob,
+        )
+        self.view_calls = ViewCalls(self.registry, self.jobs, self.event_log)
+        self.worker_calls = WorkerCalls(
+            clock=self.clock,
+            store=self.store,
+            dispatch=self.dispatch,
+            inline=self.inline,
+            jobs=self.jobs,
+            tails=self.tails,
+            outcomes=self.outcomes,
+            provisioning=self.provisioning,
+            reports=self.reports,
+            scheduling=self.scheduling,
+            sessions=self.sessions,
+            registry=self.registry,
+            lose=self._lose_worker,
+        )
+        self.session_calls = SessionCalls(self.sessions, self.blobs, self.audit, self.jobs)
+        self.admin_calls = AdminCalls(
+            secrets=self.secrets,
+            users=self.users,
+            audit=self.audit,
+            jobs=self.jobs,
+            outcomes=self.outcomes,
+            provisioning=self.provisioning,
+            sessions=self.sessions,
+            stop_session=self.session_calls.stop_session,
+        )
+        # The links between parts that go through a service's rule.
+        self.sessions.submit, self.sessions.cancel = self.job_calls.enqueue, self.job_calls.cancel
+        self.scheduling.session_holds = self.session_calls.session_holds
 
     async def start(self) -> None:
         """Load active jobs and known workers; workers of a dead in-process host are lost."""

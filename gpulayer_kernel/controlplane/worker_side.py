@@ -1,12 +1,13 @@
 """The ControlPlane's worker side (ADR 0003): what a worker agent calls — join, poll for work,
-report its jobs and cells, rendezvous, leave — over the parts that do the work. A base of
-``ControlPlane`` (``wiring.py`` builds the parts); it changes with the worker protocol.
+report its jobs and cells, rendezvous, leave — a service given, in its constructor, only the parts
+it works with (``wiring.py`` builds them). ``ControlPlane`` offers its calls as its own; it
+changes with the worker protocol.
 """
 
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..contracts import (
@@ -42,24 +43,42 @@ if TYPE_CHECKING:
     from .workers import WorkerRegistry
 
 
-class WorkerSide:
-    """The calls of the worker protocol (mixed into ``ControlPlane``)."""
+Lose = Callable[[str, str, WorkerState], Awaitable[None]]
 
-    if TYPE_CHECKING:  # built by Wiring.__init__
-        clock: Clock
-        store: MetadataStore
-        dispatch: Dispatcher
-        inline: InlineBundles
-        jobs: JobTable
-        tails: LogTails
-        outcomes: Outcomes
-        provisioning: Provisioning
-        reports: Reports
-        scheduling: SchedulingLoop
-        sessions: SessionTable
-        registry: WorkerRegistry
 
-        async def _lose_worker(self, worker_id: str, reason: str, state: WorkerState) -> None: ...
+class WorkerCalls:
+    """The calls of the worker protocol."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        store: MetadataStore,
+        dispatch: Dispatcher,
+        inline: InlineBundles,
+        jobs: JobTable,
+        tails: LogTails,
+        outcomes: Outcomes,
+        provisioning: Provisioning,
+        reports: Reports,
+        scheduling: SchedulingLoop,
+        sessions: SessionTable,
+        registry: WorkerRegistry,
+        lose: Lose,
+    ) -> None:
+        self.clock = clock
+        self.store = store
+        self.dispatch = dispatch
+        self.inline = inline
+        self.jobs = jobs
+        self.tails = tails
+        self.outcomes = outcomes
+        self.provisioning = provisioning
+        self.reports = reports
+        self.scheduling = scheduling
+        self.sessions = sessions
+        self.registry = registry
+        self._lose_worker = lose  # the wiring's: a worker gone, and what follows
 
     async def register(
         self,
@@ -122,7 +141,7 @@ class WorkerSide:
 
     async def report_started(self, worker_id: str, job_id: str, attempt: int | None = None) -> Job:
         job = self._owned(worker_id, job_id, attempt)
-        self.dispatch.started(job_id, worker_id)  # never hand this attempt to it again
+        self.dispatch.started(job_id, worker_id, job.attempts)  # never again to it
         if job.state == JobState.PLACED:
             job = await self.jobs.commit(job_id, JobState.RUNNING, started_at=self.clock.now())
         return job

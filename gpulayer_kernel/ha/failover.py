@@ -14,21 +14,43 @@ A keyed write is also sent again on any 503 (busy, restarting), and with one URL
 broken or refused connection and on a 503 other than ``not_leader`` (which names no one else to
 ask), with backoff (0.2 s doubling to 2 s) for up to ``failover_for`` seconds; the restart of a
 lone server is ridden out. Other requests to one URL get their errors at once, as before.
+
+A *hung* server (stopped, its process paused, its machine swapping) accepts connections and
+never answers. With several URLs, each send therefore has a short connect timeout
+(``CONNECT``) and, when repeating it is harmless, a short first-byte timeout (``FIRST_BYTE``):
+a hung leader is passed within ~2 s, not after the whole request timeout. Each round over the
+URLs doubles both (up to the request's own timeout), so a server that is only slow is still
+waited for. A long-poll, a large upload or download keeps its own timeout (its answer comes
+late on purpose). ``send`` is that loop (``send_sync`` for the blocking client).
+
+Every answer of a GPUlayer server names its role in ``GPUlayer-Role`` (``leader`` or
+``standby``), HEAD answers included, which carry no body: a 503 from a standby moves on by the
+header when its body cannot be read (and to the leader its ``GPUlayer-Leader`` header names).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import httpx
 
 from ..errors import InvalidInput
 
+log = logging.getLogger("gpulayer.failover")
+
 # The codes a server answers with when another server should take the request.
 MOVE_CODES = frozenset({"not_leader", "shutting_down", "starting"})
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
 DEFAULT_FAILOVER_FOR = 30.0
+ROLE_HEADER = "GPUlayer-Role"  # "leader" or "standby", on every answer of a GPUlayer server
+LEADER_HEADER = "GPUlayer-Leader"  # a standby's answer: the leader's URL, when it knows it
+CONNECT = 2.0  # seconds to connect to one of several URLs (doubled each round)
+FIRST_BYTE = 2.0  # seconds one of several URLs gets to start answering (doubled each round)
+LONE_CONNECT = 10.0  # the connect timeout with one URL: there is nowhere else to go
 
 
 def split_urls(urls: str | Sequence[str]) -> list[str]:
@@ -79,35 +101,126 @@ class Servers:
         repeatable = keyed or method.upper() in IDEMPOTENT
         return isinstance(outcome, httpx.TransportError) and repeatable
 
+    def timeout(
+        self, method: str, tries: int, *, default: float, own: float | None, keyed: bool = False
+    ) -> httpx.Timeout:
+        """The timeouts of send number ``tries`` (0: the first) of one request: ``own``, a
+        long-poll's or transfer's, else ``default``; with several URLs, a short connect and (for
+        a request that may be sent again) first-byte timeout, doubled each round."""
+        total = own if own is not None else default
+        if not self.several:
+            return httpx.Timeout(total, connect=min(total, LONE_CONNECT))
+        grow = 2 ** (tries // len(self.urls))
+        connect = min(total, CONNECT * grow)
+        if own is not None or not (keyed or method.upper() in IDEMPOTENT):
+            # Its answer comes late on purpose, or sending it again might do it twice.
+            return httpx.Timeout(total, connect=connect)
+        return httpx.Timeout(total, connect=connect, read=min(total, FIRST_BYTE * grow))
+
     def move(self, outcome: BaseException | httpx.Response | None = None) -> None:
         """To the leader the answer named, if it is one of ours, else to the next URL."""
+        was = self.url
         leader = _leader(outcome) if isinstance(outcome, httpx.Response) else None
         for i, url in enumerate(self.urls):
             if leader and _same(url, leader) and i != self.current:
                 self.current = i
-                return
-        self.current = (self.current + 1) % len(self.urls)
+                break
+        else:
+            self.current = (self.current + 1) % len(self.urls)
+        if isinstance(outcome, httpx.Response):
+            why = f"{outcome.status_code} {_code(outcome)}".strip()
+        else:
+            why = type(outcome).__name__
+        log.info("moving from %s to %s (%s)", was, self.url, why)
 
     def pause(self, tries: int) -> float:
         """Seconds to wait before try number ``tries`` (0 within the first round)."""
         rounds = tries // len(self.urls)
         return 0.0 if tries % len(self.urls) else min(2.0, 0.1 * 2**rounds) if rounds else 0.0
 
-    def deadline(self) -> float:
-        return time.monotonic() + self.failover_for
+
+async def send(
+    servers: Servers,
+    pool: Callable[[], httpx.AsyncClient],
+    method: str,
+    path: str,
+    *,
+    default: float,
+    own: float | None = None,
+    keyed: bool = False,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    now: Callable[[], float] = time.monotonic,
+    **kwargs: Any,
+) -> httpx.Response | httpx.TransportError:
+    """Send one request over ``servers`` (``pool()``: the connection pool of the URL in use),
+    moving on as the module docstring says; the last answer, or the error of the last send.
+    ``own``: the request's own timeout (a long-poll's); ``sleep`` and ``now``: the caller's
+    clock (a worker's may be a fake one)."""
+    until = now() + servers.failover_for
+    tries = 0
+    while True:
+        timeout = servers.timeout(method, tries, default=default, own=own, keyed=keyed)
+        outcome: httpx.Response | httpx.TransportError
+        try:
+            outcome = await pool().request(method, path, timeout=timeout, **kwargs)
+        except httpx.TransportError as exc:
+            outcome = exc
+        moves = isinstance(outcome, httpx.TransportError) or outcome.status_code == 503
+        if not (moves and servers.moves_on(method, outcome, keyed=keyed)) or now() > until:
+            return outcome
+        servers.move(outcome)
+        tries += 1
+        await sleep(servers.pause(tries))  # failover backoff
+
+
+def send_sync(
+    servers: Servers,
+    pool: Callable[[], httpx.Client],
+    method: str,
+    path: str,
+    *,
+    default: float,
+    own: float | None = None,
+    keyed: bool = False,
+    **kwargs: Any,
+) -> httpx.Response | httpx.TransportError:
+    """``send`` for a blocking client (the sync ``Client``, off any event loop)."""
+    until = time.monotonic() + servers.failover_for
+    tries = 0
+    while True:
+        timeout = servers.timeout(method, tries, default=default, own=own, keyed=keyed)
+        outcome: httpx.Response | httpx.TransportError
+        try:
+            outcome = pool().request(method, path, timeout=timeout, **kwargs)
+        except httpx.TransportError as exc:
+            outcome = exc
+        moves = isinstance(outcome, httpx.TransportError) or outcome.status_code == 503
+        if not (moves and servers.moves_on(method, outcome, keyed=keyed)) or (
+            time.monotonic() > until
+        ):
+            return outcome
+        servers.move(outcome)
+        tries += 1
+        time.sleep(servers.pause(tries))  # failover backoff
 
 
 def _code(resp: httpx.Response) -> str:
+    """The error code of an answer; a body-less answer (HEAD) of a standby is ``not_leader``."""
     try:
         body = resp.json()
     except ValueError:
-        return ""
-    return str(body.get("code", "")) if isinstance(body, dict) else ""
+        body = None
+    if isinstance(body, dict) and body.get("code"):
+        return str(body["code"])
+    if resp.status_code == 503 and resp.headers.get(ROLE_HEADER) == "standby":
+        return "not_leader"
+    return ""
 
 
 def _leader(resp: httpx.Response) -> str | None:
     try:
         leader = resp.json().get("details", {}).get("leader")
     except (ValueError, AttributeError):
-        return None
+        leader = None
+    leader = leader or resp.headers.get(LEADER_HEADER)  # a HEAD answer has only its headers
     return str(leader) if leader else None

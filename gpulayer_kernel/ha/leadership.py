@@ -81,9 +81,14 @@ class Leadership:
     async def acquire(self) -> int:
         """Wait until this process leads; bump and return the epoch."""
         con = await self._connect()
-        # A paused leader's lock session ends after this long idle: the standby then leads.
-        await con.execute(f"SET idle_session_timeout = {int(self.session_timeout * 1000)}")
-        await con.execute("SELECT pg_advisory_lock($1)", LOCK_KEY)  # waits inside PostgreSQL
+        try:
+            # A paused leader's lock session ends after this long idle: the standby then leads.
+            await con.execute(f"SET idle_session_timeout = {int(self.session_timeout * 1000)}")
+            await con.execute("SELECT pg_advisory_lock($1)", LOCK_KEY)  # waits inside PostgreSQL
+        except BaseException:
+            # Cancelled (a standby withdrawing) or failed: the session goes, and its request.
+            con.terminate()
+            raise
         await con.execute(_TABLE)
         epoch = await con.fetchval(
             "INSERT INTO gl_leader (id, epoch, url, since) VALUES (1, 1, $1, $2) "
@@ -135,3 +140,5 @@ class Leadership:
             con, self._lock_con = self._lock_con, None
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(con.close(), 5.0)
+        self._beater = None
+        self.epoch = None

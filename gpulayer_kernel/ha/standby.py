@@ -17,6 +17,13 @@ that seals a secret in the database, and the watch checks again every few second
 the key ids (no value leaves the database). A rotation by the leader changes those ids: the
 standby re-reads its key file and, if it lacks the new key, says so in its log (an error) and in
 its /health answer (``status: degraded``, ``problem``), while the old leader still serves.
+
+Each check also records in the database which key ids this standby holds (``gl_standby``, beside
+the leadership table, outside the fenced state): /health shows them on every server (``keys``),
+and the leader refuses to re-seal with a key a live standby lacks (``security/rotation.py``), so
+the ``add`` step of a rotation is checked before it matters. A *degraded* standby does not
+compete for the leadership (``lead_when_ready``): it withdraws its lock request until its keys
+are right again, so a leader's death never hands the database to a server that would only exit.
 """
 
 from __future__ import annotations
@@ -40,9 +47,11 @@ from ..errors import GPUlayerError, SecretsKeyError, Unavailable
 from ..security.vault import KeySource, key_id, missing_keys
 from ..store.postgres import CONNECT_TIMEOUT, _asyncpg
 from ..store.urls import shown
+from .failover import LEADER_HEADER, ROLE_HEADER
 from .leadership import Leadership
 
 log = logging.getLogger("gpulayer.standby")
+access_log = logging.getLogger("gpulayer.access")
 
 LEADER_CACHE = 1.0  # seconds a looked-up leader URL is reused
 KEY_CHECK_EVERY = 5.0  # seconds between two key checks: one small query on the database
@@ -51,7 +60,74 @@ KEY_CHECK_EVERY = 5.0  # seconds between two key checks: one small query on the 
 KEY_COMMAND_EVERY = 60.0
 LOUD_EVERY = 60.0  # a problem still there is logged again this often
 
+STANDBY_STALE = 60.0  # seconds after its last check a standby's keys stop counting
+_STANDBY_TABLE = (
+    "CREATE TABLE IF NOT EXISTS gl_standby (url TEXT PRIMARY KEY, keys TEXT NOT NULL, "
+    "problem TEXT, seen_at DOUBLE PRECISION NOT NULL)"
+)
+
 Sealing = Callable[[], Awaitable[dict[str, int]]]
+Publish = Callable[[list[str], "SecretsKeyError | None"], Awaitable[None]]
+
+
+async def _connect(url: str, what: str) -> Any:
+    asyncpg = _asyncpg()
+    try:
+        return await asyncpg.connect(url, timeout=CONNECT_TIMEOUT)
+    except Exception as exc:
+        raise Unavailable(
+            f"cannot reach the database {shown(url)} to {what}: {exc}",
+            hint="check the --db URL and that PostgreSQL is running",
+            code="store_unavailable",
+        ) from None
+
+
+async def publish_keys(
+    url: str, advertise: str, held: list[str], problem: SecretsKeyError | None
+) -> None:
+    """Record which key ids the standby at ``advertise`` holds (and its problem), now."""
+    con = await _connect(url, "record this standby's keys")
+    try:
+        await con.execute(_STANDBY_TABLE)
+        await con.execute(
+            "INSERT INTO gl_standby (url, keys, problem, seen_at) "
+            "VALUES ($1, $2, $3, extract(epoch from now())) ON CONFLICT (url) DO UPDATE SET "
+            "keys = excluded.keys, problem = excluded.problem, seen_at = excluded.seen_at",
+            advertise,
+            ",".join(held),
+            problem.message if problem else None,
+        )
+    finally:
+        await con.close()
+
+
+async def standby_keys(url: str, *, exclude: str = "") -> dict[str, list[str]]:
+    """The key ids each standby checked in the last ``STANDBY_STALE`` seconds holds (the
+    database's clock), by URL; ``exclude``: this server's own (a standby that now leads)."""
+    con = await _connect(url, "read the standbys' keys")
+    try:
+        await con.execute(_STANDBY_TABLE)
+        rows = await con.fetch(
+            "SELECT url, keys FROM gl_standby WHERE seen_at > extract(epoch from now()) - $1",
+            STANDBY_STALE,
+        )
+    finally:
+        await con.close()
+    return {
+        str(r["url"]): [k for k in str(r["keys"]).split(",") if k]
+        for r in rows
+        if r["url"] != exclude
+    }
+
+
+async def forget_standby(url: str, advertise: str) -> None:
+    """This server leads now: its row as a standby goes."""
+    con = await _connect(url, "record this server's role")
+    try:
+        await con.execute(_STANDBY_TABLE)
+        await con.execute("DELETE FROM gl_standby WHERE url = $1", advertise)
+    finally:
+        await con.close()
 
 
 async def sealing_keys(url: str) -> dict[str, int]:
@@ -81,11 +157,21 @@ async def sealing_keys(url: str) -> dict[str, int]:
 class KeyWatch:
     """Whether this standby's key source opens every key sealing a secret in the database."""
 
-    def __init__(self, source: KeySource, sealing: Sealing, every: float = KEY_CHECK_EVERY):
+    def __init__(
+        self,
+        source: KeySource,
+        sealing: Sealing,
+        every: float = KEY_CHECK_EVERY,
+        publish: Publish | None = None,
+    ):
         self.source = source
         self.sealing = sealing
         self.every = every
+        self.publish = publish  # where each check says which keys this standby holds
         self.problem: SecretsKeyError | None = None
+        self.held: list[str] = []  # the ids of the keys the source holds, as last read
+        self.healthy = asyncio.Event()  # set while the keys open every sealed secret
+        self.degraded = asyncio.Event()  # set while they do not
         self._ids: dict[str, int] | None = None
         self._keys: list[bytes] | None = None
         self._unreadable: SecretsKeyError | None = None  # the last read's failure
@@ -107,7 +193,10 @@ class KeyWatch:
                 self._keys, self._unreadable = None, exc
             self._read_at = now
         self._ids = ids
+        self.held = [key_id(k) for k in self._keys or []]
         self._report(self._unreadable or self._judge(ids, self._keys))
+        if self.publish is not None:
+            await self.publish(self.held, self.problem)
         return self.problem
 
     def _judge(self, ids: dict[str, int], keys: list[bytes] | None) -> SecretsKeyError | None:
@@ -139,6 +228,8 @@ class KeyWatch:
         """Log a change at once, and a problem still there every ``LOUD_EVERY`` seconds."""
         now = time.monotonic()
         before, self.problem = self.problem, problem
+        (self.degraded if problem else self.healthy).set()
+        (self.healthy if problem else self.degraded).clear()
         if problem is None:
             if before is not None:
                 log.info("standby: secrets keys ok again: %s opens every key", self.source.where)
@@ -169,8 +260,13 @@ class NotLeaderHandler(tornado.web.RequestHandler):
     def initialize(self, standby: StandbyServer) -> None:
         self.standby = standby
 
+    def set_default_headers(self) -> None:
+        self.set_header(ROLE_HEADER, "standby")  # HEAD answers too, which carry no body
+
     async def _answer(self, *args: Any) -> None:
         leader = await self.standby.leader()
+        if leader:
+            self.set_header(LEADER_HEADER, leader)
         self.set_status(503)
         self.set_header("Content-Type", "application/json")
         self.set_header("Retry-After", "1")
@@ -197,6 +293,9 @@ class StandbyHealthHandler(tornado.web.RequestHandler):
     def initialize(self, standby: StandbyServer) -> None:
         self.standby = standby
 
+    def set_default_headers(self) -> None:
+        self.set_header(ROLE_HEADER, "standby")
+
     def get(self) -> None:
         problem = self.standby.watch.problem if self.standby.watch else None
         body: dict[str, Any] = {
@@ -205,12 +304,25 @@ class StandbyHealthHandler(tornado.web.RequestHandler):
             "version": __version__,
             "role": "standby",
             "problem": _problem(problem) if problem else None,
+            "keys": self.standby.watch.held if self.standby.watch else [],
         }
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
         self.finish(json.dumps(body))
 
     head = get
+
+
+def _log_request(handler: tornado.web.RequestHandler) -> None:
+    """A standby's access log: its 503 ``not_leader`` is its normal answer (every scrape and
+    readiness probe gets one), logged at INFO, never as an error (tornado logs 5xx so)."""
+    access_log.info(
+        "%d %s %s (standby) %.1fms",
+        handler.get_status(),
+        handler.request.method,
+        handler.request.path,
+        1000.0 * handler.request.request_time(),
+    )
 
 
 def _problem(exc: GPUlayerError) -> dict[str, Any]:
@@ -244,7 +356,8 @@ class StandbyServer:
             [
                 (r"/api/v1/health/?", StandbyHealthHandler, {"standby": self}),
                 (r".*", NotLeaderHandler, {"standby": self}),  # /api/v1/ready among them
-            ]
+            ],
+            log_function=_log_request,
         )
         sockets = tornado.netutil.bind_sockets(port, host or None, family=socket.AF_UNSPEC)
         self._server = tornado.httpserver.HTTPServer(app, ssl_options=ssl_options)
@@ -266,3 +379,41 @@ class StandbyServer:
             server, self._server = self._server, None
             server.stop()
             await server.close_all_connections()
+
+
+async def lead_when_ready(leadership: Leadership, watch: KeyWatch | None) -> int:
+    """Compete for the leadership only while this standby's keys are right; the epoch once it
+    leads with keys that open every secret.
+
+    A degraded standby (a stale or missing key) withdraws its lock request (its connection is
+    closed, so PostgreSQL forgets it) and asks again once the keys are right: a leader's death
+    then goes to a standby that can serve, or waits for one. A lock granted in the moment the
+    keys went stale is handed back after a fresh check.
+    """
+    while True:
+        if watch is not None and not watch.healthy.is_set():
+            log.error(
+                "standby: not competing for the leadership while its secrets key is wrong: %s",
+                watch.problem.message if watch.problem else "not checked yet",
+            )
+            await watch.healthy.wait()
+            log.info("standby: secrets keys ok: competing for the leadership again")
+        acquiring = asyncio.ensure_future(leadership.acquire())
+        waits: set[asyncio.Future[Any]] = {acquiring}
+        if watch is not None:
+            waits.add(asyncio.ensure_future(watch.degraded.wait()))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits - {acquiring}:
+                w.cancel()
+        if not acquiring.done():
+            acquiring.cancel()  # degraded: withdraw (acquire closes its connection)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await acquiring
+            continue
+        epoch = acquiring.result()
+        if watch is None or await watch.check() is None:
+            return epoch
+        log.error("took the leadership with a secrets key that is wrong now; handing it back")
+        await leadership.release()

@@ -23,6 +23,11 @@ owner (``$JUPYTERHUB_USER``, or anyone listed in ``c.GPUlayer.admin_users``), ``
 else under JupyterHub (a shared server), and ``c.GPUlayer.default_role`` (``admin``: the single
 user of a laptop's Jupyter) otherwise. The kernels' token belongs to the owner.
 
+When ``GPULAYER_URL`` is already set as Jupyter starts (a served ``gpulayer serve``, with
+``GPULAYER_TOKEN``), the kernels use that control plane and the extension hosts none: it forwards
+the panel's routes there with that token (``proxy.py``), so the panel, the kernels' waiting
+notice and the sidebar badge show the control plane the kernels use.
+
 When the state directory is owned by another process (or the control plane cannot start), the
 Jupyter server keeps running: the error is logged once and every GPUlayer route answers 503 with
 its message and hint. Configure with ``c.GPUlayer.home``, ``c.GPUlayer.local_worker``,
@@ -52,6 +57,8 @@ from ..errors import GPUlayerError, Unavailable
 from ..home import HOME_ENV
 from ..kernels.host import local_plane
 from ..security import Identity, Role, TokenKind, TokenService
+from .pending import forget_failed_starts
+from .proxy import Upstream, proxy_handlers
 
 log = logging.getLogger("gpulayer.jupyter")
 
@@ -97,22 +104,20 @@ class ControlPlaneHost:
         self._published = ""  # the loopback URL kernels of this process reach in-process
         self.kernel_token_id: str | None = None
         self._saved_env: dict[str, str | None] = {}
+        # GPULAYER_URL set before Jupyter started: its kernels use that control plane, and the
+        # panel's routes are forwarded there (``proxy.py``) rather than hosted here.
         preset = os.environ.get(URL_ENV)
+        self.upstream = Upstream(preset, os.environ.get(TOKEN_ENV, "")) if preset else None
         if preset:
-            self.state = "failed"
-            self.error = Unavailable(
-                f"this Jupyter server hosts no GPUlayer control plane: {URL_ENV} is set "
-                f"({preset}), so its kernels use that one",
-                hint=f"unset {URL_ENV} before starting Jupyter to host one here, or open "
-                "that control plane's own tools",
-                details={"url": preset},
-                code="not_hosted",
-            )
+            self.state = "forwarding"
 
     # -- routes ----------------------------------------------------------------------------------
 
     def handlers(self) -> list[HandlerSpec]:
-        """The user routes (Jupyter auth) and worker routes (worker tokens), both gated."""
+        """The user routes (Jupyter auth) and worker routes (worker tokens), both gated; or,
+        forwarding, the route that passes the panel's calls on."""
+        if self.upstream is not None:
+            return proxy_handlers(API_PREFIX, self.upstream)
         cp, tokens, ctx = self.embedded.cp, self.tokens, self.context
         user = [
             (pattern, _wrapped(cls, tornado.web.authenticated), kwargs)
@@ -159,6 +164,15 @@ class ControlPlaneHost:
 
     async def start(self, *, jupyter_url: str = "") -> None:
         """Open the control plane and its worker, the loopback listener, and the kernels' env."""
+        if self.upstream is not None:
+            self.log.info(
+                "GPUlayer: %s is set: the kernels use the control plane at %s, and the panel's "
+                "API under %s is forwarded there",
+                URL_ENV,
+                self.upstream.url,
+                API_PREFIX,
+            )
+            return
         if self.state != "starting":
             if self.error is not None:
                 self.log.error("GPUlayer: %s (hint: %s)", self.error.message, self.error.hint)
@@ -225,6 +239,8 @@ class ControlPlaneHost:
         """End long-polls, close the listener, stop the local worker, release the state dir."""
         was = self.state
         self.state = "stopped"
+        if self.upstream is not None:
+            await self.upstream.close()
         if was != "ready":
             return
         await self.context.drain()
@@ -405,5 +421,8 @@ class GPUlayer(ExtensionApp):
             await self.host.start(jupyter_url=str(getattr(serverapp, "connection_url", "")))
 
     async def stop_extension(self) -> None:
+        # Jupyter stops extensions before it shuts its kernels down: the last chance to keep
+        # that shutdown from failing on a kernel whose start failed (``forget_failed_starts``).
+        forget_failed_starts(getattr(self.serverapp, "kernel_manager", None), self.log)
         if self.host is not None:
             await self.host.stop()

@@ -19,8 +19,7 @@ import httpx
 
 from ..contracts import SessionInfo
 from ..contracts.kernels import KernelConnection, KernelPage, KernelStart
-from ..controlplane.sessions.kernels import KernelStatus, LanePage
-from ..wire.kernels import KernelMessage, frames_body, from_frames
+from ..wire.kernels import KernelMessage, KernelStatus, LanePage, frames_body, from_frames
 from ..wire.stream import Stream, StreamUnsupported
 
 if TYPE_CHECKING:
@@ -105,19 +104,39 @@ class CpLink:
 
 
 class HttpLink:
-    """The same calls on a served control plane's ``/api/v1`` with a client token."""
+    """The same calls on a served control plane's ``/api/v1`` with a client token.
+
+    ``url`` may name several servers (``URL1,URL2``: an active and its standby): calls fail
+    over as ``ha/failover.py`` says, past a hung leader within seconds (a frames long-poll keeps
+    its own timeout)."""
+
+    TIMEOUT = 60.0
 
     def __init__(self, url: str, token: str) -> None:
-        from ..client.httpbase import http_client
+        from ..ha.failover import Servers
 
-        client = http_client(url.split(",")[0], ca_cert=None, timeout=60.0, asynchronous=True)
-        assert isinstance(client, httpx.AsyncClient)
-        self.url = url
+        self.servers = Servers(url)
         self.token = token
-        self.http = client
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._https: dict[str, httpx.AsyncClient] = {}
         self._streams: dict[str, Stream] = {}
         self._plain = False  # the server or a proxy takes no stream: the HTTP routes
+        self._pool()  # the first URL's now: a bad URL fails at once
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The connection pool of the URL in use."""
+        return self._pool()
+
+    def _pool(self) -> httpx.AsyncClient:
+        from ..client.httpbase import http_client
+
+        url = self.servers.url
+        if url not in self._https:
+            client = http_client(url, ca_cert=None, timeout=self.TIMEOUT, asynchronous=True)
+            assert isinstance(client, httpx.AsyncClient)
+            self._https[url] = client
+        return self._https[url]
 
     async def _call(
         self,
@@ -128,30 +147,33 @@ class HttpLink:
         timeout: float | None = None,
     ) -> httpx.Response:
         from ..client.httpbase import error_from, unreachable
+        from ..ha.failover import send
 
         headers = dict(self.headers)
         if body is not None:
             headers["Content-Type"] = "application/json"
-        try:
-            resp = await self.http.request(
-                method,
-                path.lstrip("/"),
-                content=body.encode() if body is not None else None,
-                params=params,
-                headers=headers,
-                timeout=httpx.Timeout(timeout, connect=10.0) if timeout else 60.0,
-            )
-        except httpx.TransportError as exc:
-            raise unreachable(str(self.http.base_url), exc) from None
-        if resp.status_code >= 400:
-            raise error_from(resp)
-        return resp
+        outcome = await send(
+            self.servers,
+            self._pool,
+            method,
+            path.lstrip("/"),
+            default=self.TIMEOUT,
+            own=timeout,
+            content=body.encode() if body is not None else None,
+            params=params,
+            headers=headers,
+        )
+        if isinstance(outcome, httpx.TransportError):
+            raise unreachable(self.servers.url, outcome) from None
+        if outcome.status_code >= 400:
+            raise error_from(outcome)
+        return outcome
 
     def _stream(self, kernel_id: str) -> Stream:
         s = self._streams.get(kernel_id)
         if s is None:
             s = self._streams[kernel_id] = Stream(
-                self.url, f"/kernels/{kernel_id}/stream", self.token
+                self.servers.urls, f"/kernels/{kernel_id}/stream", self.token
             )
         return s
 
@@ -196,6 +218,7 @@ class HttpLink:
                         status.get("state", "waiting"),
                         int(status.get("generation", 0)),
                         status.get("reason"),
+                        bool(status.get("final", False)),
                     ),
                 )
                 return page
@@ -221,12 +244,13 @@ class HttpLink:
         for s in self._streams.values():
             await s.close()
         self._streams.clear()
-        await self.http.aclose()
+        for http in self._https.values():
+            await http.aclose()
 
 
 def _lane_page(page: KernelPage) -> LanePage:
     return LanePage(
         from_frames(page.frames),
         page.next_since,
-        KernelStatus(page.state, page.generation, page.reason),
+        KernelStatus(page.state, page.generation, page.reason, page.final),
     )

@@ -12,6 +12,16 @@ Its life as jupyter_client sees it: ``poll`` is None while the session lives and
 process has not exited; ``send_signal(SIGINT)`` is the session's interrupt; a restart keeps the
 session (and its GPUs) and starts a new kernel process on them; ``cleanup`` without restart,
 ``terminate`` and ``kill`` stop the session, which frees its GPUs.
+
+A session that ends on purpose (its idle timeout, a stop from the panel or the CLI: the relay's
+``final``) does not make the kernel dead: ``poll`` stays None, so jupyter_client's restarter
+never starts a new session behind the user's back, and the relay answers each cell with the
+reason. The user's restart is the reconnect: it starts a new session. A session that *died* (a
+lost worker) is a dead kernel, which the restarter starts again as before.
+
+A start fails at once when waiting cannot help (the scheduler's report says no worker here can
+ever run it: ``never_fits``), else after ``wait`` seconds; its error carries the queue's sentence
+as jupyter_server's answer (``POST /api/kernels``, Lab's "Error Starting Kernel" dialog).
 """
 
 from __future__ import annotations
@@ -23,9 +33,10 @@ from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
+from tornado.web import HTTPError
 from traitlets import Float, Integer, List, Unicode
 
-from ..contracts import JobState, SessionHolder, SessionInfo
+from ..contracts import JobState, PlacementReport, SessionHolder, SessionInfo
 from ..contracts.kernels import KernelConnection, KernelStart
 from ..contracts.workspace import WorkspaceSource
 from ..errors import GPUlayerError
@@ -35,8 +46,18 @@ from .relay import LocalRelay
 DEFAULT_WAIT = 300.0  # seconds a kernel may wait in the queue before its start fails
 
 
-class KernelStartFailed(RuntimeError):
-    """The kernel's session could not be placed in time (the message carries why)."""
+class KernelStartFailed(HTTPError, RuntimeError):
+    """The kernel's session could not be placed (in time, or ever): the message says why.
+
+    A tornado ``HTTPError`` so that jupyter_server answers a failed ``POST /api/kernels`` with
+    this sentence (503) rather than "Unhandled error"; a ``RuntimeError`` for other callers."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(503, message.replace("%", "%%"), reason="No GPU for this kernel")
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class GPUlayerProvisioner(KernelProvisionerBase):
@@ -91,9 +112,15 @@ class GPUlayerProvisioner(KernelProvisionerBase):
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         self._terminated = None
         conn = KernelConnection(key=self._key, signature_scheme=self._scheme)
-        if self.session_id is not None and self.relay is not None and self.relay.died is None:
+        relay = self.relay
+        if (
+            self.session_id is not None
+            and relay is not None
+            and relay.died is None
+            and relay.final is None
+        ):
             status = await self._host.call(self._restart(conn))
-            self.relay.restarted(status.generation)
+            relay.restarted(status.generation)
             return self.connection_info
         await self._close_relay()
         info = await self._host.call(self._start(conn))
@@ -102,7 +129,7 @@ class GPUlayerProvisioner(KernelProvisionerBase):
         try:
             await self._host.call(self._placed(info.id))
         except BaseException:
-            await self._host.call(self._stop(info.id, "the kernel did not start"))
+            await self._host.call(self._stop(info.id, "ended: its kernel did not start"))
             self.session_id = None
             raise
         self.relay = await self._host.call(self._bind(info.id))
@@ -142,15 +169,19 @@ class GPUlayerProvisioner(KernelProvisionerBase):
             holder=holder,
             wait_for_capacity=True,
             workspace=source,
+            # The notebook's name, as a local kernel gets it from jupyter_server.
+            env={"JPY_SESSION_NAME": self._notebook} if self._notebook else {},
         )
         return await link.start(req)
 
     async def _placed(self, session_id: str) -> None:
-        """Wait (``wait`` seconds at most) until the session runs; log the queue's sentence."""
+        """Wait (``wait`` seconds at most) until the session runs, logging each new reason of
+        the queue once; fail at once when the scheduler says waiting cannot help."""
         link = await self._host.link()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.max_wait
         said = ""
+        logged: object = None
         while True:
             info = await link.session(session_id)
             state = info.job.state
@@ -159,10 +190,16 @@ class GPUlayerProvisioner(KernelProvisionerBase):
             if state.terminal:
                 why = info.job.reason or state.value
                 raise KernelStartFailed(f"the GPU kernel's session ended before it ran: {why}")
-            sentence = await link.explain(session_id) if state == JobState.QUEUED else said
-            if sentence and sentence != said:
-                self.log.warning("GPUlayer kernel %s waits: %s", self.kernel_id, sentence)
-                said = sentence
+            report = info.job.pending if state == JobState.QUEUED else None
+            if state == JobState.QUEUED:
+                said = await link.explain(session_id) or said
+            if report is not None and report.never_fits:
+                raise KernelStartFailed(f"no worker here can ever run this GPU kernel: {said}")
+            # The sentence carries ages ("idle for 3 min"): a new line only for a new reason.
+            why_now = _reasons(report) if report is not None else said
+            if said and why_now != logged:
+                self.log.warning("GPUlayer kernel %s waits: %s", self.kernel_id, said)
+                logged = why_now
             if loop.time() >= deadline:
                 raise KernelStartFailed(
                     f"no GPU for this kernel within {self.max_wait:g}s (the kernel spec's --wait): "
@@ -224,6 +261,8 @@ class GPUlayerProvisioner(KernelProvisionerBase):
             return
         if signum == signal.SIGINT:
             sid = self.session_id
+            if self.relay is not None and self.relay.final is not None:
+                return  # its session ended: nothing runs to interrupt
 
             async def interrupt() -> None:
                 link = await self._host.link()
@@ -262,7 +301,10 @@ class GPUlayerProvisioner(KernelProvisionerBase):
         sid, self.session_id = self.session_id, None
         await self._close_relay()
         if sid is not None:
-            await self._host.call(self._stop(sid, "its kernel was shut down"))
+            # A session has no end of its own: its job ends ``cancelled``, and its reason says
+            # that its user ended it (the state machine's word for an end asked for).
+            reason = "stopped by the user (its kernel was shut down in Jupyter)"
+            await self._host.call(self._stop(sid, reason))
 
     async def _close_relay(self) -> None:
         ws, self._workspace = self._workspace, None
@@ -287,3 +329,15 @@ class GPUlayerProvisioner(KernelProvisionerBase):
 
     def get_stable_start_time(self, recommended: float = 10.0) -> float:
         return max(recommended, 20.0)
+
+
+def _reasons(report: PlacementReport) -> object:
+    """What a queued kernel waits for, without the sentence's ages and queue position: a
+    change of it is a new reason, worth a new log line."""
+    scaling = report.scaling.code if report.scaling is not None else None
+    return (
+        report.model_dump_json(include={"filtered", "exhausted", "quota", "fair_share"}),
+        report.reserved_by,
+        scaling,
+        tuple(sorted((h.session_id, h.idle_since is None) for h in report.sessions)),
+    )

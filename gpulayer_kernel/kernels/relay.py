@@ -14,10 +14,15 @@ them is answered here with the reason. While the control plane cannot be reached
 is told so once ("output will resume"): the messages wait on both sides and come when it is back.
 
 It also tells its provisioner what only the control plane knows: the kernel's process exited
-(``exit_code``), or its session ended (``died``: a lost worker, the idle timeout, a stop). When the
-session ends under a running cell, the cell is answered here with the reason, signed with the
-connection's key (with the workspace's notes, the only messages the relay makes): "kernel
-died: worker w1 was lost ...".
+(``exit_code``), or its session ended. A session that *died* (``died``: a lost worker) is a dead
+kernel, which Jupyter's restarter starts again as a new session. A session ended on purpose
+(``final``: it idled out, or someone stopped it; the control plane says so in the kernel's
+status) stays ended: the relay keeps the kernel's ports and answers every request itself, an
+execute request with the reason and how to get a GPU again ("this GPU kernel's session ended:
+idle for 30 min ...; restart the kernel (Kernel ▸ Restart) to get a GPU again"), until the user
+restarts the kernel (a new session) or shuts it down. When the session ends under a running
+cell, the cell is answered with the reason. These answers, and the workspace's notes, are
+signed with the connection's key: the only messages the relay makes.
 """
 
 from __future__ import annotations
@@ -74,12 +79,14 @@ class LocalRelay:
         self.generation = 0
         self.exit_code: int | None = None
         self.died: str | None = None
+        self.final: str | None = None  # why its session ended on purpose (then it answers)
         self.changed = asyncio.Event()
         self._pending: dict[str, tuple[list[bytes], dict[str, Any]]] = {}  # execute requests
         # The workspace's hooks (ADR 0022, ``workspace/kernel.py``): awaited before each
         # execute_request goes on (its changed files reach the worker first); called after each
         # execute_reply (outputs come back), its text shown in that cell.
         self.workspace: Any = None
+        self._signer: Any = None
 
     def start(self) -> None:
         ip = self.conn.get("ip", "127.0.0.1")
@@ -121,6 +128,9 @@ class LocalRelay:
         while True:
             await self.outbox.room()  # the lane is full: ZMQ queues meanwhile
             parts = await sock.recv_multipart()
+            if self.final is not None:
+                self._answer_ended(channel, parts)
+                continue
             if channel == "shell" and self._remember(parts) and self.workspace is not None:
                 await self.workspace.before_execute()
             self.outbox.put(KernelMessage(channel, parts))
@@ -176,7 +186,7 @@ class LocalRelay:
                     self._after_execute(m)
             status = page.status
             if status.state == "ended":
-                self._end(status.reason or "kernel died: its session ended")
+                self._end(status.reason or "kernel died: its session ended", final=status.final)
                 return
             if status.state == "exited" and status.generation >= self.generation:
                 if self.exit_code is None:
@@ -222,17 +232,59 @@ class LocalRelay:
                 await asyncio.sleep(min(5.0, 0.2 * 2**tries))  # retry backoff
                 tries += 1
 
-    def _end(self, why: str) -> None:
-        """The session is over: answer the cells still waiting with the reason, once."""
-        if self.died is not None:
+    def _end(self, why: str, *, final: bool = False) -> None:
+        """The session is over: answer the cells still waiting with the reason, once. Final:
+        the kernel stays (``poll`` says alive) and answers every request from now on."""
+        if self.died is not None or self.final is not None:
             return
-        self.died = why
+        if final:
+            self.final = why
+            log.warning("kernel %s: %s", self.kernel_id, why)
+        else:
+            self.died = why
+            log.error("kernel %s: %s", self.kernel_id, why)
         self.state = "ended"
-        log.error("kernel %s: %s", self.kernel_id, why)
         for ident, header in list(self._pending.values()):
             self._tell(ident, header, why)
         self._pending.clear()
         self.changed.set()
+
+    def _answer_ended(self, channel: Channel, parts: list[bytes]) -> None:
+        """A request to a kernel whose session ended on purpose, answered here: an execute
+        request with the reason, kernel info (a tab that connects now), a shutdown (the
+        provisioner's ``poll`` then reports the exit), and any other request with an error."""
+        session = self._session()
+        try:  # checks the signature: only a client holding the key is answered
+            ident, rest = session.feed_identities(parts, copy=True)
+            msg = session.deserialize(rest, content=True)
+        except Exception as exc:
+            log.info("kernel %s: an unreadable request after its end (%s)", self.kernel_id, exc)
+            return
+        header = dict(msg["header"])
+        kind = str(header.get("msg_type", ""))
+        assert self.final is not None
+        if kind == "execute_request":
+            self._tell(ident, header, self.final)
+            return
+        if not kind.endswith("_request") or channel == "stdin":
+            return
+        reply = kind.removesuffix("_request") + "_reply"
+        content: dict[str, Any]
+        if kind == "kernel_info_request":
+            content = _ended_kernel_info(self.final)
+        elif kind == "shutdown_request":
+            content = {"status": "ok", "restart": bool(msg["content"].get("restart", False))}
+        elif kind == "interrupt_request":
+            content = {"status": "ok"}
+        else:
+            content = {"status": "error", "ename": "KernelEnded", "evalue": self.final}
+            content["traceback"] = []
+        self._say(ident, header, "status", {"execution_state": "busy"})
+        self._say(ident, header, reply, content, channel=channel)
+        self._say(ident, header, "status", {"execution_state": "idle"})
+        if kind == "shutdown_request":
+            self.exit_code = 0  # the kernel is shut down: its provisioner's poll says so
+            self.changed.set()
 
     # -- the cells in flight (to answer them if the kernel dies under them) ----------------------
 
@@ -265,11 +317,12 @@ class LocalRelay:
             self._pending.pop(str(parent.get("msg_id")), None)
 
     def _tell(self, ident: list[bytes], parent: dict[str, Any], why: str) -> None:
-        error = {"ename": "KernelDied", "evalue": why, "traceback": [why]}
+        ename = "KernelEnded" if self.final is not None else "KernelDied"
+        error = {"ename": ename, "evalue": why, "traceback": [why]}
         self._say(ident, parent, "error", error)
         self._say(ident, parent, "status", {"execution_state": "idle"})
         reply = {"status": "error", "execution_count": None, **error}
-        self._say(ident, parent, "execute_reply", reply, shell=True)
+        self._say(ident, parent, "execute_reply", reply, channel="shell")
 
     def _stream(self, parent: dict[str, Any], text: str) -> None:
         """A line of the relay's own in the cell's output (the workspace's notes)."""
@@ -282,18 +335,46 @@ class LocalRelay:
         msg_type: str,
         content: dict[str, Any],
         *,
-        shell: bool = False,
+        channel: Channel = "iopub",
     ) -> None:
         """A message of the relay's own to a cell's client, signed with the connection's key."""
-        from jupyter_client.session import Session
-
-        key = self.conn.get("key", b"")
-        session = Session(
-            key=key if isinstance(key, bytes) else str(key).encode(),
-            signature_scheme=self.conn.get("signature_scheme", "hmac-sha256"),
-            username="gpulayer",
-        )
-        if shell:
-            session.send(self.socks["shell"], msg_type, content, parent=parent, ident=ident)
-        else:
+        session = self._session()
+        if channel == "iopub":
             session.send(self.socks["iopub"], msg_type, content, parent=parent)
+        else:
+            session.send(self.socks[channel], msg_type, content, parent=parent, ident=ident)
+
+    def _session(self) -> Any:
+        """The connection's signing session (jupyter_client's), made on first use."""
+        if self._signer is None:
+            from jupyter_client.session import Session
+
+            key = self.conn.get("key", b"")
+            self._signer = Session(
+                key=key if isinstance(key, bytes) else str(key).encode(),
+                signature_scheme=self.conn.get("signature_scheme", "hmac-sha256"),
+                username="gpulayer",
+            )
+        return self._signer
+
+
+def _ended_kernel_info(why: str) -> dict[str, Any]:
+    """The kernel info an ended kernel gives (a notebook opened now connects and reads why)."""
+    import platform
+
+    from .. import __version__
+
+    return {
+        "status": "ok",
+        "protocol_version": "5.3",
+        "implementation": "gpulayer-ended",
+        "implementation_version": __version__,
+        "language_info": {
+            "name": "python",
+            "version": platform.python_version(),
+            "mimetype": "text/x-python",
+            "file_extension": ".py",
+        },
+        "banner": why,
+        "help_links": [],
+    }

@@ -20,9 +20,12 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
 
 def display_name(gpus: int, gpu_kind: list[str]) -> str:
-    what = "CPU" if gpus == 0 else f"{gpus} GPU" if gpus == 1 else f"{gpus} GPUs"
-    kind = f" {'/'.join(gpu_kind)}" if gpu_kind and gpus else ""
-    return f"Python 3 (GPUlayer · {what}{kind})"
+    """``Python 3 (GPUlayer · 2 A100 GPUs)``: the kind before "GPU", where a launcher card,
+    which cuts a long name, still shows it."""
+    if gpus == 0:
+        return "Python 3 (GPUlayer · CPU)"
+    kind = f"{'/'.join(k.upper() for k in gpu_kind)} " if gpu_kind else ""
+    return f"Python 3 (GPUlayer · {gpus} {kind}GPU{'' if gpus == 1 else 's'})"
 
 
 def default_name(gpus: int, gpu_kind: list[str]) -> str:

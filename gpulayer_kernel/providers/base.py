@@ -1,6 +1,8 @@
 """The provider protocol (ADR 0010): what every way of getting a machine offers the autoscaler.
 
     offers()                    the machines it can launch now (``Offer``: capability templates)
+    where(offer, instance)      the external id to record *before* launching, where the provider
+                                knows one (an SSH host's name); None: its tag finds it
     launch(offer, token, how)   start one whose worker joins with the single-use ``token``;
                                 returns the provider's own id for it (a Slurm job id, host:pid)
     terminate(id, external_id)  end it (idempotent: ending an ended machine is no error); a
@@ -81,6 +83,8 @@ class Provider(Protocol):
     max_instances: int
 
     async def offers(self) -> list[Offer]: ...
+
+    def where(self, offer: Offer, instance_id: str) -> str | None: ...
 
     async def launch(self, offer: Offer, instance_token: str, how: LaunchSpec) -> str: ...
 

@@ -116,7 +116,22 @@ class SlurmSettings(Common):
     extra_args: list[str] = Field(default_factory=list, description="more sbatch options")
     boot_seconds: float = Field(40.0, ge=0)
     work_dir: str | None = Field(None, description="the workers' --work-dir on the nodes")
+    output: str | None = Field(
+        None,
+        min_length=1,
+        description="sbatch --output: where a batch job's own output goes (%j: the job id); "
+        "default WORK_DIR/slurm-%j.out with work_dir, else /tmp/gpulayer-slurm-%j.out",
+    )
     partitions: dict[str, SlurmPartition] = Field(min_length=1)
+
+    @property
+    def output_path(self) -> str:
+        """Where sbatch writes a batch job's output (``output``, or the default it names)."""
+        if self.output:
+            return self.output
+        if self.work_dir:
+            return f"{self.work_dir.rstrip('/')}/slurm-%j.out"
+        return "/tmp/gpulayer-slurm-%j.out"
 
     @field_validator("time_limit")
     @classmethod

@@ -120,6 +120,9 @@ class FakeProvider:
             simulated=True,
         )
 
+    def where(self, offer: Offer, instance_id: str) -> str | None:
+        return None  # found by its instance id until the launch answers with its own
+
     async def launch(self, offer: Offer, instance_token: str, how: LaunchSpec) -> str:
         s = self.settings
         if s.launch_hangs:

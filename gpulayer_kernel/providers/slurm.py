@@ -6,7 +6,8 @@
                --gres=gpu:N --time T --wrap "exec gpulayer worker --server URL ..."``; the
                single-use instance token reaches the job through sbatch's environment, never argv
     watch      ``squeue --json``: the batch jobs named with this control plane's tag
-    end        ``scancel <job id>``: SIGTERM to the worker, which leaves the control plane
+    end        ``scancel --name gpulayer-<owner>-<instance> <job id>``: SIGTERM to the worker, which
+               leaves the control plane; the name makes Slurm cancel only this cluster's job
 
 The commands run with ``SLURM_CONF`` from the config and a small environment (no variable of the
 control plane's own leaks into a batch job). ``pyslurm`` has no 22.05 build; the commands are the
@@ -200,6 +201,9 @@ class SlurmProvider:
             simulated=part.simulate,
         )
 
+    def where(self, offer: Offer, instance_id: str) -> str | None:
+        return None  # found by its tag (the job name) until the launch answers with its id
+
     async def launch(self, offer: Offer, instance_token: str, how: LaunchSpec) -> str:
         s = self.settings
         partition = offer.labels.get("slurm.partition", offer.name)
@@ -214,7 +218,7 @@ class SlurmProvider:
             f"--job-name={self.job_name(how.instance_id)}",
             f"--partition={partition}",
             f"--time={s.time_limit}",
-            "--output=/tmp/gpulayer-slurm-%j.out",
+            f"--output={s.output_path}",  # providers.toml's output, or beside the work dir
             "--export=ALL",  # the small environment below, token included (never argv)
         ]
         if offer.gpus:
@@ -227,10 +231,14 @@ class SlurmProvider:
         return job_id
 
     async def terminate(self, instance_id: str, external_id: str | None) -> None:
+        # Always by its name, this cluster's tag: with a job id too, Slurm cancels the job only
+        # if its name matches, so a server never ends a batch job another cluster launched (a
+        # restored copy of the database names the live cluster's job ids).
+        argv = ["scancel", f"--name={self.job_name(instance_id)}"] if instance_id else ["scancel"]
         if external_id:
-            argv = ["scancel", external_id]
-        else:
-            argv = ["scancel", f"--name={self.job_name(instance_id)}"]
+            argv.append(external_id)  # without a name: a stray our listing found by our tag
+        if len(argv) == 1:
+            return
         try:
             await self._run(*argv)
         except ProviderError as exc:

@@ -12,9 +12,14 @@ so estimates and budgets mean something). Launching on a host:
    ``gpulayer worker`` under ``setsid`` (it reads the file, deletes it, and so never carries the
    token on a command line); its pid file names the instance.
 
-Scale-down sends the worker SIGTERM (it leaves the control plane, stopping its jobs), then
-SIGKILL after a grace. ``instances()`` lists the instance directories of this control plane on
-every host and whether their worker runs; a host it cannot reach is *unlisted*, never "gone".
+The host is recorded before anything starts on it (``where``: the instance's external id is
+the host's name until its worker's pid is known, ``host:pid`` after), so a control plane killed
+mid-launch leaves a record that names the host. Scale-down marks the instance's directory ended
+(a worker not started yet never starts), sends the worker SIGTERM (it leaves the control plane,
+stopping its jobs), then SIGKILL after a grace. An instance with no host recorded is ended by
+its tag on every host, as ``scancel --name`` does on Slurm. ``instances()`` lists the instance
+directories of this control plane on every host and whether their worker runs; a host it cannot
+reach is *unlisted*, never "gone".
 """
 
 from __future__ import annotations
@@ -200,7 +205,9 @@ class SSHFleetProvider:
             inner = (
                 "GPULAYER_JOIN_TOKEN=$(cat token) && rm -f token && export GPULAYER_JOIN_TOKEN "
                 f"&& export GPULAYER_HOME={qd}/home GPULAYER_INSTANCE={how.instance_id} "
-                f"&& echo $$ > worker.pid && exec {shell_line(argv)}"
+                # The pid first, then the end mark: a stop between the two sees the pid (and
+                # kills this shell, which becomes the worker) or the worker sees the mark.
+                f"&& echo $$ > worker.pid && [ ! -e ended ] && exec {shell_line(argv)}"
             )
             start = (
                 # setsid -f: the worker forks away at once, holding none of this channel's
@@ -286,10 +293,26 @@ class SSHFleetProvider:
             )
         return path
 
+    def where(self, offer: Offer, instance_id: str) -> str | None:
+        """The external id recorded before launching: the host's name (its pid comes later)."""
+        return self._host(offer.name).name
+
     async def terminate(self, instance_id: str, external_id: str | None) -> None:
         host = self._host_of(instance_id, external_id)
-        if host is None:
-            return  # never started on any host: nothing to end
+        if host is not None:
+            await self._stop_on(host, instance_id)
+            return
+        # No host recorded (a record from before hosts were recorded first): end it by its tag
+        # wherever it is, as `scancel --name` does. An unreachable host fails the call, so the
+        # next round tries again.
+        answers = await asyncio.gather(
+            *(self._stop_on(h, instance_id) for h in self.settings.hosts), return_exceptions=True
+        )
+        failed = [a for a in answers if isinstance(a, BaseException)]
+        if failed:
+            raise failed[0]
+
+    async def _stop_on(self, host: SSHHost, instance_id: str) -> None:
         conn = await self._connect(host)
         async with conn:
             _, work = await self._paths(conn, host)
@@ -298,12 +321,14 @@ class SSHFleetProvider:
 
     @staticmethod
     def _stop_script(qd: str) -> str:
-        # Its directory stays (the worker's log), marked ended: listings skip it from then on.
+        # Its directory stays (the worker's log), marked ended first: a worker not started yet
+        # never starts (its start checks the mark after writing its pid), and listings skip it.
         return (
+            f"[ -d {qd} ] || exit 0; touch {qd}/ended; "
             f"p=$(cat {qd}/worker.pid 2>/dev/null) || exit 0; "
             f"kill -TERM $p 2>/dev/null && for i in $(seq {int(STOP_GRACE * 10)}); do "
             "kill -0 $p 2>/dev/null || break; sleep 0.1; done; "
-            f"kill -KILL $p 2>/dev/null; touch {qd}/ended; exit 0"
+            "kill -KILL $p 2>/dev/null; exit 0"
         )
 
     async def instances(self) -> Census:
@@ -387,10 +412,11 @@ class SSHFleetProvider:
         return None
 
     def _host_of(self, instance_id: str, external_id: str | None) -> SSHHost | None:
-        """The host an instance was started on: its external id is ``host:pid``."""
-        if external_id and ":" in external_id:
-            return self._hosts.get(external_id.rsplit(":", 1)[0])
-        return None
+        """The host an instance was started on: its external id is ``host:pid``, or ``host``
+        while its worker's pid is not known yet."""
+        if not external_id:
+            return None
+        return self._hosts.get(external_id.rsplit(":", 1)[0] if ":" in external_id else external_id)
 
     def _host(self, name: str) -> SSHHost:
         host = self._hosts.get(name)

@@ -10,7 +10,8 @@ Where the key comes from (``key_source``), first match wins:
 
 - ``GPULAYER_SECRETS_KEY``: the key itself (base64), or several separated by commas;
 - ``GPULAYER_SECRETS_KEY_COMMAND``: a command that prints them, one per line (a KMS, a vault);
-- a key file, by default ``secrets.key`` in the state directory (mode 0600), made on first use.
+- a key file, by default ``secrets.key`` in the state directory (mode 0600), made on first use;
+  a file others may read (0644) is refused, naming its mode: the key opens every secret.
 
 A source holds several keys: one per line, each ``ID KEY`` (the id checked against the key, so a
 garbled copy is named as such) or a bare ``KEY``; ``#`` starts a comment. The first seals, every
@@ -18,7 +19,10 @@ one opens. Rotation has three steps, so that a standby holding a copy of the fil
 throughout (docs/security.md): ``add_key`` appends a new key (nothing re-sealed: copy the file to
 every standby now), ``reseal`` makes it the first and re-seals every stored secret with it in one
 transaction, ``retire`` drops the keys no stored secret needs. ``rotate`` does all three at once,
-for a lone server. A crash at any point leaves every value openable.
+for a lone server. A crash at any point leaves every value openable. On a database with standbys,
+``reseal`` (and ``all``) is refused while a standby does not hold the key it would seal with:
+each standby says which keys it holds (``ha/standby.py``), and a standby without the new key could
+not take over.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import logging
 import os
 import secrets
 import shlex
+import stat
 import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -99,6 +104,20 @@ def is_sealed(value: str) -> bool:
     return value.startswith(PREFIX + ":")
 
 
+def check_private(path: Path) -> None:
+    """Refuse a key file that others than its owner may read or write (0644: any local user
+    could open every secret), saying its mode and the fix."""
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise SecretsKeyError(
+            f"the key file {path} has mode {mode:04o}: users other than its owner can read or "
+            "write it, and it opens every secret",
+            hint=f"chmod 600 {path} (GPUlayer writes it 0600; copy it with its mode, e.g. "
+            "`install -m 600`)",
+            details={"source": str(path), "mode": f"{mode:04o}"},
+        )
+
+
 # The key of ``MEMORY_KEYS``: one per process, for tests and stores that end with the process.
 _PROCESS_KEY = new_key()
 
@@ -127,6 +146,7 @@ class KeySource:
             if not create:
                 return None
             self.write([new_key()])
+        check_private(path)
         return parse_keys(path.read_text(), str(path))
 
     def _run(self) -> str:
@@ -348,61 +368,6 @@ class Vault:
             await self.retire(store)
             return current
         return await self.reseal(store)
-
-
-STEPS = ("all", "add", "reseal", "retire")
-
-
-@dataclass(frozen=True)
-class Rotation:
-    """What one rotation step did: the key sealing now, the keys held, the key added or retired."""
-
-    step: str
-    key_id: str
-    keys: list[str]
-    source: str  # where the keys live (the key file's path), for "copy it to every standby"
-    writable: bool
-    added: str | None = None
-    retired: tuple[str, ...] = ()
-
-
-async def rotation_step(vault: Vault, store: MetadataStore, step: str, key: str | None) -> Rotation:
-    """Run one step of the rotation (``STEPS``) and say what it did."""
-    if step not in STEPS:
-        raise InvalidInput(
-            f"no rotation step {step!r}",
-            hint=f"one of: {', '.join(STEPS)} (docs/security.md)",
-            code="invalid_step",
-            details={"step": step},
-        )
-    if key is not None and step != "reseal":
-        raise InvalidInput(
-            f"a key is named only with the reseal step, not {step}",
-            hint="gpulayer secret rotate-key --step reseal --key ID",
-            code="invalid_step",
-        )
-    added: str | None = None
-    retired: tuple[str, ...] = ()
-    if step == "add":
-        added = vault.add_key()
-    elif step == "reseal":
-        await vault.reseal(store, key)
-    elif step == "retire":
-        retired = tuple(await vault.retire(store))
-    else:
-        await vault.rotate(store)
-    src = vault.source
-    return Rotation(
-        step=step,
-        key_id=vault.current,
-        keys=[key_id(k) for k in vault.keys],
-        source=src.where
-        if src is not None and src.kind == "file"
-        else (src.describe() if src else "memory"),
-        writable=src is not None and src.writable,
-        added=added,
-        retired=retired,
-    )
 
 
 def missing_keys(keys: Sequence[bytes], needed: Iterable[str]) -> list[str]:

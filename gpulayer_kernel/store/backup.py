@@ -13,7 +13,12 @@ the copy may carry a few newer, unnamed blobs too, which cost space and nothing 
 
 A restore refuses a target database that holds data (``restore_not_empty``) unless forced, and a
 backup made by a newer schema than this GPUlayer (``schema_too_new``); an older backup is
-migrated by the next ``gpulayer serve``, as any older database is.
+migrated by the next ``gpulayer serve``, as any older database is. A refused or failed restore
+leaves nothing behind: a SQLite file (and folders) it made for the target are removed.
+
+The manifest also says where the backup was taken and the cluster id it carried: a restore into
+another place makes a copy with a cluster of its own unless told it replaces the original
+(``backup_cluster.py``: a copy must never end the live cluster's machines).
 """
 
 from __future__ import annotations
@@ -32,6 +37,15 @@ from typing import Any
 from .._version import __version__
 from ..contracts._base import SHA256_RE
 from ..errors import InvalidInput, SchemaTooNew, StoreError
+from .backup_cluster import (
+    ClusterOutcome,
+    check_original,
+    check_target,
+    cluster_id_of,
+    make_copy,
+    place,
+    without_password,
+)
 from .backup_format import BLOBS, DATA_TABLES, FORMAT, MANIFEST, SQLITE_FILE, not_empty
 from .sqlite import LATEST_SCHEMA
 from .urls import shown
@@ -49,6 +63,7 @@ class BackupReport:
     blobs: int
     blob_bytes: int
     seconds: float
+    cluster: ClusterOutcome | None = None  # a restore's: the cluster id kept, or a new one
 
 
 def is_postgres(url: str) -> bool:
@@ -283,8 +298,11 @@ def _copy_verified(blob: Path, target: Path) -> int:
 # -- the two operations -------------------------------------------------------------------------
 
 
-async def take_backup(url: str, artifacts: Path | None, dest: Path) -> BackupReport:
-    """Back up the store at ``url`` and the blobs in ``artifacts`` (None: none) to ``dest``."""
+async def take_backup(
+    url: str, artifacts: Path | None, dest: Path, *, home: Path | None = None
+) -> BackupReport:
+    """Back up the store at ``url`` and the blobs in ``artifacts`` (None: none) to ``dest``;
+    ``home``: the SQLite home the store lives in (a restore as the original checks its lock)."""
     import asyncio
 
     started = time.monotonic()
@@ -299,16 +317,30 @@ async def take_backup(url: str, artifacts: Path | None, dest: Path) -> BackupRep
     blobs, size = 0, 0
     if artifacts is not None:
         blobs, size = await asyncio.to_thread(copy_blobs, artifacts, dest / BLOBS)
-    write_manifest(dest, kind=kind, schema=schema, blobs=blobs, blob_bytes=size)
+    where: dict[str, Any] = {"source": without_password(url) if kind == "postgresql" else url}
+    where["place"] = place(url)
+    if home is not None:
+        where["home"] = str(home.resolve())
+    where["cluster_id"] = await cluster_id_of(url)
+    write_manifest(dest, kind=kind, schema=schema, blobs=blobs, blob_bytes=size, **where)
     return BackupReport(dest, kind, schema, blobs, size, time.monotonic() - started)
 
 
 async def restore_backup(
-    src: Path, url: str, artifacts: Path | None, *, force: bool = False
+    src: Path,
+    url: str,
+    artifacts: Path | None,
+    *,
+    force: bool = False,
+    as_original: bool = False,
+    original: str | None = None,
 ) -> BackupReport:
     """Restore the backup in ``src`` into the store at ``url`` and the blob folder ``artifacts``.
 
     Blobs are restored after the database: a refused or failed database restore copies none.
+    Into another place than the backup's, the database becomes a copy with a cluster id of its
+    own, unless ``as_original`` (refused while the original still leads; ``original``: its URL,
+    when the backup's, kept without a password, cannot reach it).
     """
     import asyncio
 
@@ -323,14 +355,42 @@ async def restore_backup(
             details={"backup": manifest.get("kind"), "target": kind},
             code="backup_kind",
         )
+    same = manifest.get("place") == place(url)
+    note = ""
+    if as_original and not same:
+        note = await check_original(manifest, original)  # refuses while it still leads
+    await check_target(url)
     if kind == "postgresql":
         from .backup_pg import restore_postgres
 
         await restore_postgres(src, url, force=force)
     else:
-        await asyncio.to_thread(restore_sqlite, src, sqlite_path(url), force=force)
+        await asyncio.to_thread(_restore_sqlite_or_undo, src, sqlite_path(url), force)
+    kept = manifest.get("cluster_id")
+    if same or as_original:
+        cluster = ClusterOutcome(False, kept, kept, note=note)
+    else:
+        old, new, ended = await make_copy(url)
+        cluster = ClusterOutcome(True, new, old or kept, ended)
     blobs, size = 0, 0
     if artifacts is not None:
         blobs, size = await asyncio.to_thread(copy_blobs, src / BLOBS, artifacts)
     schema = int(manifest.get("schema", 0))
-    return BackupReport(src, kind, schema, blobs, size, time.monotonic() - started)
+    seconds = time.monotonic() - started
+    return BackupReport(src, kind, schema, blobs, size, seconds, cluster)
+
+
+def _restore_sqlite_or_undo(src: Path, db: Path, force: bool) -> int:
+    """``restore_sqlite``, removing the file and folders it made when it is refused or fails."""
+    made = [p for p in (db, *db.parents) if not p.exists()]
+    try:
+        return restore_sqlite(src, db, force=force)
+    except BaseException:
+        for path in made:  # the file first, then its folders, innermost first
+            with contextlib.suppress(OSError):
+                path.unlink() if path == db else path.rmdir()
+        for extra in ("-wal", "-shm", "-journal"):
+            if db in made:
+                with contextlib.suppress(OSError):
+                    Path(f"{db}{extra}").unlink()
+        raise

@@ -1,7 +1,8 @@
 """PostgreSQL's half of ``backup.py``: ``pg_dump`` / ``pg_restore`` in the custom format.
 
-``gl_leader`` (the leadership lease, ``ha/leadership.py``) is left out of the dump: restoring an old
-epoch would let a stale leader's writes pass the fence, and a restore keeps the target's own.
+``gl_leader`` (the leadership lease, ``ha/leadership.py``) and ``gl_standby`` (the key ids each
+standby holds, ``ha/standby.py``) are left out of the dump: restoring an old epoch would let a
+stale leader's writes pass the fence, and a restore keeps the target's own.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ async def backup_postgres(url: str, dest: Path) -> int:
     schema, _ = await schema_and_rows(url)
     target = dest / PG_FILE
     argv = [pg_tool("pg_dump"), "--format=custom", "--no-owner", "--no-privileges"]
-    argv += ["--exclude-table=gl_leader", f"--file={target}", f"--dbname={url}"]
+    argv += ["--exclude-table=gl_leader", "--exclude-table=gl_standby"]
+    argv += [f"--file={target}", f"--dbname={url}"]
     _run(argv, url, "pg_dump")
     target.chmod(0o600)
     return schema

@@ -9,7 +9,9 @@
 
 Each process gets its own session (process group) and its output goes to a log file
 (``.log_path``, ``.output()``); leaving the ``with`` block stops it (SIGTERM, then SIGKILL) so no
-test leaves processes behind. ``ServeProcess.restart()`` comes back on the same port and home.
+test leaves processes behind; if the test process dies first, it gets SIGTERM too
+(``PR_SET_PDEATHSIG``), and the test reaper (``reaper.py``) ends what is left.
+``ServeProcess.restart()`` comes back on the same port and home.
 On PostgreSQL (``args=("--db", url)``) a ``ServeProcess(..., standby=True)`` is ready once it
 stands by (or leads); ``wait_leading()`` waits until it leads.
 """
@@ -19,10 +21,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -79,7 +83,7 @@ class _Process(Daemon):
         with self.log_path.open("ab") as log:
             self._offset = log.tell()
             self.proc = subprocess.Popen(
-                argv,
+                with_pdeathsig(argv),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -266,6 +270,20 @@ class WorkerProcess(_Process):
         self._spawn(argv, {"GPULAYER_JOIN_TOKEN": self.join_token, "GPULAYER_HOME": str(self.home)})
         self.worker_id = self._wait_for(_JOINED, self.ready_timeout).group(2)
         return self
+
+
+_SETPRIV = shutil.which("setpriv")
+
+
+def with_pdeathsig(argv: list[str]) -> list[str]:
+    """``argv`` that gets SIGTERM when the process starting it dies (``PR_SET_PDEATHSIG``,
+    through util-linux's ``setpriv``, which sets it and execs ``argv``: the pid stays). Only
+    from the main thread: the signal follows the *thread* that forked, and a pool thread that
+    ends would stop the process with it. Without setpriv, ``argv`` as it is (the test reaper,
+    ``reaper.py``, still ends it)."""
+    if _SETPRIV is None or threading.current_thread() is not threading.main_thread():
+        return argv
+    return [_SETPRIV, "--pdeathsig", "TERM", "--", *argv]
 
 
 def stop_popen(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:

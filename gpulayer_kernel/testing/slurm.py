@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from .processes import Daemon, stop_popen
+from .reaper import register_root
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel")
 NODES = ("n1", "n2")
@@ -73,6 +74,7 @@ class SlurmCluster(Daemon):
         self.conf = self.root / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.socket.2"
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._registered: Path | None = None  # the test reaper's note of this cluster's folder
 
     def env(self) -> dict[str, str]:
         """What Slurm's commands need to find this cluster."""
@@ -156,6 +158,9 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         if why is not None:
             raise RuntimeError(why)
         self._write_config()
+        # slurmstepd clears its environment and leaves slurmd: the test reaper finds a killed
+        # run's by the files it holds here (testing/reaper.py).
+        self._registered = register_root(self.root)
         m = self.root / "munge"
         self._start(
             "munged",
@@ -226,6 +231,9 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             p = self._procs.pop(key, None)
             if p is not None:
                 stop_popen(p)
+        if self._registered is not None:
+            self._registered.unlink(missing_ok=True)
+            self._registered = None
 
     def provider_toml(self, *, idle_timeout: float = 2, simulate: bool = True) -> str:
         """A ``providers.toml`` whose Slurm provider launches workers on this cluster."""

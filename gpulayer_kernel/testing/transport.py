@@ -21,7 +21,7 @@ from ..contracts import (
     WorkerRegistration,
 )
 from ..errors import Conflict, NotFound
-from ..worker.transport import Transport
+from ..worker.transport import KernelLink, Transport
 
 
 class NullTransport(Transport):
@@ -78,3 +78,6 @@ class NullTransport(Transport):
         raise Conflict("no rendezvous yet", code="rendezvous_pending")
 
     async def deregister(self) -> None: ...
+
+    def kernel_link(self) -> KernelLink:
+        raise NotFound("a NullTransport relays no GPU kernel", code="kernel_not_found")

@@ -20,9 +20,10 @@ import base64
 import json
 import struct
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from ..contracts.kernels import Channel, KernelFrame
+from ..contracts.kernels import Channel, KernelFrame, KernelState
 
 CHANNELS: tuple[Channel, ...] = ("shell", "control", "stdin", "iopub")
 _CHANNEL_ID = {c: i for i, c in enumerate(CHANNELS)}
@@ -151,3 +152,33 @@ def from_frames(frames: Iterable[KernelFrame]) -> list[KernelMessage]:
             raise ValueError(f"frame {i}: a part is not valid base64") from None
         out.append(KernelMessage(f.channel, parts))
     return out
+
+
+@dataclass
+class KernelStatus:
+    """Where a kernel is, as its Jupyter host is told: ``state``, the process's ``generation``,
+    why it waits, exited or ended, and whether an end is ``final`` (its session was ended on
+    purpose: stopped or idled out; nothing restarts it until the user asks)."""
+
+    state: KernelState
+    generation: int
+    reason: str | None = None
+    final: bool = False
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "state": self.state,
+            "generation": self.generation,
+            "reason": self.reason,
+            "final": self.final,
+        }
+
+
+@dataclass
+class LanePage:
+    """What one read of a lane gives: messages after the reader's cursor, where to go on from
+    (which acknowledges the rest), and the kernel's status."""
+
+    messages: list[KernelMessage]
+    next_since: int
+    status: KernelStatus

@@ -10,6 +10,8 @@ the messages in ZMQ's queues instead of this process's memory. What a send may m
   host answers its cell); the rest of the batch goes on, so nothing blocks behind it;
 - ``NotFound`` (a restarted control plane that forgot the kernel): ``lost`` may mend it (the host
   re-attaches with its key) and the batch goes again; otherwise it is dropped, said once;
+- ``Conflict`` (the kernel has ended: ``kernel_ended``): the batch is dropped; its cells are
+  answered when the end is read;
 - anything else (unreachable, restarting): kept and sent again with backoff, so no reply is lost
   to a restart of the control plane.
 """
@@ -20,7 +22,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from ..errors import Busy, NotFound, TooLarge
+from ..errors import Busy, Conflict, NotFound, TooLarge
 from .kernels import KernelMessage
 
 log = logging.getLogger("gpulayer.wire")
@@ -82,6 +84,9 @@ class Outbox:
                 except Busy:
                     await self.sleep(min(1.0, 0.05 * 2**tries))  # the lane drains: again
                     tries += 1
+                except Conflict as exc:
+                    log.info("%s: %s; %d message(s) dropped", self.what, exc.message, len(batch))
+                    break
                 except NotFound as exc:
                     if self.lost is not None and await self.lost(exc):
                         continue

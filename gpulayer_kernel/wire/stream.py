@@ -100,6 +100,10 @@ class Stream:
         self._acked = 0  # the cursor last told to the server
         self._news = asyncio.Event()
         self._conn: tornado.websocket.WebSocketClientConnection | None = None
+        # The connection took what a reconnect sends again: until then a new message waits its
+        # turn (written before the older ones, it would be taken first, and the older ones,
+        # numbered lower, dropped by the server as taken already).
+        self._resent = False
         self._task: asyncio.Task[None] | None = None
         self._error: GPUlayerError | None = None
         self._settled = asyncio.Event()  # the first connection was made, or refused
@@ -119,7 +123,7 @@ class Stream:
             self._seq += 1
             self._unacked.append((self._seq, m))
             self._unacked_bytes += m.size
-            if self._conn is not None:
+            if self._conn is not None and self._resent:
                 with contextlib.suppress(tornado.websocket.WebSocketClosedError):
                     await self._conn.write_message(encode(self._seq, m), binary=True)
 
@@ -199,6 +203,7 @@ class Stream:
             try:
                 await self._serve(conn)
             finally:
+                self._resent = False
                 self._conn = None
                 self.connected.clear()
                 self.down_since = time.time()
@@ -250,8 +255,13 @@ class Stream:
         # What the server took of this writer is done; the rest goes again, in order.
         applied = int(self.status.get("applied", 0))
         self._acked_through(applied)
-        for seq, m in list(self._unacked):
+        # In order, with what ``send`` adds meanwhile (it writes itself once this is done).
+        i = 0
+        while i < len(self._unacked):
+            seq, m = self._unacked[i]
             await conn.write_message(encode(seq, m), binary=True)
+            i += 1
+        self._resent = True
         self._acked = self._consumed
         while True:
             data = await conn.read_message()

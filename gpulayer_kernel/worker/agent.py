@@ -16,6 +16,12 @@ lately, is a duplicate (a redelivery after a restart) and is ignored: an attempt
 newer attempt of a job it still runs supersedes the old one, which is stopped; so is an attempt
 the control plane lists as stale (``Work.stop``) or refuses a report of (an ``AttemptTransport``
 tells the agent): its process is stopped and its reports dropped, as no crash.
+
+Its loops retry only what passes (``transient``: the control plane unreachable, restarting, busy,
+a timeout); a worker the control plane forgot re-joins. Anything else ends the loops with one
+clear error (``fatal``) and ``wait()`` returns: a token refused at re-join (revoked: the machine
+it ran on was ended), a refusal (4xx), a bug (``TypeError``). ``gpulayer worker`` then leaves
+and exits 1 instead of retrying forever.
 """
 
 from __future__ import annotations
@@ -63,6 +69,13 @@ REPORTS_GRACE = 10.0
 LEAVE_GRACE = 2.0
 
 
+def transient(exc: BaseException) -> bool:
+    """A failure that may pass by itself: retried with backoff (the rest ends the loops)."""
+    if isinstance(exc, GPUlayerError):
+        return exc.status >= 500 or exc.status == 429  # unreachable, restarting, busy
+    return isinstance(exc, (ConnectionError, TimeoutError))
+
+
 class WorkerAgent:
     """One worker: joins, heartbeats, long-polls for work, runs each job, reports back."""
 
@@ -103,6 +116,7 @@ class WorkerAgent:
         self._stopped = False
         self._stopping_now: asyncio.Future[None] | None = None  # set when stop() begins
         self.joined = asyncio.Event()
+        self.fatal: str | None = None  # why the loops ended by themselves (``_give_up``)
 
     async def start(self) -> WorkerInfo:
         killed = await asyncio.to_thread(reap_leftovers, self.config.work_root)
@@ -117,7 +131,26 @@ class WorkerAgent:
         return self.info
 
     async def wait(self) -> None:
+        """Until the loops end: ``stop()``, or a failure that retrying cannot mend (``fatal``)."""
         await asyncio.gather(*self._loops, return_exceptions=True)
+
+    def _give_up(self, why: str, exc: BaseException) -> None:
+        """A failure retrying cannot mend: say so once, clearly, and end the loops."""
+        if self.fatal is not None:
+            return
+        self.fatal = f"{why}: {exc}" if str(exc) else f"{why}: {type(exc).__name__}"
+        hint = getattr(exc, "hint", "") or ""
+        log.error(
+            "%s; this worker stops%s",
+            self.fatal,
+            f" ({hint})" if hint else "",
+            exc_info=None if isinstance(exc, GPUlayerError) else exc,
+        )
+        self._stopping = True
+        current = asyncio.current_task()
+        for t in self._loops:
+            if t is not current:
+                t.cancel()
 
     async def stop(self, reason: str = "the worker is shutting down") -> None:
         """Stop taking work, stop running jobs (their reports are sent), then leave.
@@ -173,9 +206,12 @@ class WorkerAgent:
                 raise
             except (NotFound, Unauthorized) as exc:
                 log.warning("control plane does not know this worker (%s); re-joining", exc)
-                await self._retrying(self._rejoin)
+                await self._retrying(self._rejoin, "re-joining the control plane")
                 continue
             except Exception as exc:
+                if not transient(exc):
+                    self._give_up("polling for work was refused", exc)
+                    return
                 delay = backoff(failures)
                 failures += 1
                 log.warning("polling for work failed (%s); retrying in %.1fs", exc, delay)
@@ -184,12 +220,34 @@ class WorkerAgent:
             self._take(work)
 
     async def _heartbeat_loop(self) -> None:
+        failing = False
         while not self._stopping:
             await self.clock.sleep(self.heartbeat_interval)
-            with contextlib.suppress(Exception):
+            try:
                 await self.transport.heartbeat()
+            except asyncio.CancelledError:
+                raise
+            except GPUlayerError as exc:
+                # 401/404: the poll loop re-joins; 5xx: passes. Said once per run of failures.
+                if not failing:
+                    log.warning("heartbeat failed (%s); the control plane may count it lost", exc)
+                failing = True
+                continue
+            except Exception as exc:
+                if not transient(exc):
+                    self._give_up("sending a heartbeat failed", exc)
+                    return
+                if not failing:
+                    log.warning("heartbeat failed (%s); retrying", exc)
+                failing = True
+                continue
+            if failing:
+                log.info("heartbeats are answered again")
+            failing = False
 
-    async def _retrying(self, fn: Callable[[], Awaitable[None]]) -> None:
+    async def _retrying(self, fn: Callable[[], Awaitable[None]], what: str) -> None:
+        """``fn`` until it succeeds, retrying what passes; what does not ends the loops (a
+        re-join refused: the token was revoked or expired, as when its machine was ended)."""
         attempt = 0
         while not self._stopping:
             try:
@@ -198,10 +256,12 @@ class WorkerAgent:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if not transient(exc):
+                    self._give_up(f"{what} was refused", exc)
+                    return
                 delay = backoff(attempt)
                 attempt += 1
-                name = getattr(fn, "__name__", "re-joining")
-                log.warning("%s failed (%s); retrying in %.1fs", name, exc, delay)
+                log.warning("%s failed (%s); retrying in %.1fs", what, exc, delay)
                 await self.clock.sleep(delay)
 
     def _take(self, work: Work) -> None:

@@ -44,10 +44,9 @@ from typing import Any, TypeVar
 import httpx
 
 from .. import versions
-from ..client.httpbase import error_from, http_client, unreachable
+from ..client.calls import Req
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import (
-    PROTOCOL,
     CellReport,
     FinishReport,
     JobReport,
@@ -69,9 +68,10 @@ from ..errors import (
     from_json,
 )
 from ..ha.failover import Servers
+from ..wire.http import Wire
 from .backoff import backoff
 from .fitting import ENVELOPE, fit_lines, line_json, runs, utf8_len
-from .transport import Transport
+from .transport import KernelLink, Transport
 
 log = logging.getLogger("gpulayer.worker")
 T = TypeVar("T")
@@ -94,7 +94,6 @@ class HttpTransport(Transport):
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.server = server
-        self.servers = Servers(server)
         self.clock = clock
         self.join_token = join_token
         self.session_token: str | None = None
@@ -106,24 +105,24 @@ class HttpTransport(Transport):
         self.retry_for = retry_for
         self.heartbeat_interval: float | None = None
         self.max_wait = 60.0
-        self._ca_cert = ca_cert
-        self._timeout = timeout
-        self._https: dict[str, httpx.AsyncClient] = {}
+        self.ca_cert = ca_cert
         self.protocol: versions.Version = versions.OLDEST  # the server's, told at join
         # Bundles that came with work (base64 by digest), until the bundle cache asks for them.
         self._inline: OrderedDict[str, str] = OrderedDict()
-        self._http  # noqa: B018  # the first URL's pool now: a bad URL fails at once
+        # GPUlayer's one HTTP client: failover, TLS, this worker's session token, errors.
+        self.wire = Wire(
+            server, lambda: self.session_token, ca_cert=ca_cert, timeout=timeout, clock=clock
+        )
+        self.wire.pool()  # the first URL's pool now: a bad URL fails at once
 
     @property
-    def _http(self) -> httpx.AsyncClient:
-        url = self.servers.url
-        if url not in self._https:
-            client = http_client(
-                url, ca_cert=self._ca_cert, timeout=self._timeout, asynchronous=True
-            )
-            assert isinstance(client, httpx.AsyncClient)
-            self._https[url] = client
-        return self._https[url]
+    def servers(self) -> Servers:
+        return self.wire.servers
+
+    def kernel_link(self) -> KernelLink:
+        from .http_kernel import HttpKernelLink  # most workers never run a GPU kernel
+
+        return HttpKernelLink(self.wire)
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -138,53 +137,22 @@ class HttpTransport(Transport):
         params: dict[str, str] | None = None,
         timeout: float | None = None,
         minimal: bool = False,
+        repeatable: bool = False,
     ) -> httpx.Response:
-        token = token or self.session_token
-        headers = {versions.HEADER: PROTOCOL}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        if minimal:
-            headers["Prefer"] = "return=minimal"  # a 1.1 server answers 204, an older ignores it
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-            content = body.encode()
-        elif content is not None:
-            headers["Content-Type"] = "application/octet-stream"
-        until = self.clock.monotonic() + self.servers.failover_for
-        tries = 0
-        while True:
-            outcome: httpx.Response | httpx.TransportError
-            try:
-                outcome = await self._http.request(
-                    method,
-                    path,
-                    content=content,
-                    params=params,
-                    headers=headers,
-                    timeout=httpx.Timeout(timeout, connect=10.0)
-                    if timeout
-                    else httpx.USE_CLIENT_DEFAULT,
-                )
-            except httpx.TransportError as exc:
-                outcome = exc
-            moves = isinstance(outcome, httpx.TransportError) or outcome.status_code == 503
-            if not (moves and self.servers.moves_on(method, outcome)) or (
-                self.clock.monotonic() > until
-            ):
-                break
-            was = self.servers.url
-            self.servers.move(outcome)
-            log.info("%s %s: moving from %s to %s", method, path, was, self.servers.url)
-            tries += 1
-            await self.clock.sleep(self.servers.pause(tries))  # failover backoff
-        if isinstance(outcome, httpx.TransportError):
-            raise unreachable(self.servers.url, outcome) from None
-        said = outcome.headers.get(versions.HEADER)
-        if said is not None:
-            versions.peer(said, peer_is=f"the control plane at {self.servers.url}")
-        if outcome.status_code >= 400:
-            raise error_from(outcome)
-        return outcome
+        """One request on the wire (failover, TLS, errors); ``token``: its own credential (the
+        join token); ``timeout``: a long-poll's or transfer's own; ``repeatable``: sending it
+        twice does no harm (past a hung server in seconds, as a GET)."""
+        req = Req(
+            method,
+            path,
+            params=list((params or {}).items()),
+            json=body,
+            content=content,
+            timeout=timeout,
+            minimal=minimal,
+            repeatable=repeatable,
+        )
+        return await self.wire.send(req, token=token)
 
     async def _retrying(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
         """Retry while the server is unreachable or restarting, up to ``retry_for`` seconds."""
@@ -249,7 +217,8 @@ class HttpTransport(Transport):
         return info
 
     async def heartbeat(self) -> None:
-        await self._request("POST", "/worker/heartbeat", minimal=True)
+        # Harmless twice: moves past a hung leader in seconds, so the new one keeps this worker.
+        await self._request("POST", "/worker/heartbeat", minimal=True, repeatable=True)
 
     async def next_work(self, wait: float) -> Work:
         wait = max(0.0, min(wait, self.max_wait))
@@ -391,8 +360,7 @@ class HttpTransport(Transport):
             self.session_token = None
 
     async def close(self) -> None:
-        for http in self._https.values():
-            await http.aclose()
+        await self.wire.aclose()
 
 
 def _refused_field(exc: ValidationFailed, field: str) -> bool:

@@ -64,6 +64,7 @@ class Kept:
     lines: int = 0
     dropped_lines: int = 0
     dropped_size: int = 0
+    open: bool = False  # the last dropped piece did not end its line (its next piece: no count)
 
 
 SEND_TIMEOUT = 30.0  # seconds one send may take before it counts as failed
@@ -105,9 +106,16 @@ class LogShipper:
         self.dropped = 0
 
     def add(
-        self, stream: Stream, text: str, rank: int | None = None, cell: int | None = None
+        self,
+        stream: Stream,
+        text: str,
+        rank: int | None = None,
+        cell: int | None = None,
+        *,
+        ends: bool = True,
     ) -> None:
-        self.add_line(self.line(stream, text, rank, cell))
+        """A line (``ends=False``: a piece of a longer one, more to come) to ship."""
+        self.add_line(self.line(stream, text, rank, cell), ends=ends)
 
     def line(
         self,
@@ -122,17 +130,19 @@ class LogShipper:
             data = display.redact(data, self._redact)
         return make_line(self._clock.now(), stream, self._redact(text), rank, cell, data)
 
-    def add_line(self, line: LogLine) -> None:
+    def add_line(self, line: LogLine, *, ends: bool = True) -> None:
         """Queue a line made by :meth:`line`; it goes out at once unless a send is in flight.
 
-        A long line goes in pieces; past its log's cap it is dropped (and counted)."""
+        A long line goes in pieces; past its log's cap it is dropped (and counted, as lines:
+        ``ends=False`` says more of this line follows)."""
         if line.data is None and len(line.text) <= LINE_PIECE:  # the common case, quickly
-            size = self._admit(line)
+            size = self._admit(line, ends)
             if size >= 0:
                 self._enqueue(line, size)
             return
-        for piece in pieces(line):
-            size = self._admit(piece)
+        split = pieces(line)
+        for i, piece in enumerate(split):
+            size = self._admit(piece, ends and i == len(split) - 1)
             if size >= 0:
                 self._enqueue(piece, size)
 
@@ -140,13 +150,15 @@ class LogShipper:
         """``lines`` cut to ``LINE_PIECE`` and kept within their log's cap (the rest counted)."""
         out = []
         for line in lines:
-            for piece in pieces(line):
-                if self._admit(piece) >= 0:
+            split = pieces(line)
+            for i, piece in enumerate(split):
+                if self._admit(piece, i == len(split) - 1) >= 0:
                     out.append(piece)
         return out
 
-    def _admit(self, line: LogLine) -> int:
-        """The line's size if its log keeps it, else -1 (counted as dropped)."""
+    def _admit(self, line: LogLine, ends: bool = True) -> int:
+        """The line's size if its log keeps it, else -1 (counted as dropped: a line once, however
+        many pieces it came in; ``ends``: this piece ends its line)."""
         size = utf8_len(line.text)
         if line.data is not None:
             size += len(json.dumps(line.data, default=str))
@@ -157,7 +169,8 @@ class LogShipper:
             kept = self.kept[line.cell] = Kept()
         cap, most = (self.cap, None) if line.cell is None else (CELL_OUTPUT_CAP, CELL_OUTPUT_LINES)
         if kept.dropped_lines or kept.size + size > cap or (most and kept.lines >= most):
-            kept.dropped_lines += 1
+            kept.dropped_lines += 0 if kept.open else 1
+            kept.open = not ends
             kept.dropped_size += size
             return -1
         kept.size += size
@@ -292,7 +305,9 @@ class LineSink(Protocol):
 
     redactor: Redactor
 
-    def add(self, stream: Stream, text: str, rank: int | None = None) -> None: ...
+    def add(
+        self, stream: Stream, text: str, rank: int | None = None, *, ends: bool = True
+    ) -> None: ...
 
 
 async def _no_wait() -> None:
@@ -358,4 +373,4 @@ class _Emitter:
         else:
             self._piece_of = None
         if tagged is not None:
-            self.shipper.add(self.stream, tagged[1], tagged[0])
+            self.shipper.add(self.stream, tagged[1], tagged[0], ends=last)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..contracts import (
     CellReport,
@@ -34,8 +34,10 @@ from ..contracts import (
     WorkerInfo,
     WorkerRegistration,
 )
+from ..contracts.kernels import KernelConnection, KernelExit
 from ..controlplane import ControlPlane
 from ..errors import GPUlayerError
+from ..wire.kernels import KernelMessage, LanePage
 
 if TYPE_CHECKING:
     from .reports import Reporter
@@ -43,6 +45,17 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 # Refusals that mean "the control plane has moved on from this attempt": stop it, drop it.
 MOVED_ON = frozenset({"stale_attempt", "not_assigned", "not_your_job"})
+
+
+class KernelLink(Protocol):
+    """A worker's calls on the control plane's kernel relay (ADR 0021), per transport: the key to
+    start a kernel with, its messages both ways, its process's exit."""
+
+    async def connection(self, job_id: str, wait: float) -> KernelConnection | None: ...
+    async def receive(self, job_id: str, since: int, wait: float) -> LanePage: ...
+    async def send(self, job_id: str, messages: list[KernelMessage]) -> None: ...
+    async def exited(self, job_id: str, report: KernelExit) -> None: ...
+    async def close(self) -> None: ...
 
 
 class Transport(abc.ABC):
@@ -124,6 +137,10 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def deregister(self) -> None: ...
 
+    @abc.abstractmethod
+    def kernel_link(self) -> KernelLink:
+        """A link to the kernel relay for one GPU kernel's executor."""
+
     async def close(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release connections (nothing to release in-process)."""
 
@@ -133,11 +150,36 @@ class Transport(abc.ABC):
         return self.worker_id
 
 
+class InProcessKernelLink:
+    """The relay's calls on a control plane on this loop (the embedded default)."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.relay = cp.kernels
+
+    async def connection(self, job_id: str, wait: float) -> KernelConnection | None:
+        return await self.relay.connection(job_id, wait)
+
+    async def receive(self, job_id: str, since: int, wait: float) -> LanePage:
+        return await self.relay.worker_receive(job_id, since, wait)
+
+    async def send(self, job_id: str, messages: list[KernelMessage]) -> None:
+        await self.relay.worker_send(job_id, messages)
+
+    async def exited(self, job_id: str, report: KernelExit) -> None:
+        await self.relay.worker_exited(job_id, report)
+
+    async def close(self) -> None:
+        pass
+
+
 class InProcessTransport(Transport):
     """Direct calls into a ControlPlane on the same loop: the embedded default."""
 
     def __init__(self, cp: ControlPlane) -> None:
         self.cp = cp
+
+    def kernel_link(self) -> KernelLink:
+        return InProcessKernelLink(self.cp)
 
     async def register(self, reg: WorkerRegistration) -> WorkerInfo:
         info = await self.cp.register(
@@ -215,6 +257,9 @@ class AttemptTransport(Transport):
         self.moved_on = moved_on
         self.reporter = reporter
         self.worker_id = inner.worker_id
+
+    def kernel_link(self) -> KernelLink:
+        return self.inner.kernel_link()
 
     async def _call(self, call: Awaitable[T]) -> T:
         try:

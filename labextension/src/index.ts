@@ -21,13 +21,16 @@ import {
   showDialog
 } from '@jupyterlab/apputils';
 import { PageConfig } from '@jupyterlab/coreutils';
+import type { Session } from '@jupyterlab/services';
 import type { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 
-import { APIError, GPUlayerAPI, IJob } from './api';
+import { APIError, GPUlayerAPI, IJob, ISessionInfo } from './api';
 import {
   GPUlayerModel,
+  IKernelEnd,
   cancelDialogText,
   findJob,
+  kernelEnds,
   notebookPath,
   shortId,
   waitingKernels
@@ -82,6 +85,64 @@ function showKernelWaits(
         shown.set(w.id, { note: was.note, text });
       }
     }
+  });
+}
+
+/**
+ * A notice when a GPU kernel of this Lab's notebooks ends on purpose (idle past its timeout, or
+ * stopped elsewhere), as Colab's "disconnected" one: the kernel stays in Jupyter and answers
+ * each cell with the reason, and its "Restart kernel" button is the way to a GPU again (a new
+ * session). Only kernels a notebook of this Jupyter server still uses are told: a kernel the user
+ * shut down is gone from Jupyter by the time its session ends.
+ */
+function showKernelEnds(
+  model: GPUlayerModel,
+  sessions: Session.IManager
+): void {
+  let watched = new Map<string, ISessionInfo>();
+  model.changed.connect(() => {
+    const { ended, watching } = kernelEnds(model.state, watched);
+    watched = watching;
+    for (const end of ended) {
+      void tellKernelEnd(end, sessions);
+    }
+  });
+}
+
+async function tellKernelEnd(
+  end: IKernelEnd,
+  sessions: Session.IManager
+): Promise<void> {
+  if (!end.kernel) {
+    return;
+  }
+  await sessions.refreshRunning();
+  const model = [...sessions.running()].find(s => s.kernel?.id === end.kernel);
+  if (!model) {
+    return; // shut down in Jupyter, or another server's kernel
+  }
+  Notification.warning(`${end.holder}'s GPU kernel: ${end.reason}`, {
+    autoClose: false,
+    actions: [
+      {
+        label: 'Restart kernel',
+        caption:
+          'Start a new GPU session for this notebook (its variables are gone)',
+        callback: () => {
+          const session = sessions.connectTo({ model });
+          session.kernel?.restart().then(
+            () => session.dispose(),
+            error => {
+              session.dispose();
+              Notification.error(
+                `GPUlayer: could not restart the kernel: ${message(error)}`,
+                { autoClose: 5000 }
+              );
+            }
+          );
+        }
+      }
+    ]
   });
 }
 
@@ -151,6 +212,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     restorer?.add(panel, PANEL_ID);
     model.start();
     showKernelWaits(model, id => actions.showInPanel(id));
+    showKernelEnds(model, app.serviceManager.sessions);
 
     commands.addCommand(CommandIDs.openPanel, {
       label: 'GPUlayer: Show Workers, Queue and Jobs',

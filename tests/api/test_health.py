@@ -19,7 +19,9 @@ async def test_health_answers_without_a_token(gl_api: Api) -> None:
         "version": __version__,
         "role": "leader",
         "problem": None,
+        "keys": gl_api.cp.secrets.held_key_ids(),  # ids of the keys it holds (issue 32)
     }
+    assert len(r.json()["keys"]) == 1 and len(r.json()["keys"][0]) == 8
     assert r.headers["cache-control"] == "no-store"
 
 

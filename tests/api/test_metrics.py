@@ -110,3 +110,42 @@ async def test_every_series_the_grafana_dashboard_plots_exists(gl_api: Api) -> N
     suffix = re.compile(r"_(bucket|count|sum|total)$")
     missing = {n for n in wanted if n not in families and suffix.sub("", n) not in families}
     assert wanted and not missing, missing
+
+
+def test_the_dashboard_s_latency_panels_leave_out_exactly_the_long_polls() -> None:
+    """Issue 32, item 7: the panels excluded ``/workers/.*/work``, but the route is
+    ``/worker/work``: every worker's long-poll made p99 the poll's wait. The long-polls are the
+    routes with a ``wait`` (or ``timeout``) parameter, read from the route table."""
+    import json
+    import re
+    from pathlib import Path
+
+    from gpulayer_kernel.api.routes import operations
+
+    dashboard = Path(__file__).parents[2] / "docs" / "grafana-dashboard.json"
+    exprs = [t["expr"] for p in json.loads(dashboard.read_text())["panels"] for t in p["targets"]]
+    latency = [e for e in exprs if "http_request_duration_seconds_bucket" in e]
+    assert latency
+    polls = {
+        o.template
+        for o in operations()
+        if o.method == "get" and any(p.name in ("wait", "timeout") for p in o.op.query)
+    }
+    assert "/worker/work" in polls and len(polls) >= 8
+    for expr in latency:
+        (pattern,) = re.findall(r'route!~"([^"]+)"', expr)
+        skipped = re.compile(f"^(?:{pattern})$")  # Prometheus anchors its regexes
+        assert all(skipped.match(r) for r in polls), [r for r in polls if not skipped.match(r)]
+        for fast in ("/status", "/jobs", "/jobs/{job_id}", "/worker/heartbeat", "/workers"):
+            assert not skipped.match(fast), fast
+
+
+def test_the_budget_panel_says_why_it_is_empty() -> None:
+    import json
+    from pathlib import Path
+
+    dashboard = Path(__file__).parents[2] / "docs" / "grafana-dashboard.json"
+    (panel,) = [
+        p for p in json.loads(dashboard.read_text())["panels"] if "budget" in p["title"].lower()
+    ]
+    assert "gpulayer budgets set" in panel["fieldConfig"]["defaults"]["noValue"]

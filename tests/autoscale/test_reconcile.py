@@ -99,3 +99,19 @@ def test_an_unlisted_offer_s_machines_are_neither_found_nor_missing() -> None:
 def test_what_the_provider_bills_is_carried() -> None:
     r = run(inst("a", S.JOINED), reported=(Reported("job-7", "a" * 12, "running", "", 0.42),))
     assert r.charges == {"a" * 12: 0.42}
+
+
+def test_a_live_machine_without_its_id_learns_it_from_its_provider() -> None:
+    """Issue 32, item 2: a leader killed mid-launch never recorded the machine's id; its worker
+    joined the new leader before any round adopted it. The id its provider reports is taken, so
+    ending the machine reaches it (it was a no-op, and the worker lived on)."""
+    for recorded in (None, "box1"):  # nothing, or the host recorded before launching
+        joined = inst("a", S.JOINED, worker_id="w1", external_id=recorded)
+        r = run(
+            joined, reported=(Reported("box1:77", "a" * 12, "running"),), workers_live={"w1": True}
+        )
+        [ch] = r.changes
+        assert (ch.state, ch.external_id) == (None, "box1:77")
+    same = inst("a", S.JOINED, worker_id="w1", external_id="box1:77")
+    r = run(same, reported=(Reported("box1:77", "a" * 12, "running"),), workers_live={"w1": True})
+    assert r.changes == ()

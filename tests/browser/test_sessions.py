@@ -106,7 +106,7 @@ def test_a_session_from_a_notebook_keeps_state_plots_survives_an_interrupt_and_s
         row = page.locator('#gpulayer-panel li[data-session="browser"]')
         expect(row).to_contain_text("held by sessions.ipynb", timeout=30 * SECOND)
         expect(row).to_contain_text("ends in")
-        expect(row.locator(".gl-Badge")).to_have_text("idle")
+        expect(row.locator(".gl-Badge[data-state]")).to_have_text("idle")
         shot(page, "panel-session")
         row.get_by_role("button", name="Stop session browser").click()
         page.locator(".jp-Dialog .jp-mod-warn").click()

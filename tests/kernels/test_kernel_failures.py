@@ -8,6 +8,7 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 
 from gpulayer_kernel.contracts import JobState
+from gpulayer_kernel.kernels import spec
 
 from .conftest import Plane
 from .test_kernel_e2e import start
@@ -15,19 +16,21 @@ from .test_kernel_e2e import start
 pytestmark = pytest.mark.slow
 
 
-async def test_a_kernel_no_worker_can_place_fails_after_its_wait_with_the_queues_sentence(
+async def test_a_kernel_no_worker_can_ever_place_fails_at_once_with_the_queues_sentence(
     gl_plane: Plane,
 ) -> None:
-    km = AsyncKernelManager(kernel_name="gpulayer-4gpu")  # --wait 1.5; w1 has 2 GPUs
+    """Issue 33, item 5: it used to wait out its whole --wait although the sentence already
+    said "waiting won't help"; the scheduler's report says so (``never_fits``)."""
+    spec.install(gpus=4, gpu_kind=[], user=True, wait=600, name="gl-4gpu-long")
+    km = AsyncKernelManager(kernel_name="gl-4gpu-long")  # --wait 600; w1 has 2 GPUs
     began = time.monotonic()
     with pytest.raises(RuntimeError) as err:
         await km.start_kernel()
     took = time.monotonic() - began
     text = str(err.value)
-    assert "no GPU for this kernel within 1.5s" in text
-    assert "0/1 workers can run" in text, text  # the scheduler's one sentence
-    assert "too few" in text or "has 2" in text or "need 4" in text, text
-    assert 1.5 <= took < 15
+    assert text.startswith("no worker here can ever run this GPU kernel: 0/1 workers can run")
+    assert "need 4; waiting won't help" in text, text  # the scheduler's one sentence
+    assert took < 15  # not 600 s
     (ended,) = gl_plane.call(gl_plane.cp.list_sessions(include_ended=True))
     assert ended.kernel and ended.job.state == JobState.CANCELLED  # it did not stay queued
 

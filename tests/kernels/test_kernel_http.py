@@ -40,7 +40,8 @@ async def test_the_kernel_routes_over_http(gl_api: Api) -> None:
         await anonymous.close()
         await link.stop(info.id, "test over")
         page = await link.receive(info.id, 0, 5)
-        assert page.status.state == "ended" and "cancelled" in (page.status.reason or "")
+        assert page.status.state == "ended" and "test over" in (page.status.reason or "")
+        assert page.status.final  # stopped: no restart brings it back (over the stream too)
     finally:
         await link.close()
 

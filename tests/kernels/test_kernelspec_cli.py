@@ -28,7 +28,7 @@ def test_install_list_remove(
     assert main(["kernelspec", "list"]) == 0
     listed = capsys.readouterr().out
     assert "gpulayer-2gpu\tPython 3 (GPUlayer · 2 GPUs)" in listed
-    assert "gpulayer-1gpu-a100\tPython 3 (GPUlayer · 1 GPU a100)" in listed
+    assert "gpulayer-1gpu-a100\tPython 3 (GPUlayer · 1 A100 GPU)" in listed
     assert main(["kernelspec", "remove", "gpulayer-2gpu"]) == 0
     assert main(["kernelspec", "remove", "gpulayer-2gpu"]) == 2  # not ours any more: a clear error
     err = capsys.readouterr().err

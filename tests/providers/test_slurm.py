@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -92,6 +92,36 @@ async def test_a_batch_job_is_launched_watched_and_cancelled(gl_slurm: SlurmClus
     # Another control plane's batch jobs are not this one's.
     other = SlurmProvider(settings(gl_slurm), owner="t00004")
     assert all(r.external_id != job_id for r in (await other.instances()).reported)
+
+
+async def test_another_cluster_s_job_is_never_cancelled_and_output_goes_where_told(
+    gl_slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """Issue 32, items 3 and 7: ``scancel`` names this cluster's job name beside the job id, so
+    a server given another cluster's job id (a restored copy of its database) cancels nothing;
+    and the batch job's output goes to ``output`` (it was /tmp, hard-coded)."""
+    ours = settings(gl_slurm)
+    ours = ours.model_copy(update={"output": str(tmp_path / "out-%j.log")})
+    p = SlurmProvider(ours, owner="t00005")
+    [one, _two] = await p.offers()
+    how = LaunchSpec("0123456789ab", "slurm-test", "http://127.0.0.1:9")
+    job_id = await p.launch(one, "glt_i_000000000000_unused", how)
+    copy = SlurmProvider(settings(gl_slurm), owner="t00006")  # another cluster id
+    await copy.terminate("0123456789ab", job_id)
+    await copy.terminate("ba9876543210", job_id)
+
+    async def state() -> str:
+        return next(r for r in (await p.instances()).reported if r.external_id == job_id).state
+
+    await until(lambda: _is("running", state), 30, what="the job to run")
+    assert await state() == "running"  # still: neither call touched it
+    await until(lambda: (tmp_path / f"out-{job_id}.log").exists(), 30, what="its output file")
+    await p.terminate("0123456789ab", job_id)
+    await until(lambda: _is("ended", state), 30, what="our own cancel")
+
+
+async def _is(want: str, state: Callable[[], Awaitable[str]]) -> bool:
+    return await state() == want
 
 
 @pytest.fixture

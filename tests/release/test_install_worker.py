@@ -9,10 +9,12 @@ version), never by installing a CUDA build.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,6 +121,68 @@ def test_without_python_311_it_says_how_to_get_one(tmp_path: Path) -> None:
     assert not prefix.exists()
 
 
+def runnable_by_nobody(python: str) -> bool:
+    r = subprocess.run(
+        ["runuser", "-u", "nobody", "--", python, "-c", "import sys"], capture_output=True
+    )
+    return r.returncode == 0
+
+
+def system_python() -> str | None:
+    """A Python >= 3.11 that an unprivileged user can run (this suite's may live under /root)."""
+    for name in ("python3.14", "python3.13", "python3.12", "python3.11"):
+        path = Path("/usr/bin") / name
+        if path.exists() and runnable_by_nobody(str(path)):
+            return str(path)
+    return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the worker's own user exists only as root")
+def test_as_root_an_interpreter_the_worker_s_user_cannot_run_is_refused(tmp_path: Path) -> None:
+    """Issue 32, item 6: as root it built the venv on /root/.pyenv's python, which the
+    `gpulayer` user cannot run (Permission denied), and still printed `done`."""
+    real = system_python()
+    if real is None:
+        pytest.skip("no system Python >= 3.11 that an unprivileged user can run")
+    private = tmp_path / "private"  # as /root is: 0700, so only root reaches what is inside
+    private.mkdir(mode=0o700)
+    (private / "python3.11").symlink_to(real)
+    prefix = tmp_path / "prefix"
+    common = ("--server", "http://127.0.0.1:9", "--run-as", "nobody", "--prefix", str(prefix))
+    r = install(*common, env={"PYTHON": str(private / "python3.11")}, stdin=False)
+    assert r.returncode == 1
+    assert "cannot be run by the user nobody the worker runs as" in r.stderr, r.stderr
+    assert "apt-get install python3.11" in r.stderr
+    # Searching PATH: the private one is passed over for one the user can run.
+    tools = fake_bin(tmp_path / "tools")
+    for tool in ("id", "sed", "awk", "head", "tr", "dirname", "mkdir", "rm", "runuser"):
+        (tools / tool).symlink_to(subprocess.check_output(["which", tool], text=True).strip())
+    public = Path(tempfile.mkdtemp(prefix="gl-public-"))  # pytest's own folders are 0700
+    try:
+        public.chmod(0o755)
+        (public / "python3.11").symlink_to(real)
+        env = {"PATH": f"{private}{os.pathsep}{public}{os.pathsep}{tools}"}
+        r = install("--dry-run", "--run-as", "nobody", env=env, stdin=False)
+    finally:
+        shutil.rmtree(public)
+    assert r.returncode == 0, r.stderr
+    assert f"python: {public}/python3.11" in r.stdout
+    env = {"PATH": f"{private}{os.pathsep}{tools}"}
+    r = install(*common, env=env, stdin=False)
+    assert r.returncode == 1
+    assert "no Python 3.11 or newer that the user nobody can run" in r.stderr, r.stderr
+    assert not prefix.exists()
+
+
+def test_torch_auto_says_which_host_it_needs_and_what_it_falls_back_to() -> None:
+    r = install("--dry-run", env={"GPULAYER_TORCH_INDEX": "https://mirror.example/t"})
+    line = torch_line(r.stdout)
+    assert "needs https://mirror.example/t; if it cannot be reached" in line, line
+    assert "torch from the package index, else none" in line
+    asked = install("--dry-run", "--torch", "cpu")
+    assert "if it cannot be reached" not in torch_line(asked.stdout)  # asked for: no fallback
+
+
 # -- against a served control plane ------------------------------------------------------------
 
 
@@ -159,11 +223,16 @@ def test_a_wrong_url_or_an_expired_token_leaves_nothing_installed(
 def test_install_join_run_a_job_and_install_again(
     gl_dist: Dist, served: ServeProcess, gl_no_node_bin: Path, tmp_path: Path
 ) -> None:
-    prefix = tmp_path / "worker"
+    as_root = os.geteuid() == 0
+    # As root the worker runs as its own user, which must reach the prefix: pytest's folders
+    # are private to root (0700), so the prefix goes where that user can go, as /opt does.
+    outside = Path(tempfile.mkdtemp(prefix="gl-install-")) if as_root else None
+    if outside is not None:
+        outside.chmod(0o755)
+    prefix = (outside or tmp_path) / "worker"
     join = served.create_token("join")
     # A list, the first URL dead (a failed-over active): the standby that answers is used. No
     # --package: the wheel comes from the control plane itself.
-    as_root = os.geteuid() == 0
     run_as = f"gl-test-{os.getpid()}"  # as root the script makes this user; removed below
     args = (
         "--server", f"http://127.0.0.1:9,{served.url}",
@@ -174,11 +243,20 @@ def test_install_join_run_a_job_and_install_again(
         "--labels", "zone=b",
     )  # fmt: skip
     env = no_node_env(gl_no_node_bin, Path(sys.executable).parent, GPULAYER_JOIN_TOKEN=join)
+    if as_root:
+        # The worker's user must be able to run the venv's interpreter: this suite's own may
+        # live under /root (0700), which that user cannot reach.
+        real = system_python()
+        if real is None:
+            pytest.skip("no system Python >= 3.11 that an unprivileged user can run")
+        env["PYTHON"] = real
     try:
         _install_join_run_again(args, env, join, prefix, served, tmp_path, gl_dist, run_as)
     finally:
         if as_root:
             subprocess.run(["userdel", run_as], capture_output=True, check=False)
+        if outside is not None:
+            shutil.rmtree(outside, ignore_errors=True)
 
 
 def _install_join_run_again(
@@ -201,6 +279,9 @@ def _install_join_run_again(
     assert f"accepts this join token {join.split('_')[2]}" in out
     assert "install-worker: GPUs: none; torch: not installed" in out
     assert f"ExecStart={prefix}/run-worker" in out and "WantedBy=" in out
+    if os.geteuid() == 0:  # the last check ran as the unit's user, before `done`
+        checked = out.index(f"checking the worker as {run_as}")
+        assert checked < out.index("install-worker: done")
     settings = prefix / "worker.env"
     assert stat.S_IMODE(settings.stat().st_mode) == (0o640 if os.geteuid() == 0 else 0o600)
     assert f"GPULAYER_JOIN_TOKEN={join}" in settings.read_text()

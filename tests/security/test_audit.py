@@ -59,19 +59,22 @@ async def test_actions_are_logged_with_names_and_ids_never_secret_values(gl_api:
         "job.submit",
         "job.cancel",
         "secret.set",
+        "user.add",
         "user.update",
         "quota.set",
         "token.create",
         "token.revoke",
         "budget.set",
     ]
-    assert page["total"] == 8 and page["next_before"] is None
+    assert page["total"] == 9 and page["next_before"] is None
     by_action = {e["action"]: e for e in page["entries"]}
     assert by_action["job.submit"]["target"] == job_id
     assert by_action["job.submit"]["user"] == "admin"
     assert by_action["secret.set"]["target"] == "DB_PASS"
     assert by_action["token.create"]["target"] == token_id
     assert by_action["user.update"]["detail"]["role"] == "viewer"
+    assert by_action["user.add"]["target"] == "ann" and by_action["user.add"]["user"] == "admin"
+    assert by_action["user.add"]["detail"]["role"] == "user"  # issue 32: it wrote no row
     assert SECRET_VALUE not in r.text and ann_token not in r.text
     # Stored: the database file holds no secret value either (the log is plain text).
     rows, _ = await api.store.list_audit(AuditQuery(limit=1000))
@@ -81,10 +84,10 @@ async def test_actions_are_logged_with_names_and_ids_never_secret_values(gl_api:
     r = await api.call("GET", "/audit", params={"action": "job.submit"})
     assert [e["target"] for e in r.json()["entries"]] == [job_id]
     first = (await api.call("GET", "/audit", params={"limit": 3})).json()
-    assert len(first["entries"]) == 3 and first["total"] == 8
+    assert len(first["entries"]) == 3 and first["total"] == 9
     rest = (await api.call("GET", "/audit", params={"before": first["next_before"]})).json()
     seen = [e["seq"] for e in first["entries"] + rest["entries"]]
-    assert seen == sorted(seen, reverse=True) and len(set(seen)) == 8
+    assert seen == sorted(seen, reverse=True) and len(set(seen)) == 9
     assert (await api.call("GET", "/audit", params={"user": "ann"})).json()["total"] == 0
 
 
@@ -94,6 +97,8 @@ async def test_only_admins_read_it_and_bad_filters_are_refused(gl_api: Api) -> N
     viewer = await api.new_token("client", owner="vic")
     r = await api.call("GET", "/audit", viewer)
     assert r.status_code == 403
+    # It says what was refused (issue 32: "vic (viewer) may not the audit log, newest first…").
+    assert r.json()["message"].startswith("vic (viewer) may not call GET /audit: that needs")
     assert (await api.call("GET", "/audit", None)).status_code == 401
     r = await api.call("GET", "/audit", params={"action": "job.explode"})
     assert r.status_code == 400 and r.json()["code"] == "audit_action"
@@ -191,14 +196,45 @@ def test_the_cli_pages_the_audit_log_and_refuses_a_negative_costs_limit(tmp_path
         assert gl("user", "add", name).returncode == 0
     for name in ("ann", "bob"):
         assert gl("quota", "set", "--user", name, "--max-gpus", "1").returncode == 0
-    out = gl("audit", "--limit", "1")
+    out = gl("audit", "--action", "quota.set", "--limit", "1")
     assert out.returncode == 0, out.stderr
     assert "quota.set" in out.stdout and "user/bob" in out.stdout
     assert "showing 1 of 2; next page: --before" in out.stdout
     seq = out.stdout.rsplit("--before ", 1)[1].strip()
-    older = gl("audit", "--before", seq)
+    older = gl("audit", "--action", "quota.set", "--before", seq)
     assert "user/ann" in older.stdout and "showing 1 of 2" in older.stdout
+    # `gpulayer user add` is audited too (issue 32: it wrote no row).
+    added = gl("audit", "--action", "user.add")
+    assert added.returncode == 0, added.stderr
+    assert all(name in added.stdout for name in ("ann", "bob", "cy")), added.stdout
     bad = gl("audit", "--action", "nope")
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
     neg = gl("costs", "--limit", "-1")
     assert neg.returncode == 2 and "--limit -1 is negative" in neg.stderr
+
+
+def test_the_add_step_of_a_rotation_names_the_new_key(tmp_path: Path) -> None:
+    """Issue 32, item 7: the `secret.rotate_key step=add` row named the old key (the one still
+    sealing); it names the key added, with the sealing one beside it. The CLI's own path (no
+    server) is audited too."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
+    env["GPULAYER_HOME"] = str(tmp_path / "home")
+
+    def gl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*GL, *args], capture_output=True, text=True, timeout=60, env=env)
+
+    made = subprocess.run(
+        [*GL, "secret", "set", "HF_TOKEN"], input="v", capture_output=True, text=True,
+        timeout=60, env=env,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    added = gl("secret", "rotate-key", "--step", "add")
+    assert added.returncode == 0, added.stderr
+    new = added.stderr.split("--key ")[1].split()[0]
+    out = gl("audit", "--action", "secret.rotate_key", "--json")
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)["entries"]
+    assert row["target"] == new and row["detail"]["step"] == "add"
+    assert row["detail"]["sealing"] != new  # the key still sealing, beside it

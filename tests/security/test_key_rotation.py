@@ -18,6 +18,7 @@ import pytest
 from gpulayer_kernel.cli.secret import rotation_advice
 from gpulayer_kernel.errors import InvalidInput, SecretsKeyError
 from gpulayer_kernel.ha.standby import KeyWatch
+from gpulayer_kernel.security.rotation import rotation_step
 from gpulayer_kernel.security.vault import (
     KeySource,
     Vault,
@@ -25,7 +26,6 @@ from gpulayer_kernel.security.vault import (
     missing_keys,
     new_key,
     parse_keys,
-    rotation_step,
 )
 from gpulayer_kernel.store import SecretRecord, SqliteStore
 

@@ -231,8 +231,10 @@ async def test_the_public_route_ignores_every_credential_and_shows_nothing_prote
 ) -> None:
     world = shared_world
     before = await snapshot(world.api)
+    # /health's `keys` are key ids (issue 32: which keys each server holds, for rotations): the
+    # first 8 hex digits of a key's sha256, which open nothing and tell nothing of the key.
     shown = {
-        "/health": {"api_version", "status", "version", "role", "problem"},
+        "/health": {"api_version", "status", "version", "role", "problem", "keys"},
         "/ready": {"api_version", "status", "role"},
     }
     for route, fields in shown.items():
@@ -240,6 +242,7 @@ async def test_the_public_route_ignores_every_credential_and_shows_nothing_prote
             r = await world.api.call("GET", route, token)
             assert r.status_code == 200, f"{route} {token}: {r.status_code} {r.text}"
             assert set(r.json()) == fields
+            assert all(re.fullmatch(r"[0-9a-f]{8}", k) for k in r.json().get("keys", []))
             assert "www-authenticate" not in r.headers
         for method in ("POST", "PUT", "DELETE"):
             r = await world.api.call(method, route, None, json={})

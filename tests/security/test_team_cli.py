@@ -69,6 +69,12 @@ def test_a_team_shares_one_server_safely(tmp_path: Path) -> None:
         ServeProcess(home).start()
     assert "secrets.key is missing" in str(start.value) and "1 secret(s)" in str(start.value)
     key.write_bytes(b"A" * 43 + b"=\n")  # a well-formed key, but not the one
+    # Readable by others first (0644: it opens every secret): refused, saying so (issue 32).
+    key.chmod(0o644)
+    with pytest.raises(RuntimeError) as start:
+        ServeProcess(home).start()
+    assert "has mode 0644" in str(start.value) and "chmod 600" in str(start.value)
+    key.chmod(0o600)
     with pytest.raises(RuntimeError) as start:
         ServeProcess(home).start()
     assert "was sealed with key" in str(start.value)

@@ -95,32 +95,51 @@ def test_health_says_the_role_and_a_stale_key_before_it_is_needed(
             status, body = health(b.url, "ready")
             assert status == 503 and body["code"] == "not_leader"
             assert body["details"]["leader"] == a.url
+            assert httpx.get(f"{b.url}/metrics", timeout=10).status_code == 503  # a scrape
+            health(b.url)  # one more answer: the probes before it were logged by now
+            # A standby's 503 is its normal answer: no ERROR for every probe (issue 32).
+            assert not [x for x in b.output().splitlines() if " ERROR " in x], b.output()
             assert health(a.url)[1]["role"] == "leader"
             assert health(a.url, "ready") == (200, {"api_version": "gpulayer/v1",
                                                     "status": "ok", "role": "leader"})  # fmt: skip
 
-            # A one-step rotation: the standby's copy is stale, and it says so at once.
+            held = health(a.url)[1]["keys"]
+            assert len(held) == 1 and health(b.url)[1]["keys"] == held  # each says its own
+
+            # A one-step rotation would seal with a key no standby holds yet: refused now.
             rotated = gl(env, "secret", "rotate-key")
-            assert rotated.returncode == 0, rotated.stderr
-            assert f"copy {a_key}" in rotated.stderr and "every standby" in rotated.stderr
-            new = rotated.stderr.split("sealed with key ")[1].split()[0].rstrip(".")
+            assert rotated.returncode != 0, rotated.stderr
+            assert "standby_lacks_key" in rotated.stderr or "no standby holds" in rotated.stderr
+            assert "--step add" in rotated.stderr and health(a.url)[1]["keys"] == held
+
+            # A stale copy (another key in b's file): it says so at once, in /health and log.
+            KeySource("file", str(b_key)).write([new_key()])
             wait_until(lambda: health(b.url)[1]["status"] == "degraded", timeout=20,
-                       what="the standby notices the new key")  # fmt: skip
+                       what="the standby notices its key is wrong")  # fmt: skip
             problem = health(b.url)[1]["problem"]
-            assert (
-                problem["code"] == "secrets_key" and f"cannot open key {new}" in problem["message"]
-            )
+            sealing = held[0]
+            assert problem["code"] == "secrets_key"
+            assert f"cannot open key {sealing}" in problem["message"]
             assert health(b.url)[0] == 200  # alive: a healthcheck must not restart it
-            wait_until(lambda: f"cannot open key {new}" in b.output(), timeout=10,
+            wait_until(lambda: f"cannot open key {sealing}" in b.output(), timeout=10,
                        what="the standby's log")  # fmt: skip
             shutil.copy(a_key, b_key)
             wait_until(lambda: health(b.url)[1]["status"] == "ok", timeout=20, what="fixed")
 
-            # Three steps, the copy taken after add: the standby never degrades.
+            # Three steps. After add, b's /health shows it lacks the new key, and the reseal
+            # is refused naming b until the file is copied (it said `ok` either way before).
             added = gl(env, "secret", "rotate-key", "--step", "add")
             assert added.returncode == 0 and "step 1 of 3" in added.stderr, added.stderr
             key = added.stderr.split("--key ")[1].split()[0]
+            assert health(a.url)[1]["keys"] == [*held, key]
+            time.sleep(0.5)  # a few of the standby's checks (every 0.2 s)
+            assert key not in health(b.url)[1]["keys"]
+            early = gl(env, "secret", "rotate-key", "--step", "reseal", "--key", key)
+            assert early.returncode != 0 and f"does not hold key {key}" in early.stderr
+            assert b.url in early.stderr and "copy" in early.stderr, early.stderr
             shutil.copy(a_key, b_key)
+            wait_until(lambda: key in health(b.url)[1]["keys"], timeout=20, what="b has the key")
+            new = held[0]
             for step in (("--step", "reseal", "--key", key), ("--step", "retire")):
                 done = gl(env, "secret", "rotate-key", *step)
                 assert done.returncode == 0, done.stderr
@@ -128,6 +147,7 @@ def test_health_says_the_role_and_a_stale_key_before_it_is_needed(
                     assert health(b.url)[1]["status"] == "ok"
                     time.sleep(0.3)
             assert f"keys retired: {new}" in done.stderr
+            assert health(a.url)[1]["keys"] == [key]
 
             a.kill()  # SIGKILL: the standby takes over and opens every secret with its copy
             b.wait_leading(30)
@@ -148,3 +168,32 @@ def test_a_standby_that_cannot_reach_the_database_says_so(tmp_path: Path) -> Non
     assert r.returncode == 2, r.stderr
     assert "cannot reach the database" in r.stderr and "Traceback" not in r.stderr
     assert "password" not in r.stderr
+
+
+def test_a_degraded_standby_does_not_take_the_lock(
+    gl_postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """Issue 32, item 6: a standby whose key went stale took the lock when the leader died, then
+    exited, leaving no leader. It must not compete until its key is right again."""
+    db = gl_postgres.create_database()
+    a_key, b_key = tmp_path / "a.key", tmp_path / "b.key"
+    with ServeProcess(tmp_path / "a", args=serve_args(db, tmp_path, a_key), standby=True) as a:
+        a.wait_leading()
+        env = client_env(a, tmp_path)
+        assert gl(env, "secret", "set", "HF_TOKEN", stdin="hf_value").returncode == 0
+        shutil.copy(a_key, b_key)
+        with ServeProcess(tmp_path / "b", args=serve_args(db, tmp_path, b_key), standby=True) as b:
+            KeySource("file", str(b_key)).write([new_key()])  # its copy goes stale
+            wait_until(lambda: health(b.url)[1]["status"] == "degraded", timeout=20,
+                       what="the standby to notice")  # fmt: skip
+            wait_until(lambda: "not competing for the leadership" in b.output(), timeout=10,
+                       what="the standby to withdraw")  # fmt: skip
+            a.kill()  # the leader dies while the standby's key is wrong
+            time.sleep(3.0)  # what the old code did took ~1 s: take the lock, exit
+            assert b.alive(), b.output()[-2000:]
+            assert "ready on" not in b.output()  # it did not take over
+            assert health(b.url)[1]["role"] == "standby"
+            shutil.copy(a_key, b_key)  # the key is right again: it competes, and leads
+            b.wait_leading(30)
+            listed = gl({**env, "GPULAYER_URL": b.url}, "secret", "list")
+            assert listed.stdout.split() == ["HF_TOKEN"], listed.stderr

@@ -76,7 +76,29 @@ def test_lightning_snippets_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     reason="accelerate is not installed (pip install accelerate runs these snippets)",
 )
 def test_accelerate_snippets_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run_in_order("accelerate", tmp_path, monkeypatch)
+    from accelerate.state import AcceleratorState, PartialState
+
+    # accelerate keeps one process-wide state, and its notebook_launcher refuses to start once any
+    # Accelerator exists ("Restart your notebook"): the page's two snippets are two notebooks, so
+    # each starts as a fresh kernel would, and the state is left clean for the tests after.
+    def fresh() -> None:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        PartialState._reset_state()
+
+    fresh()
+    try:
+        for i, code in enumerate(snippets("accelerate"), 1):
+            namespace: dict[str, Any] = {"__name__": "__migrating__"}
+            for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GPULAYER_JOB_ID"):
+                monkeypatch.delenv(name, raising=False)
+            monkeypatch.chdir(tmp_path)
+            [setup] = snippets("setup")
+            exec(compile(setup, "migrating.md: setup", "exec"), namespace)
+            exec(compile(code, f"migrating.md: accelerate snippet {i}", "exec"), namespace)
+            fresh()
+    finally:
+        fresh()
+    assert (tmp_path / "accelerate-state").is_dir()
 
 
 @pytest.mark.slow

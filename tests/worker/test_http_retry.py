@@ -25,7 +25,7 @@ async def transport_with(clock: FakeClock, handler: httpx.MockTransport) -> Http
     t = HttpTransport(URL, "join-token", retry_for=2.0, clock=clock)
     await t.close()
     # The server, replaced by a handler in this process (the transport's client is its own).
-    t._https[t.servers.url] = httpx.AsyncClient(base_url=f"{URL}/api/v1", transport=handler)
+    t.wire._pools[t.servers.url] = httpx.AsyncClient(base_url=f"{URL}/api/v1", transport=handler)
     t.session_token = "session"
     return t
 

@@ -277,7 +277,9 @@ class Autoscaler:
                 ttl=inst.boot_deadline - inst.requested_at + 60.0,
                 name=f"instance {iid}",
             )
-            self.instances.change(iid, token_id=rec.id)
+            # Where it will run, when the provider knows before launching (an SSH host): a
+            # control plane killed mid-launch leaves a record that can still end the machine.
+            self.instances.change(iid, token_id=rec.id, external_id=provider.where(inst.offer, iid))
             await self.instances.save([iid])
             how = LaunchSpec(
                 instance_id=iid,

@@ -253,7 +253,10 @@ def root_cause(ranks: Sequence[RankOutcome]) -> CellError | None:
 
 
 def ranks_of(job: Job) -> int:
-    """Processes of a session: one per GPU of each node it holds (one on a CPU)."""
+    """Processes of a session: one per GPU of each node it holds (one on a CPU); a GPU kernel
+    is one process, whatever GPUs it sees (ADR 0021)."""
+    if getattr(job.spec.workload, "kernel", False):
+        return 1
     if job.placement is not None:
         return sum(max(1, len(n.devices)) for n in job.placement.nodes)
     r = job.spec.resources

@@ -22,7 +22,6 @@ its lanes are freed at once; the kernel is remembered (why it ended) among the l
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...clock import Clock
@@ -33,11 +32,10 @@ from ...contracts.kernels import (
     KernelConnection,
     KernelExit,
     KernelStart,
-    KernelState,
 )
 from ...errors import Conflict, Forbidden, InvalidInput, NotFound
 from ...security.roles import Identity, check_act
-from ...wire.kernels import KernelMessage, part
+from ...wire.kernels import KernelMessage, KernelStatus, LanePage, part
 from ..dispatch import Dispatcher
 from ..jobs import JobTable
 from ..signals import Signal, first_of
@@ -47,29 +45,6 @@ if TYPE_CHECKING:
     from .table import SessionTable
 
 KEPT = 256  # kernels remembered before the ended ones are forgotten
-
-
-@dataclass
-class KernelStatus:
-    """Where a kernel is, as its Jupyter host is told: ``state``, the process's ``generation``,
-    and why it waits, exited or ended."""
-
-    state: KernelState
-    generation: int
-    reason: str | None = None
-
-    def as_json(self) -> dict[str, object]:
-        return {"state": self.state, "generation": self.generation, "reason": self.reason}
-
-
-@dataclass
-class LanePage:
-    """What one read of a lane gives: messages after the reader's cursor, where to go on from
-    (which acknowledges the rest), and the kernel's status."""
-
-    messages: list[KernelMessage]
-    next_since: int
-    status: KernelStatus
 
 
 class LiveKernel:
@@ -115,6 +90,7 @@ class KernelRelay:
             resources=Resources(gpus=req.gpus, gpu_kind=req.gpu_kind),
             idle_timeout=req.idle_timeout,
             holder=req.holder,
+            env=req.env,
             wait_for_capacity=req.wait_for_capacity,
             kernel=True,
             workspace=req.workspace,  # the notebook's folder (ADR 0022)
@@ -329,7 +305,10 @@ class KernelRelay:
         if job is None:
             return KernelStatus("ended", gen, _died(None, None))
         if job.state.terminal:
-            return KernelStatus("ended", gen, _died(job.state, job.reason))
+            # Cancelled (idled out, stopped elsewhere): final. Lost or failed: the Jupyter host
+            # may start it again (jupyter_client's restarter).
+            final = job.state == JobState.CANCELLED
+            return KernelStatus("ended", gen, _died(job.state, job.reason), final)
         if k.exited is not None:
             return KernelStatus("exited", gen, k.exited.reason)
         if job.state == JobState.RUNNING and k.started == gen:
@@ -381,6 +360,12 @@ def _died(state: JobState | None, reason: str | None) -> str:
         return f"kernel died: {why}"
     if state is None:
         return "kernel died: its session is gone"
+    if state == JobState.CANCELLED:
+        why = (reason or "stopped").removeprefix("session ").removeprefix("ended: ")
+        return (
+            f"this GPU kernel's session ended: {why}; restart the kernel (Kernel ▸ Restart) "
+            "to get a GPU again"
+        )
     return f"kernel ended: its session was {state.value}" + (f" ({reason})" if reason else "")
 
 

@@ -1,6 +1,6 @@
 """The ControlPlane's sessions (ADR 0019), as clients call them: each call checks the caller and
 hands the work to the sessions part (``table.py``); stops and attaches go in the audit log. A
-base of ``ControlPlane``.
+service given only the parts it works with; ``ControlPlane`` offers its calls as its own.
 """
 
 from __future__ import annotations
@@ -28,16 +28,18 @@ if TYPE_CHECKING:
     from .table import SessionTable
 
 
-class SessionSide:
-    """The session calls of the client side (mixed into ``ControlPlane``)."""
+class SessionCalls:
+    """The session calls of the client side."""
 
-    if TYPE_CHECKING:  # built by Wiring.__init__
-        sessions: SessionTable
-        blobs: Blobs
-        audit: AuditLog
-        jobs: JobTable
+    def __init__(
+        self, sessions: SessionTable, blobs: Blobs, audit: AuditLog, jobs: JobTable
+    ) -> None:
+        self.sessions = sessions
+        self.blobs = blobs
+        self.audit = audit
+        self.jobs = jobs
 
-    def _session_holds(self, worker_names: Sequence[str]) -> builtins.list[SessionHold]:
+    def session_holds(self, worker_names: Sequence[str]) -> builtins.list[SessionHold]:
         """Wiring: the sessions holding GPUs on these workers, for a waiting job's sentence."""
         names = set(worker_names)
         holds = []

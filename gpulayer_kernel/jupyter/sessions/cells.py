@@ -26,6 +26,7 @@ from ...contracts import (
     CellPage,
     CellState,
     LogRecord,
+    SessionStatus,
 )
 from ...errors import GPUlayerError, Unavailable
 from ...sessions import POLL, RECONNECT, CellResult, SessionHandle, follow_call
@@ -125,8 +126,7 @@ def run_session_cell(
         raise CellError(
             f"cell {cell.number} of session {handle.name} did not finish: "
             f"{cell.reason or cell.state.value}",
-            hint=f"%gpulayer session restart {handle.name} starts its ranks again "
-            "(their state is lost)",
+            hint=aborted_hint(handle),
             code="cell_aborted",
         )
     if args.out:
@@ -287,6 +287,23 @@ def _posted(handle: SessionHandle, code: str, since: float) -> CellPage | None:
     )
 
 
+def aborted_hint(handle: SessionHandle) -> str:
+    """What to do about a cell that did not finish, by how its session is now: a restart (its
+    state lost) only for a broken one; a healthy one, whose cell was cut off by a control plane
+    restart, keeps its state and runs the cell again."""
+    try:
+        status = handle.status
+    except GPUlayerError:
+        return f"`%gpulayer session show {handle.name}` says how the session is"
+    if status == SessionStatus.BROKEN:
+        return (
+            f"%gpulayer session restart {handle.name} starts its ranks again (their state is lost)"
+        )
+    if status == SessionStatus.ENDED:
+        return f"the session has ended: %gpulayer session start --name {handle.name}"
+    return f"run the cell again: session {handle.name} is {status.value} and kept its state"
+
+
 def _newest(handle: SessionHandle) -> CellPage | None:
     cells = handle.cells(limit=1)
     if not cells:
@@ -338,6 +355,9 @@ def show_records(records: Sequence[LogRecord], ranks: int = 1) -> None:
         if stream is not target:
             flush()
             target = stream
-        text = f"gpulayer: {r.text}" if r.stream == "system" else f"{label}{r.text}"
+        if r.stream == "system":  # once: a note that names itself ("[gpulayer] …") is not
+            text = "gpulayer: " + r.text.removeprefix("[gpulayer] ")  # said twice (issue 32)
+        else:
+            text = f"{label}{r.text}"
         pending.append(text + "\n")
     flush()

@@ -38,6 +38,7 @@ class Channel:
         self.cap: tuple[int, int] | None = None  # the running cell's: characters, lines
         self._kept = [0, 0]  # characters and lines of text the running cell kept
         self.dropped = [0, 0]  # lines and characters it printed past its cap
+        self._open = False  # the dropped text so far ends inside a line
         self._sending = threading.Lock()  # one frame on the socket at a time, whole
         self._thread = threading.Thread(target=self._send_loop, name="gpulayer-session-send")
         self._thread.daemon = True
@@ -60,6 +61,7 @@ class Channel:
     def start_cell(self, n: int, cap: tuple[int, int] | None) -> None:
         self.items.clear()
         self.cap, self._kept, self.dropped = cap, [0, 0], [0, 0]
+        self._open = False  # the dropped text so far ends inside a line
         self.cell = n
 
     def output(self, kind: str, text: str) -> None:
@@ -68,16 +70,24 @@ class Channel:
         if cap is not None:
             room = cap[0] - self._kept[0]
             if self.dropped[1] or room <= 0 or self._kept[1] >= cap[1]:
-                self.dropped[0] += text.count("\n")
-                self.dropped[1] += len(text)
+                self._drop(text)
                 return
             if len(text) > room:  # the rest of a long write is dropped (a line: its end)
-                self.dropped[0] += max(1, text.count("\n", room))
-                self.dropped[1] += len(text) - room
+                self._drop(text[room:])
                 text = text[:room]
             self._kept[0] += len(text)
             self._kept[1] += text.count("\n")
         self.items.append([kind, text])  # deque.append is atomic
+
+    def _drop(self, text: str) -> None:
+        """Count ``text`` as dropped: its characters, and its *lines*, not the writes it came
+        in (a long line printed in many writes is one line; issue 32 counted each write)."""
+        if not text:
+            return
+        was_open, self._open = self._open, not text.endswith("\n")
+        # Lines touched: each newline ends one; a line still open at the end counts once.
+        self.dropped[0] += text.count("\n") + self._open - was_open
+        self.dropped[1] += len(text)
 
     def take_items(self) -> list[list[Any]]:
         """The running cell's output so far, merged (consecutive text of one stream joined)."""

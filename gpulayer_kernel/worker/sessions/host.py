@@ -45,7 +45,7 @@ from typing import Any
 
 from ... import display, transfer
 from ...errors import MissingExtra
-from ...runner import simulated_note
+from ...job import simulated_note
 from .channel import Channel, OutStream
 from .wire import recv_frame
 

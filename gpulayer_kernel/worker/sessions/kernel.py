@@ -34,7 +34,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Any, Protocol
+from typing import Any
 
 from ...contracts import JobAssignment
 from ...contracts.kernels import (
@@ -42,20 +42,17 @@ from ...contracts.kernels import (
     Channel,
     KernelConnection,
     KernelExit,
-    KernelPage,
 )
-from ...controlplane.sessions.kernels import KernelStatus, LanePage
 from ...display import human_bytes
-from ...errors import GPUlayerError, NotFound
-from ...wire.kernels import KernelMessage, frames_body, from_frames
+from ...errors import GPUlayerError
+from ...wire.kernels import KernelMessage
 from ...wire.outbox import Outbox
-from ...wire.stream import Stream, StreamUnsupported
 from ..backoff import backoff
 from ..config import ExecutorConfig
 from ..exits import describe_exit
 from ..ports import PortReservations
 from ..processes import killpg
-from ..transport import AttemptTransport, InProcessTransport, Transport
+from ..transport import Transport
 from ..warm import WarmRunner
 from .executor import SessionExecutor
 
@@ -64,112 +61,6 @@ log = logging.getLogger("gpulayer.worker")
 LONG_POLL = 25.0  # seconds one read of the down lane waits; news comes at once
 STOP_WAIT = 3.0  # seconds the kernel gets to leave after SIGTERM before SIGKILL
 CHANNELS: tuple[Channel, ...] = ("shell", "control", "stdin")
-
-
-class KernelLink(Protocol):
-    """The worker's calls on the control plane's kernel relay (in-process or over the network)."""
-
-    async def connection(self, job_id: str, wait: float) -> KernelConnection | None: ...
-    async def receive(self, job_id: str, since: int, wait: float) -> LanePage: ...
-    async def send(self, job_id: str, messages: list[KernelMessage]) -> None: ...
-    async def exited(self, job_id: str, report: KernelExit) -> None: ...
-    async def close(self) -> None: ...
-
-
-class _InProcessLink:
-    def __init__(self, transport: InProcessTransport) -> None:
-        self.relay = transport.cp.kernels
-
-    async def connection(self, job_id: str, wait: float) -> KernelConnection | None:
-        return await self.relay.connection(job_id, wait)
-
-    async def receive(self, job_id: str, since: int, wait: float) -> LanePage:
-        return await self.relay.worker_receive(job_id, since, wait)
-
-    async def send(self, job_id: str, messages: list[KernelMessage]) -> None:
-        await self.relay.worker_send(job_id, messages)
-
-    async def exited(self, job_id: str, report: KernelExit) -> None:
-        await self.relay.worker_exited(job_id, report)
-
-    async def close(self) -> None:
-        pass
-
-
-class _HttpLink:
-    """Through the worker's own HTTP transport: its session token, failover and TLS rules; the
-    messages on a stream (the ``frames`` routes where WebSockets do not pass)."""
-
-    def __init__(self, transport: Any) -> None:
-        self.t = transport
-        self._stream: Stream | None = None
-        self._plain = False
-
-    def _on(self, job_id: str) -> Stream:
-        if self._stream is None:
-            self._stream = Stream(
-                self.t.servers.urls,
-                f"/worker/jobs/{job_id}/kernel/stream",
-                lambda: self.t.session_token or "",
-                ca_cert=self.t._ca_cert,
-            )
-        return self._stream
-
-    async def connection(self, job_id: str, wait: float) -> KernelConnection | None:
-        try:
-            resp = await self.t._request(
-                "GET",
-                f"/worker/jobs/{job_id}/kernel/connection",
-                params={"wait": str(wait)},
-                timeout=wait + 30,
-            )
-        except NotFound:
-            return None
-        return KernelConnection.model_validate_json(resp.content)
-
-    async def receive(self, job_id: str, since: int, wait: float) -> LanePage:
-        if not self._plain:
-            try:
-                found = await self._on(job_id).receive(since, wait)
-                last = found[-1][0] if found else since
-                return LanePage([m for _, m in found], last, KernelStatus("up", 0))
-            except StreamUnsupported:
-                self._plain = True
-        resp = await self.t._request(
-            "GET",
-            f"/worker/jobs/{job_id}/kernel/frames",
-            params={"since": str(since), "wait": str(wait)},
-            timeout=wait + 30,
-        )
-        page = KernelPage.model_validate_json(resp.content)
-        status = KernelStatus(page.state, page.generation, page.reason)
-        return LanePage(from_frames(page.frames), page.next_since, status)
-
-    async def send(self, job_id: str, messages: list[KernelMessage]) -> None:
-        if not self._plain:
-            try:
-                await self._on(job_id).send(messages)
-                return
-            except StreamUnsupported:
-                self._plain = True
-        body = frames_body(messages)
-        await self.t._request("POST", f"/worker/jobs/{job_id}/kernel/frames", body=body)
-
-    async def exited(self, job_id: str, report: KernelExit) -> None:
-        await self.t._request(
-            "POST", f"/worker/jobs/{job_id}/kernel/exit", body=report.model_dump_json()
-        )
-
-    async def close(self) -> None:
-        if self._stream is not None:
-            await self._stream.close()
-
-
-def link_for(transport: Transport) -> KernelLink:
-    inner = transport.inner if isinstance(transport, AttemptTransport) else transport
-    if isinstance(inner, InProcessTransport):
-        return _InProcessLink(inner)
-    return _HttpLink(inner)
 
 
 class KernelExecutor(SessionExecutor):
@@ -192,7 +83,7 @@ class KernelExecutor(SessionExecutor):
         self.nproc = 1
         self.world_size = 1
         self.rank_base = 0
-        self.link = link_for(transport)
+        self.link = transport.kernel_link()
         self.proc: asyncio.subprocess.Process | None = None
         self.generation = -1
         self._socks: dict[Channel, Any] = {}

@@ -297,8 +297,8 @@ class _CellLines:
         self.rank = rank
         self.redactor = ex.redactor
 
-    def add(self, stream: Stream, text: str, rank: int | None = None) -> None:
-        self.ex.shipper.add(stream, text, self.rank, self.ex.cell)
+    def add(self, stream: Stream, text: str, rank: int | None = None, *, ends: bool = True) -> None:
+        self.ex.shipper.add(stream, text, self.rank, self.ex.cell, ends=ends)
 
 
 async def _within(clock: Clock, aw: Any, timeout: float) -> bool:

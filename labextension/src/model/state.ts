@@ -161,6 +161,55 @@ export function waitingKernels(state: IPanelState): IKernelWait[] {
     });
 }
 
+/** A GPU kernel whose session ended on purpose: idle past its timeout, or stopped elsewhere. */
+export interface IKernelEnd {
+  /** The kernel's session id. */
+  id: string;
+  /** The Jupyter kernel's id (its holder's), to find the notebook that uses it. */
+  kernel: string | null;
+  /** The notebook's file name, or who else holds it. */
+  holder: string;
+  /** Why it ended, as its job says. */
+  reason: string;
+}
+
+/**
+ * GPU kernels whose session ended on purpose since the last look (ADR 0021). `watched` holds the
+ * kernel sessions seen live before; one that left the live list is told once its job is known to
+ * have ended `cancelled` (final: the Jupyter kernel stays and answers each cell with the reason,
+ * and only a restart gets a GPU again); `lost` or `failed` ends are Jupyter's restarter's to
+ * handle, so they are dropped. Returns the ends and the sessions to keep watching.
+ */
+export function kernelEnds(
+  state: IPanelState,
+  watched: ReadonlyMap<string, ISessionInfo>
+): { ended: IKernelEnd[]; watching: Map<string, ISessionInfo> } {
+  const watching = new Map<string, ISessionInfo>();
+  const ended: IKernelEnd[] = [];
+  for (const s of state.sessions.values()) {
+    if (s.kernel) {
+      watching.set(s.id, s);
+    }
+  }
+  for (const [id, s] of watched) {
+    if (watching.has(id)) {
+      continue;
+    }
+    const job = state.jobs.get(s.job.id);
+    if (!job || !TERMINAL_STATES.has(job.state)) {
+      watching.set(id, s); // its end is not known yet: the job's event follows
+    } else if (job.state === 'cancelled') {
+      ended.push({
+        id,
+        kernel: s.holder.kernel ?? null,
+        holder: formatHolder(s),
+        reason: job.reason ?? 'its session was stopped'
+      });
+    }
+  }
+  return { ended, watching };
+}
+
 /**
  * Queued jobs in scheduling order: the scheduler's `pending.position` first (1 = next);
  * jobs it has not ranked yet follow by priority (high first), then submission order.

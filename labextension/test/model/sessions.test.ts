@@ -9,11 +9,19 @@ import {
   applyEvents,
   emptyState,
   fromSnapshot,
+  kernelEnds,
   sessionList,
   waitingKernels
 } from '../../src/model';
 import { page } from '../fixtures';
-import { job, report, session, sessionEvent, withState } from '../fixtures';
+import {
+  job,
+  jobEvent,
+  report,
+  session,
+  sessionEvent,
+  withState
+} from '../fixtures';
 
 describe('sessions in the panel state', () => {
   it('keeps live sessions from the snapshot and leaves out ended ones', () => {
@@ -126,5 +134,59 @@ describe('GPU kernels waiting for their GPUs', () => {
     expect(waitingKernels(s).map(w => w.sentence)).toEqual([
       '0/1 workers can run job k: 1 has too few GPUs'
     ]);
+  });
+});
+
+describe('GPU kernels whose session ends on purpose', () => {
+  const holder = {
+    api_version: 'gpulayer/v1' as const,
+    client: 'kernel-k1',
+    notebook: 'work/train.ipynb',
+    kernel: 'k1'
+  };
+  const live = session('k', 'kernel-1', { kernel: true, holder });
+
+  it('tells an idle end once its job is cancelled, and only once', () => {
+    let s = fromSnapshot([live.job], [], '1:0', [live]);
+    let look = kernelEnds(s, new Map());
+    expect(look.ended).toEqual([]);
+    expect([...look.watching.keys()]).toEqual(['k']);
+
+    // The session's end comes first: its job's end follows in a later page.
+    const gone = { ...live, status: 'ended' as const };
+    s = applyEvents(s, page([sessionEvent(2, gone)]));
+    look = kernelEnds(s, look.watching);
+    expect(look.ended).toEqual([]);
+    expect([...look.watching.keys()]).toEqual(['k']);
+
+    const why =
+      'session ended: idle for 30 min (its idle timeout), so its GPUs were freed';
+    const cancelled = { ...withState(live.job, 'cancelled'), reason: why };
+    s = applyEvents(s, page([jobEvent(3, cancelled)]));
+    look = kernelEnds(s, look.watching);
+    expect(look.ended).toEqual([
+      { id: 'k', kernel: 'k1', holder: 'train.ipynb', reason: why }
+    ]);
+    expect(look.watching.size).toBe(0);
+    expect(kernelEnds(s, look.watching).ended).toEqual([]);
+  });
+
+  it('leaves lost kernels to Jupyter, and sessions that are not kernels alone', () => {
+    const plain = session('p', 'plain');
+    let s = fromSnapshot([live.job, plain.job], [], '1:0', [live, plain]);
+    const first = kernelEnds(s, new Map());
+    expect([...first.watching.keys()]).toEqual(['k']);
+    s = applyEvents(
+      s,
+      page([
+        sessionEvent(2, { ...live, status: 'ended' }),
+        jobEvent(3, withState(live.job, 'lost')),
+        sessionEvent(4, { ...plain, status: 'ended' }),
+        jobEvent(5, withState(plain.job, 'cancelled'))
+      ])
+    );
+    const look = kernelEnds(s, first.watching);
+    expect(look.ended).toEqual([]);
+    expect(look.watching.size).toBe(0);
   });
 });
