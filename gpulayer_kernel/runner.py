@@ -27,6 +27,9 @@ from . import job, transfer
 from .errors import NotJSON, TooLarge
 
 SESSION_ENTRYPOINT = "session:"
+# The job's own files (its cell, its --in values, --files) when it runs in the notebook's folder
+# (a workspace, ADR 0022) rather than among them: read from here, never written into the folder.
+BUNDLE_ENV = "GPULAYER_BUNDLE_DIR"
 # ensure_json's size limit (contracts._base.MAX_JSON_BYTES); bigger values take the slow path.
 _FAST_JSON_BYTES = 1 << 20
 
@@ -65,21 +68,27 @@ def main(argv: list[str], sources: Mapping[str, str] | None = None) -> int:
 
         return session_host.main()
     sys.path.insert(0, os.getcwd())
+    bundle = os.environ.get(BUNDLE_ENV) or None
+    if bundle is not None:
+        sys.path.insert(1, bundle)  # the notebook's modules first, then the job's own
     args = job.args()
     value: Any = None
     has_value = False
     try:
         if entry.startswith("cell:"):
             namespace: dict[str, Any] = {"__name__": "__main__", **args}
-            namespace.update(_moved_inputs())
+            namespace.update(_moved_inputs(bundle))
             name = entry.removeprefix("cell:")
             source = sources.get(name) if sources else None
+            if source is None and bundle is not None:
+                source = Path(bundle, name).read_text()
             has_value, value = run_cell(Path(name), namespace, source)
         elif entry.endswith(".py"):
             import runpy
 
-            sys.argv = [entry]
-            runpy.run_path(entry, run_name="__main__")
+            script = os.path.join(bundle, entry) if bundle is not None else entry
+            sys.argv = [script]
+            runpy.run_path(script, run_name="__main__")
         else:
             import importlib
 
@@ -144,9 +153,9 @@ def shown_value(value: Any, why: str) -> dict[str, Any]:
     return {SHOWN_KEY: text, "type": kind, "why": why, "display": shown}
 
 
-def _moved_inputs() -> dict[str, Any]:
+def _moved_inputs(bundle: str | None = None) -> dict[str, Any]:
     """The ``--in`` values JSON could not carry (tensors, arrays), from the cell's bundle."""
-    path = Path(transfer.CELL_INPUTS)
+    path = Path(bundle or "", transfer.CELL_INPUTS)
     if not path.is_file():
         return {}
     return transfer.decode(path.read_bytes())

@@ -120,6 +120,12 @@ class CommandWorkload(Contract):
         description="a content-addressed bundle (`gpulayer run --files`), unpacked on the "
         "worker as the command's working directory (instead of `workdir`)",
     )
+    workspace: WorkspaceSource | None = Field(
+        None,
+        description="the notebook's folder (ADR 0022): the job runs in it, in place, or in a "
+        "copy on a worker that does not see it (left out when none)",
+        exclude_if=lambda v: v is None,
+    )
 
     @field_validator("argv")
     @classmethod
@@ -142,6 +148,12 @@ class PythonWorkload(Contract):
     bundle: str = Field(pattern=SHA256_PATTERN)
     entrypoint: str = Field(min_length=1, max_length=500)
     args: dict[str, JsonValue] = Field(default_factory=dict)
+    workspace: WorkspaceSource | None = Field(
+        None,
+        description="the notebook's folder (ADR 0022): the job runs in it, in place, or in a "
+        "copy on a worker that does not see it (left out when none)",
+        exclude_if=lambda v: v is None,
+    )
 
     @field_validator("entrypoint")
     @classmethod

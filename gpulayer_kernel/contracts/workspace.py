@@ -16,7 +16,7 @@ worker long-polls; its :class:`WorkspaceAnswer` comes back the same way.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -27,10 +27,17 @@ MAX_PATH = 4096
 MAX_NOTES = 200
 
 WorkspaceMode = Literal["in_place", "synced", "none"]
+# A one-shot job's outputs in its notebook's folder: the record of each node's, an artifact.
+RECORD = ".gpulayer/workspace-n{node}.json"
+RECORD_PREFIX = ".gpulayer/workspace-n"
 
 
 class WorkspaceSource(Contract):
-    """Where a kernel's or session's notebook is: a folder on the Jupyter host."""
+    """Where a kernel's, session's or one-shot job's notebook is: a folder on the Jupyter host.
+
+    A one-shot job (``%%gpulayer``) carries it on its workload, with ``manifest`` when a worker
+    that does not see the folder may take it: the digest of a :class:`WorkspaceManifest` in the
+    control plane's store (the folder's files, each there too, for the job's owner)."""
 
     folder: str = Field(min_length=1, max_length=MAX_PATH, description="absolute path there")
     host: str = Field(
@@ -38,6 +45,27 @@ class WorkspaceSource(Contract):
         max_length=200,
         description="the Jupyter host's id (its machine id): a worker with the same id sees "
         "the same disk",
+    )
+    manifest: str | None = Field(
+        None,
+        pattern=SHA256_PATTERN,
+        description="a one-shot job's copy of the folder: the digest of its manifest in the "
+        "store (left out when none: a worker that does not see the folder runs it without)",
+        exclude_if=lambda v: v is None,
+    )
+    pull: list[Annotated[str, Field(min_length=1, max_length=MAX_PATH)]] = Field(
+        default_factory=list,
+        max_length=1_000,
+        description="files of the worker's copy to send back whatever their size "
+        "(`%gpulayer pull` after a one-shot cell); left out when none",
+        exclude_if=lambda v: not v,
+    )
+    cap: int | None = Field(
+        None,
+        ge=0,
+        description="a one-shot job's outputs: bytes one file may have to come back unasked "
+        "(bigger ones stay on the worker, listed); left out: the default",
+        exclude_if=lambda v: v is None,
     )
 
 
@@ -74,6 +102,12 @@ class FileEntry(Contract):
     size: int = Field(ge=0)
     mode: int = Field(0o644, ge=0, le=0o7777)
     digest: str = Field(pattern=SHA256_PATTERN)
+
+
+class WorkspaceManifest(Contract):
+    """A folder's files at one moment, for a one-shot job's worker to copy (sorted by name)."""
+
+    files: list[FileEntry] = Field(default_factory=list, max_length=MAX_ENTRIES)
 
 
 class WorkspaceDelta(Contract):

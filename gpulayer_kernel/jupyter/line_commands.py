@@ -166,7 +166,15 @@ def _pull_files(argv: list[str]) -> None:
     import sys
 
     from ..client.workspace import link_for
-    from ..workspace.pulls import MODE_ENV, ask_from_inside, progress_line, pull_files
+    from ..workspace.pulls import (
+        MODE_ENV,
+        ask_from_inside,
+        left_by_cells,
+        progress_line,
+        pull_after_cells,
+        pull_files,
+    )
+    from .bridge import get_bridge
     from .sessions.cells import workspace_of
     from .sessions.current import kernel_sessions
 
@@ -177,7 +185,11 @@ def _pull_files(argv: list[str]) -> None:
     if os.environ.get(MODE_ENV):  # a GPU kernel, on its worker
         print(ask_from_inside(a.paths))
         return
-    handle = kernel_sessions().handle(a.session)
+    sessions = kernel_sessions()
+    if a.session is None and sessions.current is None and left_by_cells():  # one-shot cells'
+        print(pull_after_cells(get_bridge(), a.paths))
+        return
+    handle = sessions.handle(a.session)
     hooks = workspace_of(handle)
     engine = getattr(hooks, "engine", None)
     show = progress_line(sys.stdout)

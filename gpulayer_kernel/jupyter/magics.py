@@ -30,6 +30,7 @@ from .. import render, textview, transfer
 from ..contracts import Job, JobSpec, parse, parse_pairs
 from ..runner import LAST_VALUE, SHOWN_KEY
 from ..sessions import SessionCellError
+from ..workspace import cells as workspace_cells
 from . import line_commands
 from .bridge import Bridge, get_bridge
 from .cellspec import (
@@ -309,14 +310,18 @@ class GPUlayerMagics(Magics):
             },
         )
         bridge = get_bridge()
+        # The notebook's folder where the cell runs (ADR 0022): in place, or a worker's copy.
+        ws = workspace_cells.prepare(bridge, spec, files=bool(args.files))
+        _say(ws.said())
         bridge.upload_bundle(digest, data)
-        job = bridge.submit(spec)
+        job = bridge.submit(ws.spec)
         widget = _widget(bridge, job, blocking=not args.no_wait)
         handle = JobHandle(bridge, job, widget)
         _last = handle
         if args.handle:
             self.ns[args.handle] = handle
         if args.no_wait:
+            ws.later(bridge, job.id)  # its outputs come back when it ends
             if widget is not None:
                 bridge.watch(job.id, widget.feed)
             else:
@@ -328,6 +333,7 @@ class GPUlayerMagics(Magics):
             display(widget)  # type: ignore[no-untyped-call]  # IPython.display is untyped
         view: textview.JobView = textview.TextView() if widget is None else widget
         final = follow(bridge, job.id, view)
+        _say(ws.finish(bridge, final))  # its outputs, back into the folder
         value = result_of(
             final, said_why=isinstance(view, textview.TextView) and view.said_why(final)
         )
@@ -375,6 +381,11 @@ class GPUlayerMagics(Magics):
         except GPUlayerError as exc:
             shown = isinstance(exc, (CellError, SessionCellError))
             raise exc if shown else cell_error(exc) from None
+
+
+def _say(words: str | None) -> None:
+    if words:
+        print(words, end="", file=sys.stderr)
 
 
 def _running_count(shell: InteractiveShell) -> int | None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 from collections import OrderedDict
@@ -90,6 +91,9 @@ class WorkerAgent:
     ) -> None:
         self.transport = transport
         self.registration = registration
+        # Its one-shot jobs' workspaces are decided from what it declares (ADR 0022).
+        if config.shares is None and registration.shares is not None:
+            config = dataclasses.replace(config, shares=registration.shares)
         self.config = config
         self.clock = clock
         self.heartbeat_interval = heartbeat_interval

@@ -7,6 +7,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..contracts.workspace import WorkerShares
+
 
 @dataclass
 class ExecutorConfig:
@@ -32,6 +34,9 @@ class ExecutorConfig:
     # How long a job's "started" and first log lines wait to travel with what follows
     # (worker/reports.py): a job that ends sooner is reported in one request, start to result.
     report_linger: float = 0.05
+    # What this worker sees of the Jupyter hosts' disks (its registration's, ADR 0022): a
+    # one-shot job's workspace is decided here from it, with no request.
+    shares: WorkerShares | None = None
 
 
 def _env_int(name: str, default: int, low: int, high: int) -> int:

@@ -53,6 +53,7 @@ from .processes import (
 from .spares import ZygoteChild
 from .transport import Transport
 from .warm import WarmRunner
+from .workspace import job_workspace
 from .zygote_client import LaunchFailed
 
 # Re-exported: ExecutorConfig lived here, and callers outside the worker still import it from here.
@@ -107,6 +108,7 @@ class JobExecutor:
         )
         # torchrun around a gang (ADR 0007): its argv, rank tags, failure reason, reserved port.
         self.launch = Launch(assignment, transport, config, self.system, ports=ports, clock=clock)
+        self.workspace = job_workspace(assignment, transport, config)  # ADR 0022: its folder
         self._started: asyncio.Task[None] | None = None  # the start's report, on its way
         self._cancel = asyncio.Event()
         self._cancel_reason = "cancelled"
@@ -205,6 +207,8 @@ class JobExecutor:
                         hint="submit from a directory that exists on the worker, or bundle the "
                         "files with a Python workload",
                     )
+        if self.workspace is not None:  # the notebook's folder: in place, or this worker's copy
+            cwd = await self.workspace.prepare(cwd, gl_env, self.system)
         gl_env.update(device_env(self.a))
         # The control plane that placed it, as its owner (ADR 0022): one for every rank.
         gl_env.update(scoped_env(self.transport, self.a))
@@ -268,7 +272,8 @@ class JobExecutor:
             await self._drain(pumps)
         finally:
             control.close()
-        return await self._outcome(outcome, reason)
+        report = await self._outcome(outcome, reason)
+        return report if self.workspace is None else await self.workspace.finish(report)
 
     async def _spawn(self, argv: list[str], env: dict[str, str], cwd: Path) -> FinishReport | None:
         """Start the job's main process as ``self.proc``; the failed report when it cannot start."""
@@ -288,13 +293,13 @@ class JobExecutor:
                     workload.entrypoint, cwd, env, sources=self._sources
                 )
             if self.proc is None:
-                self._write_sources(cwd)
+                self._write_sources(self.dir / "src")
                 try:
                     self.proc = await self.warm.exec(argv, cwd, env)
                 except LaunchFailed as exc:
                     return self._launch_failed(exc.code, exc.message)
         if self.proc is None:
-            self._write_sources(cwd)
+            self._write_sources(self.dir / "src")
             try:
                 self.proc = await spawn_cold(argv, cwd, env)
             except FileNotFoundError:

@@ -1,7 +1,8 @@
 """A worker's workspace calls (ADR 0022) through its transport: in-process, or its own HTTP
 (its session token, failover and TLS rules). ``workspace_for`` makes a session attempt's
-:class:`~gpulayer_kernel.workspace.remote.WorkerWorkspace` with the right one; and
-``shares_from`` what a worker declares when it joins (its host id and ``--shared-path``s)."""
+:class:`~gpulayer_kernel.workspace.remote.WorkerWorkspace` with the right one, ``job_workspace``
+a one-shot job's :class:`~gpulayer_kernel.workspace.jobs.JobWorkspace`; and ``shares_from``
+what a worker declares when it joins (its host id and ``--shared-path``s)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..contracts import JobAssignment
 from ..contracts.workspace import (
     Digests,
     WorkerShares,
@@ -18,8 +20,10 @@ from ..contracts.workspace import (
     WorkspacePlan,
 )
 from ..errors import NotFound
+from ..workspace.jobs import JobWorkspace
 from ..workspace.plan import host_id, parse_share
 from ..workspace.remote import WorkerLink, WorkerWorkspace
+from .config import ExecutorConfig
 from .transport import AttemptTransport, InProcessTransport, Transport
 
 SHARED_ENV = "GPULAYER_SHARED_PATHS"  # "HERE=THERE:HERE2=THERE2", as --shared-path
@@ -97,6 +101,29 @@ def link_for(transport: Transport) -> WorkerLink:
 
 def workspace_for(job_id: str, transport: Transport, scratch: Path) -> WorkerWorkspace:
     return WorkerWorkspace(job_id, link_for(transport), scratch)
+
+
+def job_workspace(
+    a: JobAssignment, transport: Transport, config: ExecutorConfig
+) -> JobWorkspace | None:
+    """A one-shot job's workspace (``workspace/jobs.py``), when its workload names a folder:
+    decided here, from what this worker declared (``config.shares``), without a request."""
+    source = getattr(a.job.spec.workload, "workspace", None)
+    if source is None:
+        return None
+    inner = transport.inner if isinstance(transport, AttemptTransport) else transport
+    return JobWorkspace(
+        a.job.id,
+        a.job.owner,
+        a.node.node_rank,
+        source,
+        worker=a.node.worker_name,
+        shares=config.shares,
+        in_process=isinstance(inner, InProcessTransport),
+        link=lambda: link_for(transport),
+        put_blob=transport.put_blob,
+        work_root=config.work_root,
+    )
 
 
 def shares_from(

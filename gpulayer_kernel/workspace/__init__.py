@@ -1,4 +1,5 @@
-"""The workspace (ADR 0022): the notebook's folder where its code runs, for kernels and sessions.
+"""The workspace (ADR 0022): the notebook's folder where its code runs, for kernels, sessions and
+one-shot cells.
 
 One package that the Jupyter host, the worker and the control plane share:
 
@@ -11,14 +12,42 @@ One package that the Jupyter host, the worker and the control plane share:
 - ``pack.py`` — many files in one zstd pack, each verified by its digest;
 - ``host.py`` — the Jupyter host's end: send the folder, then changes, take outputs back;
 - ``remote.py`` — the worker's end: the folder the ranks run in, the calls it answers;
-- ``service.py`` — the control plane's part: the decision per session, each user's objects, the
-  lane of calls between the two ends.
+- ``service.py`` — the control plane's part: the decision per session and node, each user's
+  objects, the lanes of calls between the two ends (one per node);
+- ``cells.py`` / ``cellsync.py`` — a one-shot cell's end on the Jupyter host: the folder named on
+  the job (the fast path), its manifest when a worker must copy it, the outputs written back;
+- ``jobs.py`` — a one-shot job's end on the worker: in place, or its copy of the folder;
+- ``pulls.py`` — files too big to come back on their own (``%gpulayer pull``).
+
+Its names load when first used: the ``%%gpulayer`` magic imports ``cells.py`` with the extension,
+and must not pay for zstd, pathspec and inotify until a folder is sent.
 """
 
 from __future__ import annotations
 
-from .host import HostWorkspace
-from .plan import decide, host_id
-from .scan import IGNORE_FILE, Caps, WorkspaceTooBig
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .host import HostWorkspace
+    from .plan import decide, host_id
+    from .scan import IGNORE_FILE, Caps, WorkspaceTooBig
 
 __all__ = ["IGNORE_FILE", "Caps", "HostWorkspace", "WorkspaceTooBig", "decide", "host_id"]
+
+_WHERE = {
+    "HostWorkspace": "host",
+    "decide": "plan",
+    "host_id": "plan",
+    "IGNORE_FILE": "scan",
+    "Caps": "scan",
+    "WorkspaceTooBig": "scan",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".{module}", __name__), name)

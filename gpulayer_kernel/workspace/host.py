@@ -38,6 +38,7 @@ from ..errors import GPUlayerError
 from . import pack as packs
 from .index import Index, Known, digest_of
 from .names import move_aside, name_of, read_inside, shown, write_inside
+from .plan import BACK_ENV
 from .scan import IGNORE_FILE, Caps, Notes, Rules
 from .tree import entry, look, survey
 from .watch import Detector
@@ -262,12 +263,7 @@ class HostWorkspace:
             _raise_for(answer)
             words = await self._write_back(answer.outputs)
             if answer.big:
-                listed = ", ".join(f"{e.path} ({human_bytes(e.size)})" for e in answer.big[:5])
-                more = f" and {len(answer.big) - 5} more" if len(answer.big) > 5 else ""
-                words.append(
-                    f"left on the worker (over {human_bytes(ask.cap)}): {listed}{more}; fetch "
-                    f"with %gpulayer pull {answer.big[0].path}"
-                )
+                words.append(big_words(answer.big, ask.cap))
             words += answer.notes
             return "\n".join(f"gpulayer: {w}" for w in words) or None
 
@@ -281,34 +277,7 @@ class HostWorkspace:
         return await asyncio.to_thread(self._apply_outputs, outputs, data)
 
     def _apply_outputs(self, outputs: list[FileEntry], data: dict[str, bytes]) -> list[str]:
-        words: list[str] = []
-        for e in outputs:
-            try:
-                rel = name_of(e)
-            except GPUlayerError as exc:
-                words.append(f"refused a file name from the worker: {exc.message}")
-                continue
-            local = read_inside(self.root, rel)
-            local_digest = None if local is None else digest_of(local)
-            synced = self.synced.get(rel)
-            body = data.get(e.digest)
-            if body is None:
-                continue
-            try:
-                if local_digest == e.digest:
-                    pass
-                elif local is None or local_digest == synced:
-                    write_inside(self.root, rel, body, e.mode)
-                else:
-                    kept = _conflict_copy(self.root, rel, body, e.mode)
-                    words.append(
-                        f"{shown(rel)} changed here and on the worker since the last sync: "
-                        f"yours is kept, the worker's is {shown(kept)}"
-                    )
-            except GPUlayerError as exc:
-                words.append(exc.message)
-                continue
-            self.synced[rel] = e.digest
+        words = write_back(self.root, outputs, data, self.synced)
         self.detector.drain()  # our own writes are not the user's edits
         return words
 
@@ -344,7 +313,6 @@ class HostWorkspace:
 
 
 RETRY_FOR = 120.0  # seconds a call is retried while the control plane is away (a restart)
-BACK_ENV = "GPULAYER_WORKSPACE_BACK_BYTES"  # a file over this stays on the worker (pull it)
 
 
 def _env_bytes(name: str, default: int) -> int:
@@ -397,6 +365,52 @@ def _read_group(root: Path, entries: list[FileEntry]) -> list[tuple[str, bytes]]
         if digest_of(data) == e.digest:
             out.append((e.digest, data))
     return out
+
+
+def big_words(big: list[FileEntry], cap: int, where: str = "the worker") -> str:
+    """One line naming the outputs that stayed on the worker, and how to fetch them."""
+    listed = ", ".join(f"{e.path} ({human_bytes(e.size)})" for e in big[:5])
+    more = f" and {len(big) - 5} more" if len(big) > 5 else ""
+    return (
+        f"left on {where} (over {human_bytes(cap)}): {listed}{more}; fetch with "
+        f"%gpulayer pull {big[0].path}"
+    )
+
+
+def write_back(
+    root: Path, outputs: list[FileEntry], data: dict[str, bytes], synced: dict[bytes, str]
+) -> list[str]:
+    """Write the worker's ``outputs`` into ``root``, never over a file changed here since
+    ``synced`` (what both sides last agreed on; updated): that one stays, the worker's goes
+    beside it. The words about it, for the notebook."""
+    words: list[str] = []
+    for e in outputs:
+        try:
+            rel = name_of(e)
+        except GPUlayerError as exc:
+            words.append(f"refused a file name from the worker: {exc.message}")
+            continue
+        local = read_inside(root, rel)
+        local_digest = None if local is None else digest_of(local)
+        body = data.get(e.digest)
+        if body is None:
+            continue
+        try:
+            if local_digest == e.digest:
+                pass
+            elif local is None or local_digest == synced.get(rel):
+                write_inside(root, rel, body, e.mode)
+            else:
+                kept = _conflict_copy(root, rel, body, e.mode)
+                words.append(
+                    f"{shown(rel)} changed here and on the worker since the last sync: "
+                    f"yours is kept, the worker's is {shown(kept)}"
+                )
+        except GPUlayerError as exc:
+            words.append(exc.message)
+            continue
+        synced[rel] = e.digest
+    return words
 
 
 def _conflict_copy(root: Path, rel: bytes, body: bytes, mode: int) -> bytes:

@@ -16,6 +16,7 @@ from functools import cache
 from ..contracts.workspace import PathMap, WorkerShares, WorkspacePlan, WorkspaceSource
 
 HOST_ID_ENV = "GPULAYER_HOST_ID"
+BACK_ENV = "GPULAYER_WORKSPACE_BACK_BYTES"  # an output over this stays on the worker (pull it)
 
 
 @cache

@@ -30,7 +30,8 @@ export function job(id: string, seq: number, over: Partial<IJob> = {}): IJob {
         api_version: V,
         kind: 'command',
         argv: ['true'],
-        bundle: null
+        bundle: null,
+        workspace: null
       },
       resources: {
         api_version: V,

@@ -819,6 +819,42 @@ export interface ICommandWorkload {
    */
   bundle: string | null;
   kind: 'command';
+  /**
+   * the notebook's folder (ADR 0022): the job runs in it, in place, or in a copy on a worker that does not see it (left out when none)
+   */
+  workspace: IWorkspaceSource | null;
+}
+/**
+ * Where a kernel's, session's or one-shot job's notebook is: a folder on the Jupyter host.
+ *
+ * A one-shot job (``%%gpulayer``) carries it on its workload, with ``manifest`` when a worker
+ * that does not see the folder may take it: the digest of a :class:`WorkspaceManifest` in the
+ * control plane's store (the folder's files, each there too, for the job's owner).
+ */
+export interface IWorkspaceSource {
+  api_version: 'gpulayer/v1';
+  /**
+   * a one-shot job's outputs: bytes one file may have to come back unasked (bigger ones stay on the worker, listed); left out: the default
+   */
+  cap: number | null;
+  /**
+   * absolute path there
+   */
+  folder: string;
+  /**
+   * the Jupyter host's id (its machine id): a worker with the same id sees the same disk
+   */
+  host: string;
+  /**
+   * a one-shot job's copy of the folder: the digest of its manifest in the store (left out when none: a worker that does not see the folder runs it without)
+   */
+  manifest: string | null;
+  /**
+   * files of the worker's copy to send back whatever their size (`%gpulayer pull` after a one-shot cell); left out when none
+   *
+   * @maxItems 1000
+   */
+  pull: string[];
 }
 /**
  * Run Python from a content-addressed bundle.
@@ -836,6 +872,10 @@ export interface IPythonWorkload {
   bundle: string;
   entrypoint: string;
   kind: 'python';
+  /**
+   * the notebook's folder (ADR 0022): the job runs in it, in place, or in a copy on a worker that does not see it (left out when none)
+   */
+  workspace: IWorkspaceSource | null;
 }
 /**
  * The workload of a session's job: processes that keep state until stopped or idle.
@@ -855,20 +895,6 @@ export interface ISessionWorkload {
    * the notebook's folder (ADR 0022): the ranks run in it, in place or synced (left out when none)
    */
   workspace: IWorkspaceSource | null;
-}
-/**
- * Where a kernel's or session's notebook is: a folder on the Jupyter host.
- */
-export interface IWorkspaceSource {
-  api_version: 'gpulayer/v1';
-  /**
-   * absolute path there
-   */
-  folder: string;
-  /**
-   * the Jupyter host's id (its machine id): a worker with the same id sees the same disk
-   */
-  host: string;
 }
 /**
  * A session as the API, the CLI and the panel show it.
