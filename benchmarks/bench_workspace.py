@@ -100,12 +100,12 @@ class Served:
             c.stop_session(sid)
 
     async def first_sync(self, folder: Path, sid: str) -> float:
-        from gpulayer_kernel.client.httpbase import http_client
         from gpulayer_kernel.client.workspace import HttpWorkspaceLink
+        from gpulayer_kernel.wire.http import Wire
         from gpulayer_kernel.workspace.host import HostWorkspace
 
-        http: Any = http_client(self.server.url, ca_cert=None, timeout=600, asynchronous=True)
-        link = HttpWorkspaceLink(http, {"Authorization": f"Bearer {self.server.admin_token}"})
+        wire = Wire(self.server.url, self.server.admin_token, timeout=600)
+        link = HttpWorkspaceLink(wire)
         ws = HostWorkspace(folder, sid, link)
         try:
             t0 = time.perf_counter()
@@ -113,7 +113,7 @@ class Served:
             return time.perf_counter() - t0
         finally:
             ws.close()
-            await http.aclose()
+            await wire.aclose()
 
     def close(self) -> None:
         self.worker.stop()

@@ -183,8 +183,10 @@ async def main(jobs: int, python: bool) -> None:
         print(f"  {name:32s} {at:7.2f}  (+{at - prev:.2f})")
         prev = at
     print(f"  {'total':32s} {statistics.median(totals):7.2f}")
-    print(f"bare subprocess.run: first line {statistics.median(bare_first):.2f}, "
-          f"total {statistics.median(bares):.2f}")
+    print(
+        f"bare subprocess.run: first line {statistics.median(bare_first):.2f}, "
+        f"total {statistics.median(bares):.2f}"
+    )
     print(f"load after: {open('/proc/loadavg').read().split()[:3]}")
 
 

@@ -14,7 +14,7 @@ from .contracts import Artifact, Job
 from .errors import BundleError, NotFound
 
 if TYPE_CHECKING:
-    from .client.connect import Session
+    from .client.connect import Connection
 
 
 def find_artifact(job: Job, name: str) -> Artifact:
@@ -38,7 +38,7 @@ def find_artifact(job: Job, name: str) -> Artifact:
     )
 
 
-async def download(s: Session, artifact: Artifact, out: BinaryIO) -> None:
+async def download(s: Connection, artifact: Artifact, out: BinaryIO) -> None:
     """Write ``artifact`` to ``out``, checking its digest; streamed from a served control plane."""
     from .client.clients import AsyncClient  # here: httpx loads only for callers that need it
 

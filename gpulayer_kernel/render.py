@@ -1,6 +1,6 @@
 """Plain-text rendering of jobs, logs and workers: the lines and tables the CLI, the reprs, the
-widget and a cell's text view (``textview.py``) share, so a placement or a progress line reads the
-same everywhere.
+widget and a cell's text view (``jupyter/textview.py``) share, so a placement or a progress line
+reads the same everywhere.
 """
 
 from __future__ import annotations

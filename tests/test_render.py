@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from gpulayer_kernel import render, textview
+from gpulayer_kernel import render
 from gpulayer_kernel.artifacts import find_artifact
 from gpulayer_kernel.contracts import (
     Artifact,
@@ -21,6 +21,7 @@ from gpulayer_kernel.contracts import (
     ReasonCount,
 )
 from gpulayer_kernel.errors import NotFound
+from gpulayer_kernel.jupyter import textview
 
 BUNDLE = "0" * 64
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import download, find_artifact
-from ..client.connect import Session, open_session
+from ..client.connect import Connection, open_session
 from ..contracts import Artifact
 from ..errors import Conflict
 from .common import Handler
@@ -54,7 +54,7 @@ def destination(artifact: Artifact, output: str | None) -> Path:
     return path / base if path.is_dir() else path
 
 
-async def _download(s: Session, artifact: Artifact, output: str | None, force: bool) -> None:
+async def _download(s: Connection, artifact: Artifact, output: str | None, force: bool) -> None:
     if output == "-":
         await download(s, artifact, sys.stdout.buffer)
         sys.stdout.flush()

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from ..client.connect import Session, open_session
+from ..client.connect import Connection, open_session
 from ..contracts import Job, JobState
 from ..errors import Unavailable
 from ..words import plain
@@ -79,7 +79,7 @@ def print_record(stream: str, text: str, rank: int | None) -> None:
         sys.stderr.flush()
 
 
-async def follow(s: Session, job_id: str, since: int = 0, live: LiveLine | None = None) -> Job:
+async def follow(s: Connection, job_id: str, since: int = 0, live: LiveLine | None = None) -> Job:
     """Print log records as they arrive until the job ends and every line is printed.
 
     With ``live`` (``gpulayer run``), the lines print above its progress line.

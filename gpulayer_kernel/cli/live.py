@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TextIO
 
-from ..client.connect import Session, job_changes
+from ..client.connect import Connection, job_changes
 from ..contracts import Job
 
 ERASE = "\r\x1b[K"  # back to column 0, clear to the end of the line
@@ -111,7 +111,7 @@ class LiveLine:
             self._text, self._shown, self._printed_at = text, fields, now
 
 
-async def watch(s: Session, job_id: str, line: LiveLine) -> None:
+async def watch(s: Connection, job_id: str, line: LiveLine) -> None:
     """Feed ``line`` with the job's changes from the event stream until the job ends."""
     cursor = await s.event_cursor()
     line.show(await s.get(job_id))

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..client.connect import Session, open_session
+from ..client.connect import Connection, open_session
 from ..contracts import JobSpec, JobState, parse, parse_pairs
 from ..errors import GPUlayerError, InvalidInput
 from ..jobenv import env_option
@@ -144,7 +144,7 @@ def _spec_from_args(args: argparse.Namespace, bundle: str | None = None) -> JobS
     )
 
 
-async def _say_why_it_waits(s: Session, job_id: str, first: float = 0.5) -> None:
+async def _say_why_it_waits(s: Connection, job_id: str, first: float = 0.5) -> None:
     """While the job waits to be placed, print the scheduler's sentence (again when it changes)."""
     said = ""
     delay = first

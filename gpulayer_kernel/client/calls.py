@@ -70,6 +70,8 @@ class Req:
     repeatable: bool = False
     # Nobody reads the answer: ``Prefer: return=minimal`` (a 1.1 server answers 204).
     minimal: bool = False
+    # Headers of the caller's own (the panel's proxy passes the browser's Content-Type on).
+    headers: dict[str, str] = field(default_factory=dict)
 
     def send_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"params": self.params}
@@ -84,6 +86,7 @@ class Req:
             headers["Content-Type"] = "application/octet-stream"
         if self.key is not None:
             headers[IDEMPOTENCY_KEY] = self.key
+        headers.update(self.headers)
         if headers:
             kw["headers"] = headers
         if self.timeout is not None:

@@ -1,6 +1,6 @@
 """The HTTP client of a served control plane: ``AsyncClient`` and ``Client`` (sync), same calls.
 
-They offer the ControlPlane's client-side calls (the ``Session`` protocol of ``connect.py``) plus
+They offer the ControlPlane's client-side calls (the ``Connection`` protocol of ``connect.py``) plus
 administration (tokens, secrets, worker states), so code never cares whether it holds an
 in-process ControlPlane or a client. Errors come back as the same exception types
 (``errors.from_json``); an unreachable server is ``Unavailable`` (code ``server_unreachable``).
@@ -32,9 +32,7 @@ from urllib.parse import quote
 
 import httpx
 
-from .. import versions
 from ..contracts import (
-    PROTOCOL,
     EventPage,
     Job,
     JobFollow,
@@ -44,95 +42,39 @@ from ..contracts import (
     WorkerInfo,
 )
 from ..errors import GPUlayerError
-from ..ha.failover import Servers, send, send_sync
-from ..security.tls import check_url
+from ..ha.failover import Servers
+from ..wire.http import SyncWire, Wire
 from .admin import Admin, AsyncAdmin
 from .calls import Call, Calls, Req
-from .httpbase import error_from, http_client, unreachable
+from .httpbase import error_from, unreachable
 from .provisioning import AsyncProvisioning, Provisioning
 from .sessions import AsyncSessionCalls, SessionCallsSync
 
 T = TypeVar("T")
 
 
-class _Base:
-    def __init__(self, url: str, token: str, ca_cert: str | None, timeout: float) -> None:
-        self.url = url
-        self.servers = Servers(url)
-        for u in self.servers.urls:
-            check_url(u)
-        self._calls = Calls()
-        self._headers = {versions.HEADER: PROTOCOL}
-        if token:
-            self._headers["Authorization"] = f"Bearer {token}"
-        self._ca_cert = ca_cert
-        self._timeout = timeout
-
-    @staticmethod
-    def _kwargs(req: Req) -> dict[str, Any]:
-        """What httpx is given besides the timeouts, which ``Servers.timeout`` decides."""
-        kw = req.send_kwargs()
-        kw.pop("timeout", None)
-        return kw
-
-    def _check(self, req: Req, resp: httpx.Response) -> httpx.Response:
-        self._calls.heard(resp)  # the server's protocol (another major version is refused)
-        if resp.status_code >= 400 and resp.status_code not in req.ok:
-            raise error_from(resp)
-        return resp
-
-
-class AsyncClient(_Base, AsyncProvisioning, AsyncSessionCalls, AsyncAdmin):
+class AsyncClient(AsyncProvisioning, AsyncSessionCalls, AsyncAdmin):
     """The asyncio client; ``async with AsyncClient(url, token) as c: ...``."""
 
     def __init__(
         self, url: str, token: str = "", *, ca_cert: str | None = None, timeout: float = 30.0
     ) -> None:
-        super().__init__(url, token, ca_cert, timeout)
-        self._https: dict[str, httpx.AsyncClient] = {}
+        self.url = url
+        self._calls = Calls()
+        # GPUlayer's one HTTP client (wire/http.py): failover, pools, TLS, token, errors; the
+        # calls note the server's protocol from each answer.
+        self.wire = Wire(url, token or None, ca_cert=ca_cert, timeout=timeout, check_peer=False)
+        self.wire.heard = self._calls.heard
 
     @property
-    def _http(self) -> httpx.AsyncClient:
-        """The kept-alive connection pool of the URL in use (one per URL)."""
-        url = self.servers.url
-        if url not in self._https:
-            http = http_client(
-                url,
-                ca_cert=self._ca_cert,
-                timeout=self._timeout,
-                asynchronous=True,
-                headers=self._headers,
-            )
-            assert isinstance(http, httpx.AsyncClient)
-            self._https[url] = http
-        return self._https[url]
-
-    async def _send(self, req: Req) -> httpx.Response:
-        outcome = await send(
-            self.servers,
-            lambda: self._http,
-            req.method,
-            req.path,
-            default=self._timeout,
-            own=req.timeout,
-            keyed=req.key is not None,  # a keyed write is done once however often it is sent
-            **self._kwargs(req),
-        )
-        if isinstance(outcome, httpx.TransportError):
-            raise unreachable(self.servers.url, outcome) from None
-        return outcome
+    def servers(self) -> Servers:
+        return self.wire.servers
 
     async def _run(self, call: Call[T]) -> T:
-        try:
-            req = next(call)
-            while True:
-                req = call.send(self._check(req, await self._send(req)))
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+        return await self.wire.run(call)
 
     async def aclose(self) -> None:
-        for http in self._https.values():
-            await http.aclose()
+        await self.wire.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -145,7 +87,7 @@ class AsyncClient(_Base, AsyncProvisioning, AsyncSessionCalls, AsyncAdmin):
     ) -> None:
         await self.aclose()
 
-    # The Session protocol (connect.py), in its order, then blobs and workers; sessions,
+    # The Connection protocol (connect.py), in its order, then blobs and workers; sessions,
     # administration and provisioning come from their mixins.
 
     async def submit(self, spec: JobSpec, *, idempotency_key: str | None = None) -> Job:
@@ -248,10 +190,12 @@ class AsyncClient(_Base, AsyncProvisioning, AsyncSessionCalls, AsyncAdmin):
         For files too large to hold in memory (``get_blob`` returns them whole); the caller
         checks the content against ``digest`` as it writes.
         """
-        path = f"/artifacts/{quote(digest, safe='')}"
+        req = Req("GET", f"/artifacts/{quote(digest, safe='')}")
         written = 0
         try:
-            async with self._http.stream("GET", path, timeout=httpx.Timeout(600.0)) as resp:
+            async with self.wire.pool().stream(
+                "GET", req.path, headers=self.wire.headers(req, None), timeout=httpx.Timeout(600.0)
+            ) as resp:
                 if resp.status_code >= 400:
                     await resp.aread()
                     raise error_from(resp)
@@ -275,56 +219,26 @@ class AsyncClient(_Base, AsyncProvisioning, AsyncSessionCalls, AsyncAdmin):
         return await self._run(self._calls.remove_worker(ref, force=force))
 
 
-class Client(_Base, Provisioning, SessionCallsSync, Admin):
+class Client(Provisioning, SessionCallsSync, Admin):
     """The synchronous client: the same calls as ``AsyncClient``, for scripts and threads."""
 
     def __init__(
         self, url: str, token: str = "", *, ca_cert: str | None = None, timeout: float = 30.0
     ) -> None:
-        super().__init__(url, token, ca_cert, timeout)
-        self._https: dict[str, httpx.Client] = {}
+        self.url = url
+        self._calls = Calls()
+        self.wire = SyncWire(url, token or None, ca_cert=ca_cert, timeout=timeout, check_peer=False)
+        self.wire.heard = self._calls.heard
 
     @property
-    def _http(self) -> httpx.Client:
-        url = self.servers.url
-        if url not in self._https:
-            http = http_client(
-                url,
-                ca_cert=self._ca_cert,
-                timeout=self._timeout,
-                asynchronous=False,
-                headers=self._headers,
-            )
-            assert isinstance(http, httpx.Client)
-            self._https[url] = http
-        return self._https[url]
-
-    def _send(self, req: Req) -> httpx.Response:
-        outcome = send_sync(
-            self.servers,
-            lambda: self._http,
-            req.method,
-            req.path,
-            default=self._timeout,
-            own=req.timeout,
-            keyed=req.key is not None,
-            **self._kwargs(req),
-        )
-        if isinstance(outcome, httpx.TransportError):
-            raise unreachable(self.servers.url, outcome) from None
-        return outcome
+    def servers(self) -> Servers:
+        return self.wire.servers
 
     def _run(self, call: Call[T]) -> T:
-        try:
-            req = next(call)
-            while True:
-                req = call.send(self._check(req, self._send(req)))
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+        return self.wire.run(call)
 
     def close(self) -> None:
-        for http in self._https.values():
-            http.close()
+        self.wire.close()
 
     def __enter__(self) -> Client:
         return self

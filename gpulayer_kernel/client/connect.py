@@ -2,7 +2,7 @@
 
 Order: ``GPULAYER_URL`` (a served control plane, with ``GPULAYER_TOKEN``) → the live owner of
 ``$GPULAYER_HOME`` when it publishes an address → the embedded default, opened in-process. Whatever
-is found offers the ControlPlane's calls (``Session``), so callers never care which one they hold.
+is found offers the ControlPlane's calls (``Connection``), so callers never care which they hold.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ URL_ENV = "GPULAYER_URL"
 TOKEN_ENV = "GPULAYER_TOKEN"
 
 
-class Session(Protocol):
+class Connection(Protocol):
     """The client-side calls shared by the in-process ControlPlane and the HTTP client."""
 
     async def submit(self, spec: JobSpec) -> Job: ...
@@ -92,8 +92,7 @@ class Session(Protocol):
     async def has_bundle(self, digest: str) -> bool: ...
     async def get_blob(self, digest: str) -> bytes: ...
     async def put_blob(self, data: bytes, digest: str | None = None) -> str: ...
-    # Notebook sessions (ADR 0019): a different thing from this protocol's own name, which
-    # predates them: a "Session" here is a connection to a control plane.
+    # Notebook sessions (ADR 0019).
     async def start_session(self, spec: SessionSpec) -> SessionInfo: ...
     async def list_sessions(self, *, include_ended: bool = False) -> builtins.list[SessionInfo]: ...
     async def get_session(self, ref: str) -> SessionInfo: ...
@@ -127,8 +126,9 @@ def find_remote() -> tuple[str, str] | None:
 
 
 @contextlib.asynccontextmanager
-async def open_session(*, local_worker: bool = False) -> AsyncIterator[Session]:
-    """Yield a Session; ``local_worker`` starts an in-process worker (and a loopback API)."""
+async def open_session(*, local_worker: bool = False) -> AsyncIterator[Connection]:
+    """Yield a connection to the control plane found (the name predates notebook sessions, and
+    stays: scripts import it); ``local_worker`` starts an in-process worker (and a loopback API)."""
     remote = find_remote()
     if remote is not None:
         try:
@@ -149,7 +149,7 @@ async def open_session(*, local_worker: bool = False) -> AsyncIterator[Session]:
 LONG_POLL = 25.0  # seconds one logs/events long-poll may wait; a server answers at once on news
 
 
-async def job_changes(s: Session, job_id: str, cursor: str) -> AsyncIterator[Job]:
+async def job_changes(s: Connection, job_id: str, cursor: str) -> AsyncIterator[Job]:
     """The job each time it changes, followed on the event stream from ``cursor`` (long-poll).
 
     A restart of the control plane shows as ``reset`` (the cursor's epoch changed): the job is read

@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from ..codes import ErrorCode
 from ..contracts.workspace import Digests, WorkspaceAnswer, WorkspaceCall, WorkspaceView
 from ..errors import NotFound
 
 if TYPE_CHECKING:
     from ..controlplane import ControlPlane
     from ..security.roles import Identity
+    from ..wire.http import Wire
     from ..workspace.host import WorkspaceLink
 
 
@@ -51,11 +53,11 @@ class CpWorkspaceLink:
 
 
 class HttpWorkspaceLink:
-    """The same calls on a served control plane with a client token."""
+    """The same calls on a served control plane, on its caller's wire (``wire/http.py``: the
+    kernels' link's, or a client's: failover, pools, TLS, token, errors)."""
 
-    def __init__(self, http: httpx.AsyncClient, headers: dict[str, str]) -> None:
-        self.http = http
-        self.headers = headers
+    def __init__(self, wire: Wire) -> None:
+        self.wire = wire
 
     async def _call(
         self,
@@ -67,34 +69,17 @@ class HttpWorkspaceLink:
         params: dict[str, str] | None = None,
         timeout: float = 120.0,
     ) -> httpx.Response:
-        from .httpbase import error_from, unreachable
+        from .calls import Req
 
-        headers = dict(self.headers)
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-            content = body.encode()
-        elif content is not None:
-            headers["Content-Type"] = "application/octet-stream"
-        try:
-            resp = await self.http.request(
-                method,
-                path.lstrip("/"),
-                content=content,
-                params=params,
-                headers=headers,
-                timeout=httpx.Timeout(timeout, connect=10.0),
-            )
-        except httpx.TransportError as exc:
-            raise unreachable(str(self.http.base_url), exc) from None
-        if resp.status_code >= 400:
-            raise error_from(resp)
-        return resp
+        pairs = list((params or {}).items())
+        req = Req(method, path, params=pairs, json=body, content=content, timeout=timeout)
+        return await self.wire.send(req)
 
     async def view(self, session_id: str) -> WorkspaceView | None:
         try:
             resp = await self._call("GET", f"/sessions/{session_id}/workspace")
         except NotFound as exc:
-            if exc.code == "workspace_none":
+            if exc.code == ErrorCode.WORKSPACE_NONE:
                 return None
             raise
         return WorkspaceView.model_validate_json(resp.content)
@@ -126,13 +111,14 @@ class HttpWorkspaceLink:
 def link_for(source: Any) -> WorkspaceLink:
     """The workspace link beside a kernel's host link (``kernels/link.py``) or a control plane
     session from ``client.connect`` (a ControlPlane, or an ``AsyncClient``)."""
+    from ..wire.http import Wire
+
     cp = getattr(source, "cp", None)
-    if cp is not None and not isinstance(source, httpx.AsyncClient):
+    if cp is not None:
         return CpWorkspaceLink(cp, getattr(source, "who", None))
-    http = getattr(source, "http", None) or getattr(source, "_http", None)
-    if isinstance(http, httpx.AsyncClient):
-        headers = dict(getattr(source, "headers", None) or {})
-        return HttpWorkspaceLink(http, headers)
+    wire = getattr(source, "wire", None)
+    if isinstance(wire, Wire):
+        return HttpWorkspaceLink(wire)
     from ..controlplane import ControlPlane
 
     if isinstance(source, ControlPlane):

@@ -1,8 +1,8 @@
-"""A synchronous bridge from the kernel's main thread to a GPUlayer Session on a private loop.
+"""A synchronous bridge from the kernel's main thread to a GPUlayer Connection on a private loop.
 
 A ``%%gpulayer`` cell runs synchronously on the kernel's main thread, and ipykernel's own event
-loop is busy running that very cell, so the Session cannot live there. The bridge owns one daemon
-thread with its own asyncio loop; on it lives the Session the kernel talks to:
+loop is busy running that very cell, so the Connection cannot live there. The bridge owns one daemon
+thread with its own asyncio loop; on it lives the Connection the kernel talks to:
 
 * the embedded default (ControlPlane on SQLite under ``$GPULAYER_HOME`` + an in-process local
   worker) when no server is configured — plain IPython, a script, nbval;
@@ -34,7 +34,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
-from ..client.connect import LONG_POLL, URL_ENV, Session, open_session
+from ..client.connect import LONG_POLL, URL_ENV, Connection, open_session
+from ..codes import ErrorCode
 from ..contracts import Job, JobFollow, JobSpec, JobState, LogPage, LogRecord, WorkerInfo
 from ..contracts.reports import MAX_INLINE_BUNDLE
 from ..errors import GPUlayerError, NotFound, Unavailable
@@ -86,13 +87,13 @@ class Watch:
 
 
 class Bridge:
-    """A Session on a background loop, with blocking, interruptible calls for the kernel."""
+    """A Connection on a background loop, with blocking, interruptible calls for the kernel."""
 
     def __init__(self, target: Target | None = None) -> None:
         self.target = target or Target()
         self.embedded = False
         self.closed = False
-        self._session: Session | None = None
+        self._session: Connection | None = None
         self._error: BaseException | None = None
         self._ready = threading.Event()
         self._loop = asyncio.new_event_loop()
@@ -134,7 +135,7 @@ class Bridge:
             self._ready.set()
 
     @contextlib.asynccontextmanager
-    async def _open(self) -> AsyncIterator[Session]:
+    async def _open(self) -> AsyncIterator[Connection]:
         t = self.target
         if t.url:
             try:
@@ -162,8 +163,8 @@ class Bridge:
             self.embedded = isinstance(session, ControlPlane)
             yield session
 
-    def ready(self, timeout: float | None = CONNECT_TIMEOUT) -> Session:
-        """The Session, once open; raises why it could not be opened."""
+    def ready(self, timeout: float | None = CONNECT_TIMEOUT) -> Connection:
+        """The Connection, once open; raises why it could not be opened."""
         if not self._ready.wait(timeout):
             raise Unavailable(
                 f"the control plane did not open within {timeout:g}s",
@@ -183,11 +184,11 @@ class Bridge:
 
     @property
     def failed(self) -> bool:
-        """True when opening the Session failed (the next ``get_bridge()`` tries again)."""
+        """True when opening the Connection failed (the next ``get_bridge()`` tries again)."""
         return self._ready.is_set() and self._session is None and self._error is not None
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
-        """Close the Session (an embedded worker stops its running jobs first)."""
+        """Close the Connection (an embedded worker stops its running jobs first)."""
         if self.closed:
             return
         self.closed = True
@@ -203,7 +204,7 @@ class Bridge:
 
     # -- calls -----------------------------------------------------------------------------------
 
-    def call(self, fn: Callable[[Session], Awaitable[T]], timeout: float | None = None) -> T:
+    def call(self, fn: Callable[[Connection], Awaitable[T]], timeout: float | None = None) -> T:
         """Run ``fn(session)`` on the bridge loop and wait for it (Ctrl-C cancels it)."""
         session = self.ready()
         if self.closed:
@@ -228,12 +229,12 @@ class Bridge:
         digest = getattr(spec.workload, "bundle", None)
         data = self._staged.pop(digest, None) if digest is not None else None
 
-        async def run(s: Session) -> JobFollow:
+        async def run(s: Connection) -> JobFollow:
             send = data if data is not None and digest not in self._sent else None
             try:
                 return await s.run(spec, send, wait=LONG_POLL, linger=LINGER)
             except NotFound as exc:
-                if exc.code != "bundle_not_found" or data is None or send is not None:
+                if exc.code != ErrorCode.BUNDLE_NOT_FOUND or data is None or send is not None:
                     raise
                 # The control plane lost what it had (a new state directory): send it again.
                 return await s.run(spec, data, wait=LONG_POLL, linger=LINGER)
@@ -286,7 +287,7 @@ class Bridge:
         """
         first = self._first.pop(job_id, None)
 
-        async def run(s: Session) -> Job:
+        async def run(s: Connection) -> Job:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
             page = first or await s.follow(job_id)
@@ -309,7 +310,7 @@ class Bridge:
         if len(data) <= MAX_INLINE_BUNDLE:
             return True
 
-        async def run(s: Session) -> bool:
+        async def run(s: Connection) -> bool:
             if await s.has_bundle(digest):
                 return False
             await s.put_bundle(data, digest)
@@ -355,7 +356,7 @@ class Bridge:
 
 
 async def _follow(
-    s: Session, job_id: str, sink: Callable[[Update], None], first: JobFollow | None
+    s: Connection, job_id: str, sink: Callable[[Update], None], first: JobFollow | None
 ) -> None:
     """Pass on the job's state, pending explanation, progress and lines as they come, one
     long-poll per change (a submit's answer is the first page), then its end."""
@@ -375,7 +376,7 @@ async def _follow(
         sink(Update("error", error=exc))
 
 
-async def _next_page(s: Session, job_id: str, page: JobFollow) -> JobFollow:
+async def _next_page(s: Connection, job_id: str, page: JobFollow) -> JobFollow:
     """The page after ``page``, riding out a control plane that is away for a while (its
     cursor then says it restarted: the page after it comes at once)."""
     loop = asyncio.get_running_loop()

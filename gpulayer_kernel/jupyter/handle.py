@@ -16,11 +16,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import render, textview
+from .. import render
 from ..artifacts import find_artifact
 from ..contracts import Artifact, Job, JobState
 from ..errors import GPUlayerError
 from ..words import plain
+from . import textview
 from .bridge import Bridge, Update
 
 if TYPE_CHECKING:

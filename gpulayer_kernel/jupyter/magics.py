@@ -26,12 +26,12 @@ try:
 except ImportError as exc:  # a wheel installed without the jupyter extra
     raise MissingExtra.of("jupyter", "the %%gpulayer magics", exc) from None
 
-from .. import render, textview, transfer
+from .. import render, transfer
 from ..contracts import Job, JobSpec, parse, parse_pairs
 from ..runner import LAST_VALUE, SHOWN_KEY
 from ..sessions import SessionCellError
 from ..workspace import cells as workspace_cells
-from . import line_commands
+from . import line_commands, textview
 from .bridge import Bridge, get_bridge
 from .cellspec import (
     CELL_FILE,

@@ -27,20 +27,21 @@ import asyncio
 import contextlib
 import logging
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, parse_qsl
 
 import httpx
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
 
-from ..client.httpbase import http_client, unreachable
+from ..client.calls import IDEMPOTENCY_KEY, Req
 from ..errors import GPUlayerError, InvalidInput, Unavailable
-from ..ha.failover import Servers, send
+from ..wire.http import Wire
 
 log = logging.getLogger("gpulayer.jupyter")
 
 TIMEOUT = 60.0  # seconds a forwarded call may take, beyond the long-poll it asked for
 MAX_WAIT = 300.0  # the longest long-poll forwarded (the servers cap theirs lower)
+PASSED = tuple(range(400, 600))  # every error answer is the browser's to read, as it came
 PASSED_BACK = ("Content-Type", "Retry-After", "Date", "Content-Disposition", "Cache-Control")
 
 
@@ -48,23 +49,15 @@ class Upstream:
     """The served control plane's URLs and token, and one kept-alive client per URL."""
 
     def __init__(self, urls: str, token: str) -> None:
-        self.servers = Servers(urls)
-        self.token = token
-        self._clients: dict[str, httpx.AsyncClient] = {}
+        # GPUlayer's one HTTP client (wire/http.py): failover, pools, the token. Every answer is
+        # handed back as it came (``PASSED``), errors included: the panel reads their JSON.
+        self.wire = Wire(urls, token or None, timeout=TIMEOUT, check_peer=False)
         self._calls: set[asyncio.Task[Any]] = set()
         self.closing = False
 
     @property
     def url(self) -> str:
-        return self.servers.url
-
-    def _client(self, url: str) -> httpx.AsyncClient:
-        c = self._clients.get(url)
-        if c is None:
-            made = http_client(url, ca_cert=None, timeout=TIMEOUT, asynchronous=True)
-            assert isinstance(made, httpx.AsyncClient)
-            c = self._clients[url] = made
-        return c
+        return self.wire.url
 
     async def forward(
         self, method: str, path: str, query: str, body: bytes | None, headers: dict[str, str]
@@ -72,22 +65,17 @@ class Upstream:
         """One call, on the URL in use (moving on as ``Servers`` says); ``unreachable`` when
         none answers."""
         sent = {k: v for k, v in headers.items() if v}
-        if self.token:
-            sent["Authorization"] = f"Bearer {self.token}"
-        outcome = await send(
-            self.servers,
-            lambda: self._client(self.servers.url),
+        req = Req(
             method,
-            path + (f"?{query}" if query else ""),
-            default=TIMEOUT,
-            own=TIMEOUT + _wait(query),
-            keyed="Idempotency-Key" in sent,
+            path,
+            params=parse_qsl(query, keep_blank_values=True),
             content=body,
+            timeout=TIMEOUT + _wait(query),
+            ok=PASSED,
+            key=sent.pop(IDEMPOTENCY_KEY, None),
             headers=sent,
         )
-        if isinstance(outcome, httpx.TransportError):
-            raise unreachable(self.servers.url, outcome) from None
-        return outcome
+        return await self.wire.send(req)
 
     def track(self, task: asyncio.Task[Any]) -> None:
         self._calls.add(task)
@@ -98,10 +86,8 @@ class Upstream:
         self.closing = True
         for task in list(self._calls):
             task.cancel()
-        for c in self._clients.values():
-            with contextlib.suppress(Exception):
-                await c.aclose()
-        self._clients.clear()
+        with contextlib.suppress(Exception):
+            await self.wire.aclose()
 
 
 def _wait(query: str) -> float:

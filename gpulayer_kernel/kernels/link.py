@@ -113,30 +113,14 @@ class HttpLink:
     TIMEOUT = 60.0
 
     def __init__(self, url: str, token: str) -> None:
-        from ..ha.failover import Servers
+        from ..wire.http import Wire
 
-        self.servers = Servers(url)
+        # GPUlayer's one HTTP client (wire/http.py): failover, pools, TLS, token, errors.
+        self.wire = Wire(url, token or None, timeout=self.TIMEOUT)
         self.token = token
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._https: dict[str, httpx.AsyncClient] = {}
         self._streams: dict[str, Stream] = {}
         self._plain = False  # the server or a proxy takes no stream: the HTTP routes
-        self._pool()  # the first URL's now: a bad URL fails at once
-
-    @property
-    def http(self) -> httpx.AsyncClient:
-        """The connection pool of the URL in use."""
-        return self._pool()
-
-    def _pool(self) -> httpx.AsyncClient:
-        from ..client.httpbase import http_client
-
-        url = self.servers.url
-        if url not in self._https:
-            client = http_client(url, ca_cert=None, timeout=self.TIMEOUT, asynchronous=True)
-            assert isinstance(client, httpx.AsyncClient)
-            self._https[url] = client
-        return self._https[url]
+        self.wire.pool()  # the first URL's now: a bad URL fails at once
 
     async def _call(
         self,
@@ -146,34 +130,16 @@ class HttpLink:
         params: dict[str, str] | None = None,
         timeout: float | None = None,
     ) -> httpx.Response:
-        from ..client.httpbase import error_from, unreachable
-        from ..ha.failover import send
+        from ..client.calls import Req
 
-        headers = dict(self.headers)
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        outcome = await send(
-            self.servers,
-            self._pool,
-            method,
-            path.lstrip("/"),
-            default=self.TIMEOUT,
-            own=timeout,
-            content=body.encode() if body is not None else None,
-            params=params,
-            headers=headers,
-        )
-        if isinstance(outcome, httpx.TransportError):
-            raise unreachable(self.servers.url, outcome) from None
-        if outcome.status_code >= 400:
-            raise error_from(outcome)
-        return outcome
+        pairs = list((params or {}).items())
+        return await self.wire.send(Req(method, path, params=pairs, json=body, timeout=timeout))
 
     def _stream(self, kernel_id: str) -> Stream:
         s = self._streams.get(kernel_id)
         if s is None:
             s = self._streams[kernel_id] = Stream(
-                self.servers.urls, f"/kernels/{kernel_id}/stream", self.token
+                self.wire.servers.urls, f"/kernels/{kernel_id}/stream", self.token
             )
         return s
 
@@ -244,8 +210,7 @@ class HttpLink:
         for s in self._streams.values():
             await s.close()
         self._streams.clear()
-        for http in self._https.values():
-            await http.aclose()
+        await self.wire.aclose()
 
 
 def _lane_page(page: KernelPage) -> LanePage:

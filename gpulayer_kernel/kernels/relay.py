@@ -35,6 +35,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from ..codes import ErrorCode
 from ..contracts.kernels import Channel
 from ..errors import GPUlayerError, NotFound, TooLarge
 from ..wire.kernels import DELIM, KernelMessage, part
@@ -149,7 +150,7 @@ class LocalRelay:
 
     async def _lost(self, exc: NotFound) -> bool:
         """A restarted control plane forgot the kernel: re-attach, then send again."""
-        if exc.code != "kernel_not_found" or self.on_lost_key is None:
+        if exc.code != ErrorCode.KERNEL_NOT_FOUND or self.on_lost_key is None:
             return False
         await self._reattach()
         return True
@@ -165,7 +166,7 @@ class LocalRelay:
             except asyncio.CancelledError:
                 raise
             except NotFound as exc:
-                if exc.code == "kernel_not_found" and self.on_lost_key is not None:
+                if exc.code == ErrorCode.KERNEL_NOT_FOUND and self.on_lost_key is not None:
                     await self._reattach()
                     continue
                 self._end(f"kernel died: {exc.message}")

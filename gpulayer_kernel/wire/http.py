@@ -159,8 +159,9 @@ class SyncWire(_Base):
         *,
         ca_cert: str | None = None,
         timeout: float = 30.0,
+        check_peer: bool = True,
     ) -> None:
-        super().__init__(urls, credential, ca_cert=ca_cert, timeout=timeout)
+        super().__init__(urls, credential, ca_cert=ca_cert, timeout=timeout, check_peer=check_peer)
         self._pools: dict[str, httpx.Client] = {}
 
     def pool(self) -> httpx.Client:

@@ -38,6 +38,7 @@ import tornado.websocket
 
 from .. import versions
 from ..client.httpbase import api_base
+from ..codes import ErrorCode
 from ..contracts import PROTOCOL
 from ..contracts.kernels import MAX_MESSAGE
 from ..errors import GPUlayerError, Unavailable, from_json
@@ -223,13 +224,21 @@ class Stream:
             request_timeout=CONNECT_TIMEOUT,
             ssl_options=client_verify(self.ca_cert) if scheme == "wss" else None,
         )
-        try:
-            conn = await tornado.websocket.websocket_connect(
+        opening = asyncio.ensure_future(
+            tornado.websocket.websocket_connect(
                 request,
                 max_message_size=MAX_MESSAGE + (1 << 20),
                 ping_interval=PING_EVERY,
                 ping_timeout=PING_EVERY,
             )
+        )
+        try:
+            # Shielded: a close() while the upgrade is under way must not orphan the connection
+            # tornado goes on opening (unclosed, it warns when collected, in whatever runs then).
+            conn = await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            opening.add_done_callback(_close_opened)
+            raise
         except tornado.httpclient.HTTPClientError as exc:
             raise _refusal(exc) from None
         except (OSError, tornado.websocket.WebSocketError, TimeoutError) as exc:
@@ -304,6 +313,12 @@ class Stream:
         self._drained.set()
 
 
+def _close_opened(opening: asyncio.Future[tornado.websocket.WebSocketClientConnection]) -> None:
+    """Close a connection whose opener went away before it was made."""
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
+
+
 def _write_soon(conn: tornado.websocket.WebSocketClientConnection, data: bytes) -> None:
     """Write without waiting (an acknowledgement); a closed connection drops it: the reconnect
     asks from the same cursor."""
@@ -323,7 +338,7 @@ def _refusal(exc: tornado.httpclient.HTTPClientError) -> GPUlayerError:
             body = json.loads(response.body)
     if isinstance(body, dict) and "code" in body:
         err = from_json(exc.code, body)
-        if exc.code == 404 and err.code == "not_found":
+        if exc.code == 404 and err.code == ErrorCode.NOT_FOUND:
             return StreamUnsupported("this control plane has no stream route")
         if err.code in MOVE_CODES:
             return Unavailable(err.message, hint=err.hint, code=err.code)

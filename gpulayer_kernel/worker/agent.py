@@ -33,6 +33,7 @@ import logging
 import signal
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, cast
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import FinishReport, JobAssignment, Work, WorkerInfo, WorkerRegistration
@@ -44,9 +45,13 @@ from .executor import JobExecutor
 from .ports import PortReservations
 from .processes import reap_leftovers
 from .reports import Reporter
+from .running import Executor, Steered
 from .sessions.executor import SessionExecutor
 from .transport import AttemptTransport, Transport
 from .warm import WarmRunner, session_preload
+
+if TYPE_CHECKING:
+    from .sessions.kernel import KernelExecutor
 
 __all__ = ["WorkerAgent", "backoff"]  # backoff: re-exported for the CLI's join loop
 
@@ -108,7 +113,7 @@ class WorkerAgent:
         self.bundles = BundleCache(config.work_root / "bundles", config.bundle_cache_bytes)
         self.reporter = Reporter(transport.report, clock=clock, linger=config.report_linger)
         self.info: WorkerInfo | None = None
-        self.running: dict[Attempt, JobExecutor | SessionExecutor] = {}
+        self.running: dict[Attempt, Executor] = {}
         self._done: OrderedDict[Attempt, None] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
@@ -276,9 +281,9 @@ class WorkerAgent:
             self._stale((ref.job_id, ref.attempt))
         for cell in work.cells:
             session = self._session(cell.session_id)
-            if session is not None:
+            if isinstance(session, SessionExecutor):
                 session.submit(cell)
-            else:
+            else:  # a GPU kernel takes no cells: its Jupyter host talks to the kernel
                 log.warning(
                     "cell %s for session %s, which does not run here", cell.number, cell.session_id
                 )
@@ -289,11 +294,11 @@ class WorkerAgent:
             if (s := self._session(session_id)) is not None:
                 s.restart()
 
-    def _session(self, job_id: str) -> SessionExecutor | None:
-        """The newest attempt of a session running here."""
+    def _session(self, job_id: str) -> Steered | None:
+        """The newest attempt of a session (or GPU kernel) running here."""
         found = [(a, ex) for (j, a), ex in self.running.items() if j == job_id]
         ex = max(found, key=lambda p: p[0])[1] if found else None
-        return ex if isinstance(ex, SessionExecutor) else None
+        return None if ex is None or isinstance(ex, JobExecutor) else cast(Steered, ex)
 
     def _stale(self, key: Attempt) -> None:
         """The control plane moved on from this attempt: stop its process; its reports drop."""
@@ -312,11 +317,11 @@ class WorkerAgent:
                 return  # an older attempt than the one running here: stale on arrival
             old.cancel(f"superseded by attempt {a.attempt}")
         moved_on = lambda: self._stale(key)  # noqa: E731
-        ex: JobExecutor | SessionExecutor
+        ex: Executor
         if a.job.spec.is_session:
             # A session's lines and cell reports keep their own order: not through the reporter.
             # A GPU kernel (ADR 0021) is a session whose rank is an ipykernel, relayed.
-            executor: type[SessionExecutor] = SessionExecutor
+            executor: type[SessionExecutor | KernelExecutor] = SessionExecutor
             if getattr(a.job.spec.workload, "kernel", False):
                 # Imported here: most workers never run a kernel; every `gpulayer run` starts one.
                 from .sessions.kernel import KernelExecutor
@@ -345,7 +350,7 @@ class WorkerAgent:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run_job(self, key: Attempt, ex: JobExecutor | SessionExecutor) -> None:
+    async def _run_job(self, key: Attempt, ex: Executor) -> None:
         try:
             report = await self._with_shutdown(await ex.run())
             await self._deliver(ex, key, report.model_copy(update={"attempt": key[1]}))
@@ -372,9 +377,7 @@ class WorkerAgent:
         why = f"the worker is shutting down; the job was {report.reason or 'signalled'}"
         return report.model_copy(update={"state": "cancelled", "reason": why})
 
-    async def _deliver(
-        self, ex: JobExecutor | SessionExecutor, key: Attempt, report: FinishReport
-    ) -> None:
+    async def _deliver(self, ex: Executor, key: Attempt, report: FinishReport) -> None:
         """Report a result until the control plane has it: a finished job's result is never lost
         (a stale attempt's is refused: dropped here). A job's goes with its other reports."""
         job_id = key[0]

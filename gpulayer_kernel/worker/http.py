@@ -46,6 +46,7 @@ import httpx
 from .. import versions
 from ..client.calls import Req
 from ..clock import SYSTEM_CLOCK, Clock
+from ..codes import ErrorCode
 from ..contracts import (
     CellReport,
     FinishReport,
@@ -351,7 +352,7 @@ class HttpTransport(Transport):
                 )
                 return Rendezvous.model_validate_json(resp.content)
             except Conflict as exc:
-                if exc.code != "rendezvous_pending" or self.clock.monotonic() >= deadline:
+                if exc.code != ErrorCode.RENDEZVOUS_PENDING or self.clock.monotonic() >= deadline:
                     raise
 
     async def deregister(self) -> None:

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from ..codes import ErrorCode
 from ..contracts import Job, JobSpec, WorkerInfo
 from ..contracts.workspace import RECORD_PREFIX, WorkspaceSource
 from ..errors import GPUlayerError
@@ -178,7 +179,7 @@ async def _prepare(bridge: Bridge, s: Any, spec: JobSpec, source: WorkspaceSourc
     try:
         digest, base, notes = await folder.manifest()
     except GPUlayerError as exc:
-        if exc.code != "workspace_too_big":
+        if exc.code != ErrorCode.WORKSPACE_TOO_BIG:
             raise
         return CellRun(with_source(spec, source), words=[f"the workspace was not synced: {exc}"])
     cap = os.environ.get(BACK_ENV, "")

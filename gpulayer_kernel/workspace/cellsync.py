@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..codes import ErrorCode
 from ..contracts import Artifact, Job
 from ..contracts.workspace import (
     RECORD_PREFIX,
@@ -173,7 +174,7 @@ async def bring_back(
             words.append(f"the outputs' record {record.name} could not be read: {exc}")
             continue
         if not answer.ok:
-            unsent = unsent or answer.code == "workspace_no_manifest"
+            unsent = unsent or answer.code == ErrorCode.WORKSPACE_NO_MANIFEST
             words.append(answer.error or "the outputs did not come back")
             continue
         data: dict[str, bytes] = {}

@@ -16,6 +16,7 @@ import contextlib
 import logging
 from pathlib import Path
 
+from ..codes import ErrorCode
 from ..errors import GPUlayerError
 from .host import HostWorkspace, WorkspaceLink
 
@@ -41,7 +42,7 @@ class KernelWorkspace:
         try:
             await self.engine.before_cell()
         except GPUlayerError as exc:
-            if exc.code == "workspace_too_big":
+            if exc.code == ErrorCode.WORKSPACE_TOO_BIG:
                 self.engine.off = exc.message
             self._say.append(f"the workspace was not synced: {exc}")
         except Exception as exc:  # a kernel never stops for its workspace

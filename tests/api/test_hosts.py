@@ -1,5 +1,5 @@
 """The API's two hosts and its clients: Jupyter's APIHandler composes with the mixins, the HTTP
-client offers exactly the Session calls, and an Embedded control plane can serve itself."""
+client offers exactly the Connection calls, and an Embedded control plane can serve itself."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import tornado.web
 from gpulayer_kernel.api import USER_ROUTES, WORKER_ROUTES, GLMixin, user_handlers
 from gpulayer_kernel.api.routes import compose
 from gpulayer_kernel.client.clients import AsyncClient, Client
-from gpulayer_kernel.client.connect import Session
+from gpulayer_kernel.client.connect import Connection
 from gpulayer_kernel.contracts import CommandWorkload, JobSpec, JobState
 from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.embedded import Embedded
@@ -61,12 +61,12 @@ def test_user_mixins_compose_with_jupyter_s_api_handler() -> None:
 def test_the_client_offers_exactly_the_session_calls() -> None:
     session_calls = {
         name
-        for name, _ in inspect.getmembers(Session, inspect.isfunction)
+        for name, _ in inspect.getmembers(Connection, inspect.isfunction)
         if not name.startswith("_")
     }
     assert session_calls
     for name in session_calls:
-        want = inspect.signature(getattr(Session, name))
+        want = inspect.signature(getattr(Connection, name))
         for cls in (AsyncClient, ControlPlane):
             got = getattr(cls, name)
             assert inspect.iscoroutinefunction(got), (cls, name)

@@ -291,7 +291,7 @@ async def test_a_server_of_another_major_version_is_refused_naming_both() -> Non
         return httpx.Response(200, json={}, headers={versions.HEADER: "2.3"})
 
     client = AsyncClient("http://127.0.0.1:9")
-    client._https[client.servers.url] = httpx.AsyncClient(  # a server from the future
+    client.wire._pools[client.wire.servers.url] = httpx.AsyncClient(  # a server from the future
         base_url="http://127.0.0.1:9/api/v1", transport=httpx.MockTransport(handler)
     )
     with pytest.raises(InvalidInput) as err:

@@ -19,10 +19,9 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from gpulayer_kernel import textview
 from gpulayer_kernel.contracts import Job, JobState
 from gpulayer_kernel.jupyter import bridge as bridge_mod
-from gpulayer_kernel.jupyter import magics
+from gpulayer_kernel.jupyter import magics, textview
 from gpulayer_kernel.jupyter.handle import CellError, JobCancelled, JobFailed, JobHandle, NoResult
 from gpulayer_kernel.testing import wait_until
 

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from gpulayer_kernel.client.connect import TOKEN_ENV, URL_ENV
-from gpulayer_kernel.client.httpbase import http_client
 from gpulayer_kernel.client.workspace import HttpWorkspaceLink
 from gpulayer_kernel.contracts import JobState, SessionHolder, SessionSpec
 from gpulayer_kernel.contracts.jobs import Resources
@@ -27,6 +26,7 @@ from gpulayer_kernel.kernels.host import host, use_link
 from gpulayer_kernel.kernels.link import HttpLink
 from gpulayer_kernel.testing.processes import ServeProcess, WorkerProcess
 from gpulayer_kernel.testing.waiting import until, wait_until
+from gpulayer_kernel.wire.http import Wire
 from gpulayer_kernel.workspace.host import HostWorkspace
 from gpulayer_kernel.workspace.names import TMP_PREFIX
 from gpulayer_kernel.workspace.plan import host_id
@@ -149,8 +149,8 @@ async def test_the_control_plane_killed_mid_sync_loses_nothing(
     folder = tmp_path / "big"
     want = make_folder(folder, 300, 200_000)  # 60 MB: a sync that takes a while
     info = await session_with_workspace(server, folder)
-    http = http_client(server.url, ca_cert=None, timeout=60, asynchronous=True)
-    link = HttpWorkspaceLink(http, {"Authorization": f"Bearer {server.admin_token}"})  # type: ignore[arg-type]
+    wire = Wire(server.url, server.admin_token, timeout=60)
+    link = HttpWorkspaceLink(wire)
     ws = HostWorkspace(folder, info.id, link)
     try:
         syncing = asyncio.ensure_future(ws.before_cell())
@@ -169,7 +169,7 @@ async def test_the_control_plane_killed_mid_sync_loses_nothing(
         assert assert_never_a_mix(there, {k: [v] for k, v in want.items()}) == len(want)
     finally:
         ws.close()
-        await http.aclose()  # type: ignore[union-attr]
+        await wire.aclose()
 
 
 async def test_the_worker_killed_mid_sync_leaves_no_mixed_file_and_a_clear_error(
@@ -179,8 +179,8 @@ async def test_the_worker_killed_mid_sync_leaves_no_mixed_file_and_a_clear_error
     folder = tmp_path / "big"
     want = make_folder(folder, 300, 200_000)
     info = await session_with_workspace(server, folder)
-    http = http_client(server.url, ca_cert=None, timeout=60, asynchronous=True)
-    link = HttpWorkspaceLink(http, {"Authorization": f"Bearer {server.admin_token}"})  # type: ignore[arg-type]
+    wire = Wire(server.url, server.admin_token, timeout=60)
+    link = HttpWorkspaceLink(wire)
     ws = HostWorkspace(folder, info.id, link)
     try:
         syncing = asyncio.ensure_future(ws.before_cell())
@@ -197,4 +197,4 @@ async def test_the_worker_killed_mid_sync_leaves_no_mixed_file_and_a_clear_error
         )  # the notebook's folder is untouched
     finally:
         ws.close()
-        await http.aclose()  # type: ignore[union-attr]
+        await wire.aclose()

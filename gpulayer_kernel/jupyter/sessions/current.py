@@ -21,11 +21,12 @@ from typing import Any, cast
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
-from ... import render, textview
+from ... import render
 from ...contracts import Job, JobState, SessionHolder, SessionInfo, SessionStatus, parse_duration
 from ...contracts.workspace import WorkspaceSource
 from ...errors import GPUlayerError
 from ...sessions import SessionHandle, client_id, session_spec
+from .. import textview
 from ..bridge import Bridge, get_bridge
 from ..cellspec import NOTEBOOK_LABEL, env_values, notebook_path
 from ..handle import CellError, CellInterrupted

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from typing import Protocol
 
+from ...codes import ErrorCode
 from ...contracts import SessionStatus
 from ...errors import GPUlayerError
 from ...sessions import SessionHandle
@@ -44,7 +45,7 @@ def link_lost(sessions: KernelSessions) -> str | None:
     try:
         info = handle.bridge.call(lambda s: s.get_session(handle.id))
     except GPUlayerError as exc:
-        if exc.code != "session_not_found":
+        if exc.code != ErrorCode.SESSION_NOT_FOUND:
             raise
         why = "is gone"
     else:

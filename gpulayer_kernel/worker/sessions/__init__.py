@@ -1,3 +1,4 @@
-"""A session on its worker (ADR 0019): the executor (``executor.py``), its ranks' processes
-(``ranks.py``, each running ``host.py``), their cells (``cells.py``), and the frames between them
-(``wire.py``, ``channel.py``, ``output.py``)."""
+"""A session on its worker (ADR 0019): the executor (``executor.py``) holding its attempt
+(``attempt.py``, shared with a GPU kernel's executor, ``kernel.py``), its rank group (``ranks.py``,
+each rank running ``host.py``) and its cells (``cells.py``), side by side; and the frames between
+them (``wire.py``, ``channel.py``, ``output.py``)."""

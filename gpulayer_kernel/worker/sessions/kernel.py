@@ -36,7 +36,8 @@ import signal
 import sys
 from typing import Any
 
-from ...contracts import JobAssignment
+from ...clock import SYSTEM_CLOCK, Clock
+from ...contracts import FinishReport, Job, JobAssignment
 from ...contracts.kernels import (
     OUTPUT_CAP,
     Channel,
@@ -54,7 +55,7 @@ from ..ports import PortReservations
 from ..processes import killpg
 from ..transport import Transport
 from ..warm import WarmRunner
-from .executor import SessionExecutor
+from .attempt import RESTART, STOP, SessionAttempt
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -63,10 +64,10 @@ STOP_WAIT = 3.0  # seconds the kernel gets to leave after SIGTERM before SIGKILL
 CHANNELS: tuple[Channel, ...] = ("shell", "control", "stdin")
 
 
-class KernelExecutor(SessionExecutor):
-    """One GPU kernel's process on this worker, for one attempt of its session's job."""
-
-    WHAT = "kernel"
+class KernelExecutor:
+    """One GPU kernel's process on this worker, for one attempt of its session's job: a sibling
+    of ``SessionExecutor`` over the same kind of attempt (``attempt.py``), with no rank group and
+    no cells (the Jupyter host talks to the kernel itself)."""
 
     def __init__(
         self,
@@ -76,13 +77,10 @@ class KernelExecutor(SessionExecutor):
         *,
         ports: PortReservations,
         warm: WarmRunner | None,
-        **kw: Any,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        super().__init__(assignment, transport, config, ports=ports, warm=warm, **kw)
-        # One process sees every GPU of the placement (rank 0); more ranks are ADR 0021's gap.
-        self.nproc = 1
-        self.world_size = 1
-        self.rank_base = 0
+        self.at = SessionAttempt(assignment, transport, config, ports=ports, warm=warm, clock=clock)
+        self.clock = clock
         self.link = transport.kernel_link()
         self.proc: asyncio.subprocess.Process | None = None
         self.generation = -1
@@ -98,29 +96,41 @@ class KernelExecutor(SessionExecutor):
         self._conn: KernelConnection | None = None  # the running process's key
         self._quiet = False  # a stop or restart of ours: the process's end is not news
 
+    @property
+    def job(self) -> Job:
+        return self.at.job
+
     # -- the agent's side ------------------------------------------------------------------------
+
+    def cancel(self, reason: str = "stopped") -> None:
+        self.at.cancel(reason)
 
     def interrupt(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
             killpg(self.proc.pid, signal.SIGINT)
 
-    def submit(self, cell: Any) -> None:
-        log.warning("cell %s sent to kernel %s: kernels take no session cells", cell, self.job.id)
+    def restart(self) -> None:
+        """Kill the kernel's process and start another with the key the control plane holds."""
+        self.at.restart()
 
-    # -- life: SessionExecutor.run, over these ---------------------------------------------------
+    def cleanup(self) -> None:
+        self.at.cleanup()
 
-    async def _start(self) -> None:
-        await self._start_kernel()
+    # -- life ------------------------------------------------------------------------------------
+
+    async def run(self) -> FinishReport:
+        return await self.at.live("kernel", self._start_kernel, self._serve, self._stop)
 
     async def _serve(self) -> None:
         self._pumps.append(asyncio.create_task(self._down()))
         self._pumps.append(asyncio.create_task(self.outbox.run()))
-        while not self._cancel.is_set():
-            item = await self._queue.get()
-            if item == "stop":
+        at = self.at
+        while not at.cancelled.is_set():
+            item = await at.queue.get()
+            if item == STOP:
                 break
-            if item == "restart":
-                self._restarting.clear()
+            if item == RESTART:
+                at.restarting.clear()
                 await self._stop_kernel()
                 await self._start_kernel()
 
@@ -135,7 +145,7 @@ class KernelExecutor(SessionExecutor):
 
     async def _connection(self) -> KernelConnection:
         tries = 0
-        while not self._cancel.is_set():
+        while not self.at.cancelled.is_set():
             try:
                 conn = await self.link.connection(self.job.id, LONG_POLL)
                 if conn is not None and conn.generation > self.generation:
@@ -154,8 +164,9 @@ class KernelExecutor(SessionExecutor):
         conn = await self._connection()
         self.generation = conn.generation
         self._conn = conn
-        self.dir.mkdir(parents=True, exist_ok=True)
-        path = str(self.dir / f"kernel-{conn.generation}.json")
+        at = self.at
+        at.dir.mkdir(parents=True, exist_ok=True)
+        path = str(at.dir / f"kernel-{conn.generation}.json")
         # Loopback ports on this machine only: the Jupyter host reaches them through the relay.
         _, info = write_connection_file(
             path,
@@ -163,12 +174,13 @@ class KernelExecutor(SessionExecutor):
             key=conn.key.encode(),
             signature_scheme=conn.signature_scheme,
         )
-        env = self._env(0, None)
+        # One process sees every GPU of the placement (rank 0); more ranks are ADR 0021's gap.
+        env = at.rank_env(0, 0, nproc=1, world_size=1, master=None)
         env["JPY_PARENT_PID"] = str(os.getpid())
         argv = [sys.executable, "-m", "ipykernel_launcher", "-f", path]
         self.proc = await asyncio.create_subprocess_exec(
             *argv,
-            cwd=str(self.cwd),  # the notebook's folder (ADR 0022), or the session's own
+            cwd=str(at.cwd),  # the notebook's folder (ADR 0022), or the session's own
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
@@ -176,7 +188,7 @@ class KernelExecutor(SessionExecutor):
             start_new_session=True,
         )
         self._quiet = False
-        self.system(f"kernel up: ipykernel pid {self.proc.pid} (start {conn.generation})")
+        at.system(f"kernel up: ipykernel pid {self.proc.pid} (start {conn.generation})")
         if self._ctx is None:
             self._ctx = zmq.asyncio.Context()
         url = "tcp://127.0.0.1:{}"
@@ -217,10 +229,6 @@ class KernelExecutor(SessionExecutor):
             killpg(proc.pid, signal.SIGKILL)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), STOP_WAIT)
-
-    def restart(self) -> None:
-        self._restarting.set()
-        self._queue.put_nowait("restart")
 
     # -- relaying ----------------------------------------------------------------------------------
 
@@ -276,14 +284,14 @@ class KernelExecutor(SessionExecutor):
     async def _log_output(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
         async for line in proc.stdout:
-            self.shipper.add("stderr", line.decode(errors="replace").rstrip("\n"))
+            self.at.shipper.add("stderr", line.decode(errors="replace").rstrip("\n"))
 
     async def _watch(self, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
-        if self._quiet or self._cancel.is_set():
+        if self._quiet or self.at.cancelled.is_set():
             return
         why = describe_exit(code, "the kernel process")
-        self.system(why)
+        self.at.system(why)
         report = KernelExit(generation=self.generation, code=code, reason=why)
         with contextlib.suppress(GPUlayerError):
             await self.link.exited(self.job.id, report)

@@ -13,9 +13,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TextIO
 
-from . import render, words
-from .contracts import Job, JobState, LogRecord
-from .render import chart_point, curve, log_text, progress, state_line
+from .. import render, words
+from ..contracts import Job, JobState, LogRecord
+from ..render import chart_point, curve, log_text, progress, state_line
 
 
 class JobView(Protocol):
