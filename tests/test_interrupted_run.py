@@ -149,9 +149,11 @@ def test_an_interrupted_run_leaves_no_process(tmp_path: Path, how: str) -> None:
 
 def test_the_next_run_ends_what_a_killed_run_left(tmp_path: Path) -> None:
     # A "run" that is gone: a short-lived process whose mark a leftover carries.
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    # It waits on its stdin until its start time is read: one that had exited already (a
+    # zombie) has none, and its mark would read "PID:None".
+    gone = subprocess.Popen(["cat"], stdin=subprocess.PIPE)
     owner = f"{gone.pid}:{start_time(gone.pid)}"
-    gone.wait()
+    gone.communicate(b"")
     env = {**os.environ, OWNER_ENV: owner}
     left = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
     born = start_time(left.pid)

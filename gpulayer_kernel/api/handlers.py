@@ -89,7 +89,7 @@ class JobsHandler(GLMixin):
         idempotent="replay",
     )
     async def post(self, body: JobSpec) -> Job:
-        return await self.cp.submit(body, who=self.who)
+        return await self.cp.submit(body, who=self.who, claim=self.gl_claim)
 
     @op(
         "list jobs, newest first (a user's own; everyone's for admins and viewers)",

@@ -39,7 +39,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..controlplane.idempotency import CLAIM, Claim, split_refs
+from ..controlplane.idempotency import Claim, split_refs
 from ..errors import Conflict, InvalidInput
 from ..store import IdempotencyRecord, MetadataStore
 from .errors import error_answer
@@ -132,7 +132,7 @@ async def run_keyed(
     fp: str,
     now: Callable[[], float],
     window: float,
-    call: Callable[[], Awaitable[Answer]],
+    call: Callable[[Claim], Awaitable[Answer]],
 ) -> Answer:
     """Run one keyed request as the module docstring says; its answer, or a replay of it."""
     key = check_key(raw_key)
@@ -160,7 +160,7 @@ async def _run(
     fp: str,
     now: float,
     window: float,
-    call: Callable[[], Awaitable[Answer]],
+    call: Callable[[Claim], Awaitable[Answer]],
 ) -> Answer:
     rec = await store.get_idempotency(owner, key)
     if rec is not None and rec.created_at + window <= now:
@@ -181,9 +181,8 @@ async def _run(
     claim = Claim(store, rec or IdempotencyRecord(owner, key, fp, now), bound, cells)
     if rec is None and mode == "once":
         await store.save_idempotency(claim.record)  # a crash from here on is "unresolved"
-    token = CLAIM.set(claim)
     try:
-        answer = await call()
+        answer = await call(claim)
     except Exception as exc:
         status, body = error_answer(exc, 500)
         if status < 500:
@@ -194,8 +193,6 @@ async def _run(
             # during its long-poll): its record stays, and a retry is told so, never run twice.
             await store.delete_idempotency(owner, key)
         raise
-    finally:
-        CLAIM.reset(token)
     # A follow route's answer is never replayed (a retry follows its job or cell as it is now):
     # keep its status, not its body (a cell's page can be megabytes of output).
     kept = b"" if mode == "follow" and answer.status < 300 else answer.body

@@ -63,7 +63,13 @@ class JobRunHandler(GLMixin):
                     details={"field": "bundle"},
                 ) from None
         call = self.cp.run(
-            body.spec, bundle, wait=wait, linger=linger, limit=int(limit), who=self.who
+            body.spec,
+            bundle,
+            wait=wait,
+            linger=linger,
+            limit=int(limit),
+            who=self.who,
+            claim=self.gl_claim,
         )
         return await self.long_poll(max(wait, linger), call)
 
@@ -126,7 +132,9 @@ class JobBatchHandler(GLMixin):
                 specs.append((i, parse(JobSpec, batch_object(raw, f"specs[{i}]"))))
             except GPUlayerError as exc:
                 refused.append(refusal(i, None, exc, "specs"))
-        outcomes = await self.cp.submit_many([s for _, s in specs], who=self.who)
+        outcomes = await self.cp.submit_many(
+            [s for _, s in specs], who=self.who, claim=self.gl_claim
+        )
         jobs = []
         for (i, _), outcome in zip(specs, outcomes, strict=True):
             if isinstance(outcome, GPUlayerError):

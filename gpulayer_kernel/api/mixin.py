@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from .. import versions
 from ..contracts import PROTOCOL, parse
 from ..controlplane import ControlPlane
+from ..controlplane.idempotency import Claim
 from ..display import human_bytes
 from ..errors import GPUlayerError, InvalidInput, TooLarge, Unauthorized, Unavailable
 from ..ha.failover import ROLE_HEADER
@@ -53,6 +54,8 @@ class GLMixin(LongPollMixin):
     since: versions.Version = versions.OLDEST  # the protocol that added this route
     gl_exclude: set[str] | None = None  # fields of the answer this caller must not be sent
     gl_keyed = False  # runs under an Idempotency-Key (``idempotency.py``)
+    # That key's claim, for the op to pass to the call that makes a job or a cell (ADR 0003).
+    gl_claim: Claim | None = None
 
     def initialize(self, ctx: ApiContext) -> None:
         super().initialize(ctx)
@@ -215,7 +218,8 @@ class GLMixin(LongPollMixin):
             if spec.idempotent is not None and raw_key is not None:
                 self.gl_keyed = True  # its long-poll outlives the client: a retry waits for it
 
-                async def call() -> idempotency.Answer:
+                async def call(claim: Claim) -> idempotency.Answer:
+                    self.gl_claim = claim
                     return self._gl_encode(await fn(self, **path, **kwargs), spec.status)
 
                 answer = await idempotency.run_keyed(

@@ -39,7 +39,7 @@ class SessionsHandler(GLMixin):
         idempotent="once",
     )
     async def post(self, body: SessionSpec) -> SessionInfo:
-        return await self.cp.start_session(body, who=self.who)
+        return await self.cp.start_session(body, who=self.who, claim=self.gl_claim)
 
     @op(
         "live sessions (`all=1`: also those that ended lately)",
@@ -74,7 +74,9 @@ class SessionCellsHandler(GLMixin):
         idempotent="follow",
     )
     async def post(self, session: str, body: CellRequest, wait: float) -> CellPage:
-        return await self.long_poll(wait, self.cp.run_cell(session, body, wait, who=self.who))
+        return await self.long_poll(
+            wait, self.cp.run_cell(session, body, wait, who=self.who, claim=self.gl_claim)
+        )
 
     @op(
         "the session's cells, newest first (running and queued ones too)",

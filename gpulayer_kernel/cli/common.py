@@ -29,14 +29,24 @@ def setup_logging() -> None:
         logging.getLogger("asyncssh").setLevel(logging.WARNING)  # a line per SSH channel
 
 
-async def until_signalled() -> None:
-    """Return when SIGINT or SIGTERM arrives (the way a served process is asked to stop)."""
+def stop_signal() -> asyncio.Future[None]:
+    """A future done when SIGINT or SIGTERM arrives (the way a served process is asked to stop).
+
+    Its handlers are in place when this returns, so call it before saying "ready": a signal
+    sent the moment a supervisor reads that line must not find the default action (death by
+    the signal, no goodbye). Cancelling the future, or its end, puts the defaults back."""
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
+    stop: asyncio.Future[None] = loop.create_future()
+
+    def fire() -> None:
+        if not stop.done():
+            stop.set_result(None)
+
+    def restore(_: asyncio.Future[None]) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, fire)
+    stop.add_done_callback(restore)
+    return stop

@@ -21,7 +21,7 @@ import contextlib
 import os
 from typing import Any
 
-from .common import Handler, setup_logging, until_signalled
+from .common import Handler, setup_logging, stop_signal
 
 READY = "gpulayer serve: ready"
 STANDBY = "gpulayer serve: standby"
@@ -191,11 +191,12 @@ async def _serve_leading(args: argparse.Namespace, opts: Any) -> int:
     # Every check says which keys this standby holds (its /health and the leader's reseal).
     watch.publish = lambda held, problem: publish_keys(args.db, leadership.advertise, held, problem)
     await watch.check()
+    signalled = stop_signal()
     print(f"{STANDBY} on {url}/api/v1 (leader: {await leadership.leader_url()})", flush=True)
     # A degraded standby (a stale key) does not compete: it would take over only to exit.
     acquiring = asyncio.ensure_future(lead_when_ready(leadership, watch))
-    signalled = asyncio.ensure_future(until_signalled())
-    await asyncio.wait({acquiring, signalled}, return_when=asyncio.FIRST_COMPLETED)
+    either: set[asyncio.Future[Any]] = {acquiring, signalled}
+    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     await standby.stop()
     if not acquiring.done():
         acquiring.cancel()
@@ -253,12 +254,12 @@ async def _serve(args: argparse.Namespace, opts: Any, leadership: Any) -> int:
                 "`gpulayer token create --kind join --ttl 1h`",
                 flush=True,
             )
+        stop = stop_signal()
         print(
             f"{READY} on {emb.url}/api/v1 (home {emb.layout.root}, heartbeat timeout "
             f"{args.heartbeat_timeout:g}s)",
             flush=True,
         )
-        stop = asyncio.ensure_future(until_signalled())
         waits = {stop}
         if leadership is not None:
             waits.add(asyncio.ensure_future(leadership.lost.wait()))

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..contracts import parse_pairs
 from ..errors import Forbidden, InvalidInput, Unauthorized, Unavailable
-from .common import Handler, setup_logging, until_signalled
+from .common import Handler, setup_logging, stop_signal
 
 JOIN_TOKEN_ENV = "GPULAYER_JOIN_TOKEN"
 JOINED = "gpulayer worker: joined"
@@ -155,6 +155,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     agent.heartbeat_interval = transport.heartbeat_interval or agent.heartbeat_interval
     agent.poll_wait = min(agent.poll_wait, transport.max_wait)
     sim = " (simulated GPUs)" if caps.simulated else ""
+    waiter = stop_signal()
     print(
         f"{JOINED} {args.server} as {info.name} (id {info.id}, {len(caps.devices)} GPU(s){sim})",
         flush=True,
@@ -162,11 +163,10 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     # The full probe, when it runs in the background, re-registers this worker when it answers.
     confirming = asyncio.ensure_future(follow_probe(agent, probed))
     try:
-        waiter = asyncio.ensure_future(until_signalled())
         loops = asyncio.ensure_future(agent.wait())
         await asyncio.wait({waiter, loops}, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
     finally:
+        waiter.cancel()
         confirming.cancel()
         await agent.stop()
     if agent.fatal is not None:  # a failure retrying cannot mend: said, not looped on

@@ -35,7 +35,7 @@ from ..security.roles import (
     sees_all,
 )
 from .follow import LINGER, check_inline_bundle
-from .idempotency import CLAIM
+from .idempotency import Claim
 from .jobs import artifact_named
 from .visibility import event_seen_by, worker_seen_by
 
@@ -85,10 +85,13 @@ class JobCalls:
         self.audit = audit
         self.put_bundle = put_bundle  # a run's inline bundle goes where blobs go
 
-    async def submit(self, spec: JobSpec, *, who: Identity | None = None) -> Job:
+    async def submit(
+        self, spec: JobSpec, *, who: Identity | None = None, claim: Claim | None = None
+    ) -> Job:
         """Queue a job as ``who``'s. A Python workload's bundle must already be uploaded (by
-        them: another user's bundle is not theirs to run)."""
-        return await self.enqueue(spec, who=who)
+        them: another user's bundle is not theirs to run). ``claim``: the keyed request this
+        runs under (ADR 0003), whose earlier try may have made the job already."""
+        return await self.enqueue(spec, who=who, claim=claim)
 
     async def enqueue(
         self,
@@ -96,12 +99,12 @@ class JobCalls:
         *,
         who: Identity | None = None,
         added: Callable[[Job], None] | None = None,
+        claim: Claim | None = None,
     ) -> Job:
         """``submit``, telling ``added`` of the job the moment it exists, before any of its
         changes can reach the wiring (the sessions part registers its session there)."""
         check_role(who, Role.USER, "submit jobs")
         owner = resolved(who).user
-        claim = CLAIM.get()  # a keyed request's (ADR 0003): set by the API layer
         if claim is not None and (earlier := claim.take(spec, owner)) is not None:
             return earlier  # an earlier try of this request made it: not twice
         bundle = getattr(spec.workload, "bundle", None)  # a session ships no code
@@ -195,6 +198,7 @@ class JobCalls:
         limit: int = 1000,
         *,
         who: Identity | None = None,
+        claim: Claim | None = None,
     ) -> JobFollow:
         """Protocol 1.1: the job and its log records after ``since`` in one long-poll, answered
         when it changes after ``cursor``, ends, or at ``wait`` (a job younger than ``linger`` s
@@ -219,26 +223,33 @@ class JobCalls:
         limit: int = 1000,
         *,
         who: Identity | None = None,
+        claim: Claim | None = None,
     ) -> JobFollow:
         """Protocol 1.1: submit (with its bundle, when given) and follow, in one call: a short
         job comes back ended, with its result and log tail."""
         if bundle is not None:
             await self.put_bundle(bundle, check_inline_bundle(spec, bundle), who=who)
-        job = await self.submit(spec, who=who)
+        job = await self.submit(spec, who=who, claim=claim)
         return await self.follower.page(
             job, lambda: self.jobs.get(job.id), wait=wait, linger=linger, limit=limit
         )
 
     async def submit_many(
-        self, specs: Sequence[JobSpec], *, who: Identity | None = None
+        self,
+        specs: Sequence[JobSpec],
+        *,
+        who: Identity | None = None,
+        claim: Claim | None = None,
     ) -> builtins.list[Job | GPUlayerError]:
         """Protocol 1.1: several jobs at once (a sweep); each entry's job or refusal. Their
         writes meet in the store's group commits, their placement in one scheduling pass."""
-        return list(await asyncio.gather(*(self._submit_one(s, who) for s in specs)))
+        return list(await asyncio.gather(*(self._submit_one(s, who, claim) for s in specs)))
 
-    async def _submit_one(self, spec: JobSpec, who: Identity | None) -> Job | GPUlayerError:
+    async def _submit_one(
+        self, spec: JobSpec, who: Identity | None, claim: Claim | None
+    ) -> Job | GPUlayerError:
         try:
-            return await self.enqueue(spec, who=who)
+            return await self.enqueue(spec, who=who, claim=claim)
         except GPUlayerError as exc:
             return exc
 

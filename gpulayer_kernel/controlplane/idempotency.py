@@ -1,7 +1,8 @@
 """The keyed write in progress (ADR 0003): what ``enqueue`` needs to know of an Idempotency-Key.
 
-The API layer (``api/idempotency.py``) sets ``CLAIM`` around a keyed request's handler; the
-ControlPlane reads it where it creates a job, so the handler itself stays unaware:
+The API layer (``api/idempotency.py``) makes a ``Claim`` for a keyed request and hands it to the
+handler, which passes it, as an argument, to the call that creates a job or a cell (``submit``,
+``run``, ``submit_many``, ``start_session``, ``run_cell``: nothing reads it from a context):
 
 - ``created(job)`` notes a new job on the key's record, queued in the store *before* the job's
   own row (same group commit, or an earlier one): a server killed after the job was stored
@@ -17,7 +18,6 @@ Without a claim (the embedded ControlPlane, unkeyed requests) nothing changes.
 from __future__ import annotations
 
 import dataclasses
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from ..contracts import Job, JobSpec
@@ -72,6 +72,3 @@ def split_refs(refs: tuple[str, ...]) -> tuple[list[str], list[tuple[str, int]]]
         else:
             jobs.append(ref)
     return jobs, cells
-
-
-CLAIM: ContextVar[Claim | None] = ContextVar("gpulayer_idempotency_claim", default=None)

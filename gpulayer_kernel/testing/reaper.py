@@ -68,7 +68,7 @@ def mark(pid: int | None = None) -> str:
 def alive(owner: str) -> bool:
     """Whether the process a mark names still runs (the same process, not a reused pid)."""
     pid, _, started = owner.partition(":")
-    return pid.isdigit() and str(start_time(int(pid))) == started
+    return pid.isdigit() and started.isdigit() and str(start_time(int(pid))) == started
 
 
 def _environ_mark(pid: int) -> str | None:

@@ -24,7 +24,9 @@ from gpulayer_kernel.home import Layout, read_owner
 
 GL = [sys.executable, "-m", "gpulayer_kernel.cli"]
 AUTHENTICATED_CODE = tornado.web.authenticated(lambda self: None).__code__
-HTTP = ("who", "idempotency_key")  # keywords of one side only (in process; over HTTP)
+# Keywords of one side only: in process the caller and a keyed request's claim (passed by the
+# HTTP handler); over HTTP the request's own Idempotency-Key.
+HTTP = ("who", "claim", "idempotency_key")
 
 
 def test_user_mixins_compose_with_jupyter_s_api_handler() -> None:

@@ -43,7 +43,7 @@ from ...redact import Redactor
 from ...store import MetadataStore
 from ..dispatch import Dispatcher
 from ..events import EventLog
-from ..idempotency import CLAIM
+from ..idempotency import Claim
 from ..jobs import JobTable
 from ..logs import LogTails
 from .cellruns import LiveSession, ended_from, human_seconds, new_cell, orphan
@@ -81,9 +81,11 @@ class SessionCells:
 
     # -- cells -----------------------------------------------------------------------------------
 
-    async def run_cell(self, s: LiveSession, job: Job, req: CellRequest, wait: float) -> CellPage:
-        """Queue one cell; answer within ``wait`` seconds with its output (and end, if it came)."""
-        claim = CLAIM.get()  # a keyed POST's (ADR 0003): its earlier try may have posted it
+    async def run_cell(
+        self, s: LiveSession, job: Job, req: CellRequest, wait: float, claim: Claim | None = None
+    ) -> CellPage:
+        """Queue one cell; answer within ``wait`` seconds with its output (and end, if it came).
+        ``claim``: the keyed POST this runs under (ADR 0003); its earlier try may have posted it."""
         if claim is not None and (earlier := claim.cell_of(s.id)) is not None:
             return await self.follow_cell(s, earlier, 0, wait)
         s.check_runs(job, req.client)

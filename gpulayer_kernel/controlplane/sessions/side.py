@@ -24,6 +24,7 @@ from ...security.roles import Identity, can_read
 if TYPE_CHECKING:
     from ..audit import AuditLog
     from ..blobs import Blobs
+    from ..idempotency import Claim
     from ..jobs import JobTable
     from .table import SessionTable
 
@@ -64,9 +65,11 @@ class SessionCalls:
     # A session is its job's owner's: users read and act on their own, viewers read all, admins
     # act on all (``who=None``: the embedded admin). Only its holder runs cells in it.
 
-    async def start_session(self, spec: SessionSpec, *, who: Identity | None = None) -> SessionInfo:
+    async def start_session(
+        self, spec: SessionSpec, *, who: Identity | None = None, claim: Claim | None = None
+    ) -> SessionInfo:
         """Queue a session: a job that holds its GPUs and runs cells until stopped or idle."""
-        return await self.sessions.start(spec, who)
+        return await self.sessions.start(spec, who, claim)
 
     async def list_sessions(
         self, *, include_ended: bool = False, who: Identity | None = None
@@ -80,7 +83,13 @@ class SessionCalls:
         return self.sessions.info(s, job)
 
     async def run_cell(
-        self, ref: str, request: CellRequest, wait: float = 0.0, *, who: Identity | None = None
+        self,
+        ref: str,
+        request: CellRequest,
+        wait: float = 0.0,
+        *,
+        who: Identity | None = None,
+        claim: Claim | None = None,
     ) -> CellPage:
         """Run a cell in a session; within ``wait`` s the answer carries its output and end."""
         digest = request.inputs_blob
@@ -90,7 +99,7 @@ class SessionCalls:
                 hint="upload it with put_blob first (the magics do this for you)",
                 code="blob_not_found",
             )
-        return await self.sessions.run(ref, request, wait, who)
+        return await self.sessions.run(ref, request, wait, who, claim)
 
     async def follow_cell(
         self,

@@ -45,6 +45,7 @@ from ...security.roles import Identity, check_act, check_read
 from ...store import MetadataStore
 from ..dispatch import Dispatcher
 from ..events import EventLog
+from ..idempotency import Claim
 from ..jobs import Change, JobTable
 from ..logs import LogTails
 from .cellruns import LiveSession, aborted, idle_of, in_doubt
@@ -55,7 +56,12 @@ ENDED_KEPT = 256  # ended sessions remembered for `info` and their history
 
 class Submit(Protocol):
     def __call__(
-        self, spec: JobSpec, *, who: Identity | None, added: Callable[[Job], None]
+        self,
+        spec: JobSpec,
+        *,
+        who: Identity | None,
+        added: Callable[[Job], None],
+        claim: Claim | None,
     ) -> Awaitable[Job]: ...
 
 
@@ -215,7 +221,9 @@ class SessionTable(SessionCells):
 
     # -- starting, attaching, stopping -----------------------------------------------------------
 
-    async def start(self, spec: SessionSpec, who: Identity | None = None) -> SessionInfo:
+    async def start(
+        self, spec: SessionSpec, who: Identity | None = None, claim: Claim | None = None
+    ) -> SessionInfo:
         """Queue a session's job as ``who``'s; its name must be free among live sessions."""
         taken = next(
             (s for s in self._live.values() if s.name == spec.name and self._lives(s)), None
@@ -250,7 +258,7 @@ class SessionTable(SessionCells):
 
         self._starting.add(spec.name)
         try:
-            job = await self.submit(job_spec, who=who, added=added)
+            job = await self.submit(job_spec, who=who, added=added, claim=claim)
         finally:
             self._starting.discard(spec.name)
         s = made[0]
@@ -281,7 +289,12 @@ class SessionTable(SessionCells):
     # -- cells -----------------------------------------------------------------------------------
 
     async def run(
-        self, ref: str, req: CellRequest, wait: float, who: Identity | None = None
+        self,
+        ref: str,
+        req: CellRequest,
+        wait: float,
+        who: Identity | None = None,
+        claim: Claim | None = None,
     ) -> CellPage:
         """Queue one cell; answer within ``wait`` seconds with its output (and end, if it came)."""
         s, job = await self._acting(ref, who)
@@ -291,7 +304,7 @@ class SessionTable(SessionCells):
                 hint="run the cell in the notebook that uses the kernel, or start a session",
                 code="session_is_kernel",
             )
-        return await self.run_cell(s, job, req, wait)
+        return await self.run_cell(s, job, req, wait, claim)
 
     async def follow(
         self, ref: str, number: int, since: int, wait: float, who: Identity | None = None
