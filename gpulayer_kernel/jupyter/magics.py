@@ -26,8 +26,8 @@ try:
 except ImportError as exc:  # a wheel installed without the jupyter extra
     raise MissingExtra.of("jupyter", "the %%gpulayer magics", exc) from None
 
-from .. import render, transfer
-from ..contracts import Job, JobSpec, parse, parse_pairs
+from .. import jobopts, render, transfer
+from ..contracts import Job, JobSpec, parse
 from ..runner import LAST_VALUE, SHOWN_KEY
 from ..sessions import SessionCellError
 from ..workspace import cells as workspace_cells
@@ -41,7 +41,6 @@ from .cellspec import (
     cell_inputs,
     check_kernel_names,
     check_syntax,
-    env_values,
     notebook_path,
 )
 from .display_mode import display_mode
@@ -59,6 +58,16 @@ cell_magic = cast(Callable[[str], Callable[[_F], _F]], magic.cell_magic)
 line_magic = cast(Callable[[str], Callable[[_F], _F]], magic.line_magic)
 
 _last: JobHandle | None = None
+
+
+class _JobOptions(magic_arguments.ArgDecorator):
+    """A ``magic_arguments`` decorator adding the cell edge's job options from ``jobopts``."""
+
+    def add_to_parser(self, parser: Any, group: Any) -> None:
+        jobopts.add_arguments(parser if group is None else group, "cell")
+
+
+job_options = cast(Callable[[], Callable[[_F], _F]], _JobOptions)
 
 
 def last_job() -> JobHandle | None:
@@ -107,56 +116,7 @@ class GPUlayerMagics(Magics):
 
     @magic_args("%gpulayer")
     @argument("-h", "--help", action="store_true", help="show this help; submit nothing")
-    @argument("--gpus", type=int, default=0, metavar="N", help="GPUs per node (default 0: CPU)")
-    @argument(
-        "--gpu-kind",
-        default="",
-        metavar="KIND[,KIND...]",
-        help="acceptable GPU kinds, preferred first, e.g. h100,a100",
-    )
-    @argument(
-        "--fallback",
-        choices=["cpu"],
-        default=None,
-        help="run on a CPU-only worker when no GPU can take the job",
-    )
-    @argument("--nodes", type=int, default=1, metavar="M", help="workers for a multi-node gang")
-    @argument("--timeout", type=float, default=None, metavar="SECONDS", help="kill it after this")
-    @argument(
-        "--retries",
-        type=int,
-        default=0,
-        metavar="N",
-        help="re-runs of a lost or preempted attempt (see --retry-on)",
-    )
-    @argument(
-        "--retry-on",
-        action="append",
-        default=[],
-        choices=["lost", "preempted", "failed"],
-        help='which failures retry (default: lost and preempted; "failed": any failing exit)',
-    )
-    @argument(
-        "--wait",
-        action="store_true",
-        help="keep the job queued when no worker can ever run it (one may join); without it "
-        "such a job fails at once, saying what exists",
-    )
-    @argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="NAME[=VALUE]",
-        help="an environment variable of the job; NAME alone passes the kernel's value (a job "
-        "inherits none of the kernel's environment)",
-    )
-    @argument(
-        "--secret",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="a secret set on the control plane, as an environment variable of the job",
-    )
+    @job_options()  # --gpus, --gpu-kind, ... as jobopts.py declares them for every edge
     @argument(
         "--in",
         dest="inputs",
@@ -180,14 +140,6 @@ class GPUlayerMagics(Magics):
         help="local files or folders bundled with the cell (relative to the notebook)",
     )
     @argument("--name", default=None, help="the job's name (default: cell)")
-    @argument(
-        "--label",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="a label of the job; user=NAME and project=NAME are what budgets and costs group by",
-    )
-    @argument("--worker", default=None, metavar="NAME", help="run only on this worker")
     @argument(
         "--no-wait",
         action="store_true",
@@ -224,6 +176,8 @@ class GPUlayerMagics(Magics):
         """
         try:
             args = parse_argstring(self.gpulayer_cell, line)
+        except GPUlayerError as exc:  # a job option's bad value (jobopts.BadOption)
+            raise cell_error(exc) from None
         except UsageError as exc:
             usage = _cell_parser().format_usage().replace("::\n\n  ", "usage: ", 1)
             raise UsageError(f"{exc}\n{usage}see all options with %%gpulayer --help") from None
@@ -280,9 +234,11 @@ class GPUlayerMagics(Magics):
         inputs, moved = cell_inputs(self.ns, args.inputs)
         digest, data = bundle(cell, args.files, moved)
         notebook = notebook_path(self.ns)
+        fields = jobopts.job_fields(args, "cell")
         spec = parse(
             JobSpec,
             {
+                **fields,
                 "name": args.name or "cell",
                 "workload": {
                     "kind": "python",
@@ -290,23 +246,8 @@ class GPUlayerMagics(Magics):
                     "entrypoint": f"cell:{CELL_FILE}",
                     "args": inputs,
                 },
-                "resources": {
-                    "gpus": args.gpus,
-                    "nodes": args.nodes,
-                    "gpu_kind": [k for k in args.gpu_kind.split(",") if k.strip()],
-                    "fallback": [args.fallback] if args.fallback else [],
-                    "worker": args.worker,
-                },
-                "env": env_values(args.env) | ({transfer.OUT_ENV: "1"} if args.out else {}),
-                "secrets": args.secret,
-                "labels": {
-                    **parse_pairs(args.label, "--label"),
-                    **({NOTEBOOK_LABEL: notebook} if notebook else {}),
-                },
-                "timeout": args.timeout,
-                "retries": args.retries,
-                **({"retry_on": args.retry_on} if args.retry_on else {}),
-                "wait_for_capacity": args.wait,
+                "env": fields["env"] | ({transfer.OUT_ENV: "1"} if args.out else {}),
+                "labels": fields["labels"] | ({NOTEBOOK_LABEL: notebook} if notebook else {}),
             },
         )
         bridge = get_bridge()

@@ -37,8 +37,8 @@ SECOND_INTERRUPT = 5.0  # seconds: a second interrupt within this restarts the s
 # Options of %%gpulayer that shape a one-shot job; a session cell refuses them by name.
 ONE_SHOT_OPTIONS = {
     "gpus": ("--gpus", 0),
-    "gpu_kind": ("--gpu-kind", ""),
-    "fallback": ("--fallback", None),
+    "gpu_kind": ("--gpu-kind", []),
+    "fallback": ("--fallback", []),
     "nodes": ("--nodes", 1),
     "retries": ("--retries", 0),
     "wait": ("--wait", False),
