@@ -21,10 +21,13 @@ import sys
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import job, transfer
 from .errors import NotJSON, TooLarge
+
+if TYPE_CHECKING:
+    from .contracts.results import ShownValue
 
 SESSION_ENTRYPOINT = "session:"
 # The job's own files (its cell, its --in values, --files) when it runs in the notebook's folder
@@ -124,7 +127,10 @@ def main(argv: list[str], sources: Mapping[str, str] | None = None) -> int:
             if cell:
                 # As in Jupyter, a cell's last value is shown, whatever it is; its work is done,
                 # so a value JSON cannot carry is sent as its display, not made a failure.
-                job.write_result({**shown_value(value, str(exc)), **_moved_value(value)})
+                from .contracts.results import CellResult
+
+                shown = shown_value(value, str(exc)).model_copy(update=_moved_value(value))
+                job.write_result(CellResult(shown=shown).to_wire())
                 return 0
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -132,17 +138,17 @@ def main(argv: list[str], sources: Mapping[str, str] | None = None) -> int:
 
 
 LAST_VALUE = "the cell's last value"  # its name in the --out artifact (and in its errors)
-SHOWN_KEY = "gpulayer/shown"  # a cell result that is only the display of a non-JSON value
 MAX_SHOWN = 20_000
 # A one-shot cell's displayed value travels in its result, which the API takes up to 1 MiB.
 MAX_SHOWN_DISPLAY = 768 << 10
 
 
-def shown_value(value: Any, why: str) -> dict[str, Any]:
+def shown_value(value: Any, why: str) -> ShownValue:
     """How a cell's last value is shown in the notebook (never for ``--out``): its MIME bundle,
     made as a session cell's is (``display.format_value``: ``_repr_html_``, ``_repr_png_``…,
     and ``repr`` as text/plain), and the text form alone for the shortest readers."""
     from . import display  # the slow path only: a value JSON could not carry
+    from .contracts.results import ShownValue
 
     shown = display.format_value(value)
     shown = display.bound(shown, min(MAX_SHOWN_DISPLAY, display.max_bytes()))
@@ -150,7 +156,7 @@ def shown_value(value: Any, why: str) -> dict[str, Any]:
     if len(text) > MAX_SHOWN:
         text = text[:MAX_SHOWN] + f"… ({len(text) - MAX_SHOWN} more characters)"
     kind = f"{type(value).__module__}.{type(value).__qualname__}"
-    return {SHOWN_KEY: text, "type": kind, "why": why, "display": shown}
+    return ShownValue(text=text, type=kind, why=why, display=shown)
 
 
 def _moved_inputs(bundle: str | None = None) -> dict[str, Any]:

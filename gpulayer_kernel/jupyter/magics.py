@@ -28,7 +28,8 @@ except ImportError as exc:  # a wheel installed without the jupyter extra
 
 from .. import jobopts, render, transfer
 from ..contracts import Job, JobSpec, parse
-from ..runner import LAST_VALUE, SHOWN_KEY
+from ..contracts.results import CellResult, ShownValue
+from ..runner import LAST_VALUE
 from ..sessions import SessionCellError
 from ..workspace import cells as workspace_cells
 from . import line_commands, textview
@@ -79,19 +80,9 @@ class Shown:
     """A one-shot cell's last value that JSON could not carry, shown from the MIME bundle the
     worker made of it (as a session cell's value is: HTML, images, text), or its text form."""
 
-    def __init__(self, text: str, kind: str, content: dict[str, Any] | None = None) -> None:
-        self.text, self.kind, self.content = text, kind, content
-
-    @classmethod
-    def of(cls, result: Any) -> Shown | None:
-        if isinstance(result, dict) and isinstance(result.get(SHOWN_KEY), str):
-            content = result.get("display")
-            return cls(
-                result[SHOWN_KEY],
-                str(result.get("type", "object")),
-                content if isinstance(content, dict) else None,
-            )
-        return None
+    def __init__(self, shown: ShownValue) -> None:
+        self.shown = shown
+        self.text, self.kind, self.content = shown.text, shown.type, shown.display
 
     def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         if self.content is None:
@@ -278,16 +269,18 @@ class GPUlayerMagics(Magics):
         value = result_of(
             final, said_why=isinstance(view, textview.TextView) and view.said_why(final)
         )
-        shown = Shown.of(value)
+        result = CellResult.of_wire(value)
+        shown = Shown(result.shown) if result.shown is not None else None
+        value = result.value
         if args.out is not None:
-            if shown is not None and isinstance(value.get("artifact"), str):
+            if result.artifact is not None:
                 # A tensor, an array or a dict of them: it came back tensor-safe, as an artifact.
-                back = transfer.decode(handle.read_artifact(value["artifact"]))
+                back = transfer.decode(handle.read_artifact(result.artifact))
                 self.ns[args.out] = back[LAST_VALUE]
                 return None
             if shown is not None:
                 # The work succeeded; only the assignment cannot happen. Say so, show the value.
-                why = value.get("refused") or f"a {shown.kind} is not JSON"
+                why = result.refused or f"a {shown.kind} is not JSON"
                 print(
                     f"gpulayer: --out {args.out}: {why}, so {args.out} was not assigned; the "
                     "value is shown below (end the cell with JSON, tensors or arrays, or save it "
