@@ -6,7 +6,7 @@ to the embedded default in this process, so a notebook runs the same in JupyterL
 nbconvert or nbval. A thin edge: parse the options, build the job from them (``cellspec.py``:
 bundle, ``--in`` values, ``--env``, the notebook label), call the control plane, render. The cell
 source (+ ``--files``) becomes a content-addressed bundle uploaded only when the control plane
-lacks its digest; the worker runs it with ``python -m gpulayer_kernel.runner cell:cell.py``.
+lacks its digest; the worker runs it with ``python -m gpulayer_kernel.job.runner cell:cell.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ except ImportError as exc:  # a wheel installed without the jupyter extra
 from .. import jobopts, render, transfer
 from ..contracts import Job, JobSpec, parse
 from ..contracts.results import CellResult, ShownValue
-from ..runner import LAST_VALUE
+from ..job.runner import LAST_VALUE
 from ..sessions import SessionCellError
 from ..workspace import cells as workspace_cells
 from . import line_commands, textview

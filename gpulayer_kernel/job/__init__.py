@@ -89,7 +89,7 @@ def _send(message: dict[str, Any]) -> bool:
 def result(value: Any) -> None:
     """Set the job's result (JSON). In a distributed job, rank 0's result is the job's."""
     global _result_set, _result_value
-    from .contracts import ensure_json  # lazily: pydantic costs a job ~100 ms of start-up
+    from ..contracts import ensure_json  # lazily: pydantic costs a job ~100 ms of start-up
 
     ensure_json(value, "result")
     _result_set, _result_value = True, value
@@ -119,7 +119,7 @@ def progress(**fields: Any) -> None:
     """
     if _rank() != 0:
         return
-    from .contracts import ensure_json
+    from ..contracts import ensure_json
 
     ensure_json(fields, "progress")
     _send({"kind": "progress", "time": time.time(), "fields": fields})
