@@ -148,13 +148,13 @@ def test_the_cli_says_a_bad_option_as_an_error_not_a_traceback(
 
 
 def test_the_cell_shows_a_bad_option_with_its_code() -> None:
-    pytest.importorskip("IPython")
-    from IPython.testing.globalipapp import get_ipython
+    from IPython.core.interactiveshell import InteractiveShell
 
     from gpulayer_kernel.jupyter.handle import CellError
     from gpulayer_kernel.jupyter.magics import GPUlayerMagics
 
-    magics = GPUlayerMagics(shell=get_ipython())
+    # The shell the magics tests use too (one per process); refused while parsing, so no bridge.
+    magics = GPUlayerMagics(shell=InteractiveShell.instance())
     with pytest.raises(CellError) as err:
         magics.gpulayer_cell("--gpu-kind ,", "1")
     assert err.value.code == ErrorCode.BAD_OPTION
