@@ -132,7 +132,7 @@ class JobOption:
 OPTIONS: tuple[JobOption, ...] = (
     JobOption(
         "--gpus",
-        "GPUs per node (default 0: CPU; a kernel spec: 1)",
+        "GPUs per node (default %(default)s; 0: CPU)",
         _ALL,
         whole("--gpus"),
         0,
@@ -233,7 +233,9 @@ OPTIONS: tuple[JobOption, ...] = (
         metavar="K=V",
     ),
     JobOption("--worker", "run only on this worker", _PLACED, _text, None, metavar="NAME"),
-    JobOption("--priority", "higher runs first", frozenset({"cli"}), whole("--priority"), 0),
+    JobOption(
+        "--priority", "higher runs first", frozenset({"cli"}), whole("--priority"), 0, metavar="N"
+    ),
     JobOption(
         "--idle-timeout",
         "end the session (freeing its GPUs) after this long without a cell: 30m, 2h, 600",
