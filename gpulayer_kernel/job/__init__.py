@@ -5,6 +5,10 @@ object per line, each under ``PIPE_BUF`` bytes where possible so that writes fro
 never interleave) and a result file named by ``$GPULAYER_RESULT`` (JSON, written by rank 0).
 Outside a job (a plain notebook, a script) every call is a cheap no-op, so the same code runs
 anywhere.
+
+The package holds all that runs inside a job: this API, ``runner.py`` (what ``python -m
+gpulayer_kernel.job.runner ENTRYPOINT`` runs) and ``ranks.py`` (the process-group helpers; it
+imports torch, so nothing here imports it: ``import gpulayer_kernel.job`` stays light).
 """
 
 from __future__ import annotations
