@@ -19,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from .contracts.limits import HEARTBEAT_TIMEOUT
 from .home import SERVING_SOON, Layout, StateLock, home_dir
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ class Embedded:
         local_worker: bool = True,
         simulate_gpus: int | None = None,
         simulate_kind: str | None = None,
-        heartbeat_timeout: float = 30.0,
+        heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
         worker_name: str | None = None,
         serve: ServeOptions | bool = False,
         pause_gc: bool = False,

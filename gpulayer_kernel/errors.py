@@ -9,7 +9,9 @@ the CLI prints message and hint; no traceback ever reaches a user for one of the
     ├── InvalidInput (400 invalid_input)
     │   ├── ValidationFailed (422 validation_failed)      a contract did not validate
     │   ├── NotJSON (422 not_json)                        an argument/result is not JSON
-    │   └── BundleError (422 bundle_invalid)              bad archive, traversal, digest mismatch
+    │   ├── BundleError (422 bundle_invalid)              bad archive, traversal, digest mismatch
+    │   ├── BadOption (400 bad_option)                    a job option's value (``jobopts.py``)
+    │   └── UnknownOption (400 unknown_option)            an option the edge does not take
     ├── Unauthorized (401 unauthorized)                   no or unknown credentials
     ├── Forbidden (403 forbidden)                         credentials of the wrong kind
     ├── NotFound (404 not_found)
@@ -80,6 +82,18 @@ class ValidationFailed(InvalidInput):
 class NotJSON(InvalidInput):
     code = "not_json"
     status = 422
+
+
+class BadOption(InvalidInput):
+    """A job option's value does not parse (``--gpus two``, ``--timeout soon``)."""
+
+    code = "bad_option"
+
+
+class UnknownOption(InvalidInput):
+    """An option the edge does not take (``jobopts.parse``)."""
+
+    code = "unknown_option"
 
 
 class BundleError(InvalidInput):

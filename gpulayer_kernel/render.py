@@ -26,14 +26,21 @@ PROGRESS_EVERY = 2.0  # seconds between two printed progress lines: a log, not a
 
 
 def duration(seconds: float) -> str:
-    """``0.21s``, ``12.3s``, ``2m 05s``, ``1h 02m``."""
-    if seconds < 10:
-        return f"{seconds:.2f}s"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    if seconds < 3600:
-        return f"{int(seconds // 60)}m {int(seconds % 60):02d}s"
-    return f"{int(seconds // 3600)}h {int(seconds % 3600 // 60):02d}m"
+    """``4s``, ``3m 05s``, ``2h 10m``, ``3d 4h``: the Lab panel's ``formatDuration`` and the cell
+    widget's, word for word (``labextension/test/durations.json`` is the examples all three
+    are tested against)."""
+    if not math.isfinite(seconds):
+        return "–"
+    s = max(0, math.floor(seconds))
+    if s < 60:
+        return f"{s}s"
+    m = s // 60
+    if m < 60:
+        return f"{m}m {s % 60:02d}s"
+    h = m // 60
+    if h < 24:
+        return f"{h}h {m % 60:02d}m"
+    return f"{h // 24}d {h % 24}h"
 
 
 def elapsed(job: Job, now: float | None = None) -> float | None:

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import io
+import json
+import math
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -69,7 +74,7 @@ def test_state_line_and_summary() -> None:
     done = make_job(
         state=JobState.FAILED, started_at=100.0, finished_at=101.5, reason="exited with code 1"
     )
-    assert render.state_line(done) == "job 3f2a1b2c3d4e (cell) failed in 1.50s: exited with code 1"
+    assert render.state_line(done) == "job 3f2a1b2c3d4e (cell) failed in 1s: exited with code 1"
     report = PlacementReport(
         job_id="3f2a1b2c3d4e",
         workers_total=1,
@@ -82,11 +87,32 @@ def test_state_line_and_summary() -> None:
     assert "waiting: 0/1 workers can run job 3f2a1b: 1 has no GPUs" in render.summary(waiting)
 
 
-def test_duration() -> None:
-    assert render.duration(0.213) == "0.21s"
-    assert render.duration(12.34) == "12.3s"
-    assert render.duration(125) == "2m 05s"
-    assert render.duration(3720) == "1h 02m"
+# One duration format (issue 34): the panel's, the widget's and this one share these examples.
+DURATIONS = Path(__file__).parents[1] / "labextension" / "test" / "durations.json"
+EXAMPLES = json.loads(DURATIONS.read_text())["examples"]
+
+
+@pytest.mark.parametrize(("seconds", "text"), EXAMPLES)
+def test_duration(seconds: float | None, text: str) -> None:
+    assert render.duration(math.nan if seconds is None else seconds) == text
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_widget_writes_durations_as_python_does() -> None:
+    widget = Path(__file__).parents[1] / "gpulayer_kernel" / "jupyter" / "widget.js"
+    script = (
+        f"import {{ fmt }} from {json.dumps(widget.as_uri())};\n"
+        f"const examples = {json.dumps(EXAMPLES)};\n"
+        "console.log(JSON.stringify(examples.map(([s]) => fmt(s === null ? NaN : s))));\n"
+    )
+    out = subprocess.run(
+        ["node", "--input-type=module"],
+        input=script.encode(),
+        capture_output=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    assert json.loads(out) == [text for _, text in EXAMPLES]
 
 
 def test_text_view_streams_logs_in_order_with_rank_prefixes() -> None:
@@ -110,7 +136,7 @@ def test_text_view_streams_logs_in_order_with_rank_prefixes() -> None:
         "gpulayer: placed on local-vm",
         "[rank 0] hello",
         "[rank 1] bye",
-        "gpulayer: job 3f2a1b2c3d4e (cell) succeeded in 1.00s",
+        "gpulayer: job 3f2a1b2c3d4e (cell) succeeded in 1s",
     ]
     assert err.getvalue() == "[rank 1] oops\n"
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from .. import jobopts
 from .common import Handler
 
 
@@ -14,22 +15,18 @@ def add_parsers(sub: Any) -> None:
     ks = sub.add_parser("kernelspec", help="install, list and remove GPU kernel specs")
     ksub = ks.add_subparsers(dest="kernelspec_command", required=True, metavar="ACTION")
     install = ksub.add_parser("install", help='add "Python 3 (GPUlayer · N GPUs)" to the launcher')
-    install.add_argument("--gpus", type=int, default=1, help="GPUs the kernel holds (default 1)")
-    install.add_argument(
-        "--gpu-kind", action="append", default=[], help="acceptable GPU kind (repeatable)"
-    )
+    # --gpus (default 1 here), --gpu-kind, --idle-timeout: the table every edge shares.
+    jobopts.add_arguments(install, "kernelspec")
     install.add_argument("--name", default=None, help="the spec's name (default gpulayer-Ngpu)")
     where = install.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="for this user only")
     where.add_argument("--sys-prefix", action="store_true", help="into this environment")
+    # Not the job option --wait (a switch): how long a starting kernel may queue.
     install.add_argument(
         "--wait",
         type=float,
         default=300.0,
         help="seconds a starting kernel may wait in the queue before it fails (default 300)",
-    )
-    install.add_argument(
-        "--idle-timeout", type=float, default=None, help="the kernel session's idle timeout (s)"
     )
     ksub.add_parser("list", help="list the GPU kernel specs")
     remove = ksub.add_parser("remove", help="remove a GPU kernel spec")

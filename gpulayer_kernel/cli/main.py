@@ -68,14 +68,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``gpulayer`` command; errors print as message and hint, exit status 2."""
     words = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if words[:1] == [lab.COMMAND]:
-        # JupyterLab's own options (--no-browser, --port 8899, a notebook) pass through as
-        # they are; only `gpulayer lab --help` is ours.
-        args, extra = parser.parse_known_args(words)
-        args.lab_args = extra
-    else:
-        args = parser.parse_args(words)
     try:
+        # Inside the try: a job option's bad value is a BadOption (jobopts.py), said as one.
+        if words[:1] == [lab.COMMAND]:
+            # JupyterLab's own options (--no-browser, --port 8899, a notebook) pass through as
+            # they are; only `gpulayer lab --help` is ours.
+            args, extra = parser.parse_known_args(words)
+            args.lab_args = extra
+        else:
+            args = parser.parse_args(words)
         # A command may bring its own event loop (``serve``: uvloop where installed).
         with asyncio.Runner(loop_factory=getattr(args, "loop_factory", None)) as runner:
             return runner.run(COMMANDS[args.command](args))

@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import jobopts
 from ..client.connect import Connection, open_session
-from ..contracts import JobSpec, JobState, parse, parse_pairs
+from ..contracts import JobSpec, JobState, parse
 from ..errors import GPUlayerError, InvalidInput
-from ..jobenv import env_option
 from ..words import plain
 from .common import Handler
 from .jobs import exit_code_of, follow
@@ -30,52 +30,8 @@ from .live import LiveLine, watch
 def add_parsers(sub: Any) -> None:
     """Add run to the ``gpulayer`` sub-parsers."""
     run = sub.add_parser("run", help="run a command as a job and stream its logs")
-    run.add_argument("--gpus", type=int, default=0, help="GPUs per node (default 0)")
-    run.add_argument("--nodes", type=int, default=1, help="nodes for a multi-node gang")
-    run.add_argument("--gpu-kind", default="", help="acceptable kinds in order, e.g. h100,a100")
-    run.add_argument(
-        "--fallback",
-        choices=["cpu"],
-        action="append",
-        default=[],
-        help="let a GPU job run on CPU when no GPU can take it",
-    )
-    run.add_argument("--timeout", type=float, default=None, help="seconds before it is killed")
-    run.add_argument(
-        "--retries",
-        type=int,
-        default=0,
-        help="re-runs of a lost or preempted attempt (opt-in; see --retry-on, docs/costs.md)",
-    )
-    run.add_argument(
-        "--retry-on",
-        action="append",
-        default=[],
-        choices=["lost", "preempted", "failed"],
-        help='which failures retry (repeat it; default: lost and preempted; "failed": any exit)',
-    )
-    run.add_argument(
-        "--wait",
-        action="store_true",
-        help="keep the job queued when no worker here can ever run it (one may join); "
-        "without it such a job fails at once, saying what exists",
-    )
-    run.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="NAME[=VALUE]",
-        help="set a variable for the job; NAME alone passes its value from this shell (the "
-        "job inherits none of this shell's environment)",
-    )
-    run.add_argument("--secret", action="append", default=[], metavar="NAME")
-    run.add_argument("--label", action="append", default=[], metavar="K=V")
-    run.add_argument(
-        "--selector", action="append", default=[], metavar="K=V", help="worker labels the job needs"
-    )
-    run.add_argument("--worker", default=None, help="run only on the worker with this name")
+    jobopts.add_arguments(run, "cli")  # --gpus, --gpu-kind, ... (one table for every edge)
     run.add_argument("--name", default=None)
-    run.add_argument("--priority", type=int, default=0)
     run.add_argument(
         "--workdir", default=None, help="directory on the worker (default: the current directory)"
     )
@@ -118,27 +74,13 @@ def _spec_from_args(args: argparse.Namespace, bundle: str | None = None) -> JobS
     workload: dict[str, Any] = {"kind": "command", "argv": argv}
     if bundle is not None:
         workload["bundle"] = bundle
+    fields = jobopts.job_fields(args, "cli")
     return parse(
         JobSpec,
         {
+            **fields,
             "name": args.name or os.path.basename(argv[0]),
             "workload": workload,
-            "resources": {
-                "gpus": args.gpus,
-                "nodes": args.nodes,
-                "gpu_kind": [k for k in args.gpu_kind.split(",") if k],
-                "fallback": args.fallback,
-                "selector": parse_pairs(args.selector, "--selector"),
-                "worker": args.worker,
-            },
-            "env": env_option(args.env, "--env"),
-            "secrets": args.secret,
-            "labels": parse_pairs(args.label, "--label"),
-            "timeout": args.timeout,
-            "retries": args.retries,
-            **({"retry_on": args.retry_on} if args.retry_on else {}),
-            "wait_for_capacity": args.wait,
-            "priority": args.priority,
             "workdir": None if bundle is not None else (args.workdir or os.getcwd()),
         },
     )

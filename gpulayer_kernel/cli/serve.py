@@ -21,6 +21,7 @@ import contextlib
 import os
 from typing import Any
 
+from ..contracts.limits import HEARTBEAT_TIMEOUT
 from .common import Handler, setup_logging, stop_signal
 
 READY = "gpulayer serve: ready"
@@ -59,9 +60,9 @@ def add_parsers(sub: Any) -> None:
     serve.add_argument(
         "--heartbeat-timeout",
         type=float,
-        default=30.0,
+        default=HEARTBEAT_TIMEOUT,
         metavar="SECONDS",
-        help="declare a worker lost after this long without news (default 30)",
+        help=f"declare a worker lost after this long without news (default {HEARTBEAT_TIMEOUT:g})",
     )
     serve.add_argument(
         "--db",

@@ -65,6 +65,7 @@ from .reports import (
     SubmitAnswer,
     SubmitBatch,
 )
+from .results import SHOWN_KEY, CellResult, ShownValue
 from .scheduling import (
     PlacementReport,
     Reason,
@@ -106,6 +107,7 @@ __all__ = [
     "ADMIN_USER",
     "API_VERSION",
     "PROTOCOL",
+    "SHOWN_KEY",
     "TERMINAL_STATES",
     "Artifact",
     "AttemptRecord",
@@ -120,6 +122,7 @@ __all__ = [
     "CellList",
     "CellPage",
     "CellReport",
+    "CellResult",
     "CellRequest",
     "CellRun",
     "CellState",
@@ -178,6 +181,7 @@ __all__ = [
     "SessionSpec",
     "SessionStatus",
     "SessionWorkload",
+    "ShownValue",
     "SubmitAnswer",
     "SubmitBatch",
     "Work",

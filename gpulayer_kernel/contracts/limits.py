@@ -26,6 +26,11 @@ from __future__ import annotations
 
 from ..display import human_bytes
 
+# Seconds without a heartbeat before a worker is declared lost (its jobs requeued): the default of
+# `gpulayer serve --heartbeat-timeout`, the Jupyter extension's and the embedded plane's. Workers
+# beat at a third of it, so one lost or slow beat is not a lost worker.
+HEARTBEAT_TIMEOUT = 30.0
+
 MAX_BODY = 8 << 20  # bytes of one JSON request body (api/params.py ApiLimits.max_json)
 MAX_LINES = 10_000  # log lines in one LogBatch, JobReport or CellReport
 # Characters of one line's text the server takes. Generous: workers before this module could

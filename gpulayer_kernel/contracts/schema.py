@@ -23,6 +23,7 @@ from . import (
     CellPage,
     CellReport,
     CellRequest,
+    CellResult,
     CostEntry,
     CostReport,
     Event,
@@ -115,6 +116,8 @@ CONTRACTS: tuple[type[BaseModel], ...] = (
     JobFollow,
     SubmitBatch,
     SubmitAnswer,
+    # a one-shot cell's result (issue 34)
+    CellResult,
 )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import JobState, WorkerState
+from ..contracts.limits import HEARTBEAT_TIMEOUT
 from ..redact import Redactor
 from ..security.users import UserService
 from ..security.vault import MEMORY_KEYS, KeySource
@@ -48,7 +49,7 @@ class Wiring:
         artifacts: ArtifactStore,
         *,
         clock: Clock = SYSTEM_CLOCK,
-        heartbeat_timeout: float = 30.0,
+        heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
         reserve_after: float = 60.0,
         rendezvous_timeout: float = 120.0,
         suspect_grace: float = SUSPECT_GRACE,

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 
 from ..clock import SYSTEM_CLOCK, Clock, Timer
 from ..contracts import Job, JobState, WorkerInfo, WorkerRegistration, WorkerState
+from ..contracts.limits import HEARTBEAT_TIMEOUT
 from ..errors import Conflict, InvalidInput, NotFound
 from ..store import MetadataStore
 from .events import EventLog
@@ -52,7 +53,7 @@ class WorkerRegistry:
         jobs: Callable[[], Iterable[Job]],
         *,
         clock: Clock = SYSTEM_CLOCK,
-        heartbeat_timeout: float = 30.0,
+        heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
         suspect_grace: float = SUSPECT_GRACE,
         jobs_on: Callable[[str], Iterable[Job]] | None = None,
     ) -> None:

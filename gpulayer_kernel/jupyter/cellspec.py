@@ -1,9 +1,9 @@
-"""What a ``%%gpulayer`` cell becomes before it is submitted: its bundle, env, labels, errors.
+"""What a ``%%gpulayer`` cell becomes before it is submitted: its bundle, inputs, labels, errors.
 
 The magic (``magics.py``) parses the line and calls these: the cell source (+ ``--files``) as a
-content-addressed bundle, ``--env`` values (``NAME`` alone passes the kernel's value, as
-``gpulayer run`` does), the notebook label the JupyterLab panel's Notebook button opens, and the
-words of the errors a cell shows for bad input.
+content-addressed bundle, the ``--in`` values, the notebook label the JupyterLab panel's Notebook
+button opens, and the words of the errors a cell shows for bad input. The job options
+(``--gpus``, ``--env``...) are ``jobopts.py``'s, as at every edge.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from typing import Any
 
 from .. import bundles, transfer
 from ..contracts import ensure_json
-from ..errors import GPUlayerError, InvalidInput, NotJSON, TooLarge
-from ..jobenv import env_option
+from ..errors import GPUlayerError, NotJSON, TooLarge
 from .handle import CellError
 
 CELL_FILE = "cell.py"
@@ -83,14 +82,6 @@ def cell_inputs(ns: Mapping[str, Any], specs: list[str]) -> tuple[dict[str, Any]
         raise CellError(
             f"--in {exc.message}", hint=exc.hint, details=exc.details, code=exc.code
         ) from None
-
-
-def env_values(values: list[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``--env`` as a dict (``NAME`` alone: the kernel's value); bad items are the cell's error."""
-    try:
-        return env_option(values, "--env", environ)
-    except InvalidInput as exc:
-        raise CellError(exc.message, hint=exc.hint, details=exc.details) from None
 
 
 def notebook_path(user_ns: Mapping[str, Any]) -> str | None:

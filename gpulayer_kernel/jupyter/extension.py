@@ -52,6 +52,7 @@ from traitlets import Bool, Float, Int, List, Unicode
 from ..api import ApiServer, HandlerSpec, make_context, op_of, user_handlers, worker_handlers
 from ..client.connect import TOKEN_ENV, URL_ENV
 from ..contracts import ADMIN_USER
+from ..contracts.limits import HEARTBEAT_TIMEOUT
 from ..embedded import Embedded
 from ..errors import GPUlayerError, Unavailable
 from ..home import HOME_ENV
@@ -386,7 +387,9 @@ class GPUlayer(ExtensionApp):
         "probe decides.",
     )
     heartbeat_timeout = Float(
-        30.0, config=True, help="Seconds without a heartbeat before a worker is declared lost."
+        HEARTBEAT_TIMEOUT,
+        config=True,
+        help="Seconds without a heartbeat before a worker is declared lost.",
     )
     default_role = Unicode(
         "admin",

@@ -6,7 +6,7 @@ to the embedded default in this process, so a notebook runs the same in JupyterL
 nbconvert or nbval. A thin edge: parse the options, build the job from them (``cellspec.py``:
 bundle, ``--in`` values, ``--env``, the notebook label), call the control plane, render. The cell
 source (+ ``--files``) becomes a content-addressed bundle uploaded only when the control plane
-lacks its digest; the worker runs it with ``python -m gpulayer_kernel.runner cell:cell.py``.
+lacks its digest; the worker runs it with ``python -m gpulayer_kernel.job.runner cell:cell.py``.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ try:
 except ImportError as exc:  # a wheel installed without the jupyter extra
     raise MissingExtra.of("jupyter", "the %%gpulayer magics", exc) from None
 
-from .. import render, transfer
-from ..contracts import Job, JobSpec, parse, parse_pairs
-from ..runner import LAST_VALUE, SHOWN_KEY
+from .. import jobopts, render, transfer
+from ..contracts import Job, JobSpec, parse
+from ..contracts.results import CellResult, ShownValue
+from ..job.runner import LAST_VALUE
 from ..sessions import SessionCellError
 from ..workspace import cells as workspace_cells
 from . import line_commands, textview
@@ -41,7 +42,6 @@ from .cellspec import (
     cell_inputs,
     check_kernel_names,
     check_syntax,
-    env_values,
     notebook_path,
 )
 from .display_mode import display_mode
@@ -61,6 +61,16 @@ line_magic = cast(Callable[[str], Callable[[_F], _F]], magic.line_magic)
 _last: JobHandle | None = None
 
 
+class _JobOptions(magic_arguments.ArgDecorator):
+    """A ``magic_arguments`` decorator adding the cell edge's job options from ``jobopts``."""
+
+    def add_to_parser(self, parser: Any, group: Any) -> None:
+        jobopts.add_arguments(parser if group is None else group, "cell")
+
+
+job_options = cast(Callable[[], Callable[[_F], _F]], _JobOptions)
+
+
 def last_job() -> JobHandle | None:
     """The handle of the last job a ``%%gpulayer`` cell submitted in this kernel."""
     return _last
@@ -70,19 +80,9 @@ class Shown:
     """A one-shot cell's last value that JSON could not carry, shown from the MIME bundle the
     worker made of it (as a session cell's value is: HTML, images, text), or its text form."""
 
-    def __init__(self, text: str, kind: str, content: dict[str, Any] | None = None) -> None:
-        self.text, self.kind, self.content = text, kind, content
-
-    @classmethod
-    def of(cls, result: Any) -> Shown | None:
-        if isinstance(result, dict) and isinstance(result.get(SHOWN_KEY), str):
-            content = result.get("display")
-            return cls(
-                result[SHOWN_KEY],
-                str(result.get("type", "object")),
-                content if isinstance(content, dict) else None,
-            )
-        return None
+    def __init__(self, shown: ShownValue) -> None:
+        self.shown = shown
+        self.text, self.kind, self.content = shown.text, shown.type, shown.display
 
     def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         if self.content is None:
@@ -107,56 +107,7 @@ class GPUlayerMagics(Magics):
 
     @magic_args("%gpulayer")
     @argument("-h", "--help", action="store_true", help="show this help; submit nothing")
-    @argument("--gpus", type=int, default=0, metavar="N", help="GPUs per node (default 0: CPU)")
-    @argument(
-        "--gpu-kind",
-        default="",
-        metavar="KIND[,KIND...]",
-        help="acceptable GPU kinds, preferred first, e.g. h100,a100",
-    )
-    @argument(
-        "--fallback",
-        choices=["cpu"],
-        default=None,
-        help="run on a CPU-only worker when no GPU can take the job",
-    )
-    @argument("--nodes", type=int, default=1, metavar="M", help="workers for a multi-node gang")
-    @argument("--timeout", type=float, default=None, metavar="SECONDS", help="kill it after this")
-    @argument(
-        "--retries",
-        type=int,
-        default=0,
-        metavar="N",
-        help="re-runs of a lost or preempted attempt (see --retry-on)",
-    )
-    @argument(
-        "--retry-on",
-        action="append",
-        default=[],
-        choices=["lost", "preempted", "failed"],
-        help='which failures retry (default: lost and preempted; "failed": any failing exit)',
-    )
-    @argument(
-        "--wait",
-        action="store_true",
-        help="keep the job queued when no worker can ever run it (one may join); without it "
-        "such a job fails at once, saying what exists",
-    )
-    @argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="NAME[=VALUE]",
-        help="an environment variable of the job; NAME alone passes the kernel's value (a job "
-        "inherits none of the kernel's environment)",
-    )
-    @argument(
-        "--secret",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="a secret set on the control plane, as an environment variable of the job",
-    )
+    @job_options()  # --gpus, --gpu-kind, ... as jobopts.py declares them for every edge
     @argument(
         "--in",
         dest="inputs",
@@ -180,14 +131,6 @@ class GPUlayerMagics(Magics):
         help="local files or folders bundled with the cell (relative to the notebook)",
     )
     @argument("--name", default=None, help="the job's name (default: cell)")
-    @argument(
-        "--label",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="a label of the job; user=NAME and project=NAME are what budgets and costs group by",
-    )
-    @argument("--worker", default=None, metavar="NAME", help="run only on this worker")
     @argument(
         "--no-wait",
         action="store_true",
@@ -224,6 +167,8 @@ class GPUlayerMagics(Magics):
         """
         try:
             args = parse_argstring(self.gpulayer_cell, line)
+        except GPUlayerError as exc:  # a job option's bad value (jobopts.BadOption)
+            raise cell_error(exc) from None
         except UsageError as exc:
             usage = _cell_parser().format_usage().replace("::\n\n  ", "usage: ", 1)
             raise UsageError(f"{exc}\n{usage}see all options with %%gpulayer --help") from None
@@ -280,9 +225,11 @@ class GPUlayerMagics(Magics):
         inputs, moved = cell_inputs(self.ns, args.inputs)
         digest, data = bundle(cell, args.files, moved)
         notebook = notebook_path(self.ns)
+        fields = jobopts.job_fields(args, "cell")
         spec = parse(
             JobSpec,
             {
+                **fields,
                 "name": args.name or "cell",
                 "workload": {
                     "kind": "python",
@@ -290,23 +237,8 @@ class GPUlayerMagics(Magics):
                     "entrypoint": f"cell:{CELL_FILE}",
                     "args": inputs,
                 },
-                "resources": {
-                    "gpus": args.gpus,
-                    "nodes": args.nodes,
-                    "gpu_kind": [k for k in args.gpu_kind.split(",") if k.strip()],
-                    "fallback": [args.fallback] if args.fallback else [],
-                    "worker": args.worker,
-                },
-                "env": env_values(args.env) | ({transfer.OUT_ENV: "1"} if args.out else {}),
-                "secrets": args.secret,
-                "labels": {
-                    **parse_pairs(args.label, "--label"),
-                    **({NOTEBOOK_LABEL: notebook} if notebook else {}),
-                },
-                "timeout": args.timeout,
-                "retries": args.retries,
-                **({"retry_on": args.retry_on} if args.retry_on else {}),
-                "wait_for_capacity": args.wait,
+                "env": fields["env"] | ({transfer.OUT_ENV: "1"} if args.out else {}),
+                "labels": fields["labels"] | ({NOTEBOOK_LABEL: notebook} if notebook else {}),
             },
         )
         bridge = get_bridge()
@@ -337,16 +269,18 @@ class GPUlayerMagics(Magics):
         value = result_of(
             final, said_why=isinstance(view, textview.TextView) and view.said_why(final)
         )
-        shown = Shown.of(value)
+        result = CellResult.of_wire(value)
+        shown = Shown(result.shown) if result.shown is not None else None
+        value = result.value
         if args.out is not None:
-            if shown is not None and isinstance(value.get("artifact"), str):
+            if result.artifact is not None:
                 # A tensor, an array or a dict of them: it came back tensor-safe, as an artifact.
-                back = transfer.decode(handle.read_artifact(value["artifact"]))
+                back = transfer.decode(handle.read_artifact(result.artifact))
                 self.ns[args.out] = back[LAST_VALUE]
                 return None
             if shown is not None:
                 # The work succeeded; only the assignment cannot happen. Say so, show the value.
-                why = value.get("refused") or f"a {shown.kind} is not JSON"
+                why = result.refused or f"a {shown.kind} is not JSON"
                 print(
                     f"gpulayer: --out {args.out}: {why}, so {args.out} was not assigned; the "
                     "value is shown below (end the cell with JSON, tensors or arrays, or save it "

@@ -59,12 +59,17 @@ async function post(path) {
   }
 }
 
-function fmt(seconds) {
-  if (seconds < 10) return seconds.toFixed(2) + "s";
-  if (seconds < 60) return seconds.toFixed(1) + "s";
-  const m = Math.floor(seconds / 60);
-  if (seconds < 3600) return m + "m " + String(Math.floor(seconds % 60)).padStart(2, "0") + "s";
-  return Math.floor(seconds / 3600) + "h " + String(m % 60).padStart(2, "0") + "m";
+// The Lab panel's formatDuration and Python's render.duration, rule for rule: "4s", "3m 05s",
+// "2h 10m", "3d 4h" (labextension/test/durations.json holds the examples all three are tested on).
+export function fmt(seconds) {
+  if (!Number.isFinite(seconds)) return "\u2013";
+  const s = Math.max(0, Math.floor(seconds));
+  if (s < 60) return s + "s";
+  const m = Math.floor(s / 60);
+  if (m < 60) return m + "m " + String(s % 60).padStart(2, "0") + "s";
+  const h = Math.floor(m / 60);
+  if (h < 24) return h + "h " + String(m % 60).padStart(2, "0") + "m";
+  return Math.floor(h / 24) + "d " + (h % 24) + "h";
 }
 
 function el(tag, cls, parent) {

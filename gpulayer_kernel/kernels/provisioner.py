@@ -37,6 +37,7 @@ from tornado.web import HTTPError
 from traitlets import Float, Integer, List, Unicode
 
 from ..contracts import JobState, PlacementReport, SessionHolder, SessionInfo
+from ..contracts.jobs import DEFAULT_IDLE_TIMEOUT
 from ..contracts.kernels import KernelConnection, KernelStart
 from ..contracts.workspace import WorkspaceSource
 from ..errors import GPUlayerError
@@ -68,7 +69,9 @@ class GPUlayerProvisioner(KernelProvisionerBase):
     max_wait = Float(DEFAULT_WAIT, help="seconds to wait in the queue before failing").tag(
         config=True
     )
-    idle_timeout = Float(1800.0, help="the session's idle timeout, seconds").tag(config=True)
+    idle_timeout = Float(DEFAULT_IDLE_TIMEOUT, help="the session's idle timeout, seconds").tag(
+        config=True
+    )
 
     session_id: str | None = None
     relay: LocalRelay | None = None

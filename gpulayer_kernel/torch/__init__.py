@@ -11,7 +11,7 @@ Lightning and accelerate.
 
 from __future__ import annotations
 
-from ..ranks import (
+from ..job.ranks import (
     all_reduce_mean,
     barrier,
     destroy_distributed,

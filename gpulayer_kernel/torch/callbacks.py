@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import GPUlayerError
-from ..ranks import world_size
+from ..job.ranks import world_size
 from .config import TrainerConfig
 from .errors import CallbackFailed
 

@@ -17,7 +17,7 @@ from typing import Any, cast
 import torch
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
-from ..ranks import world_size
+from ..job.ranks import world_size
 from .config import TrainerConfig
 from .data import loader_length, samples_of
 from .errors import (

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ..ranks import rank, world_size
+from ..job.ranks import rank, world_size
 
 
 class _ResumableSampler(DistributedSampler[Any]):

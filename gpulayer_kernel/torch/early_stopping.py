@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from ..ranks import print0
+from ..job.ranks import print0
 from .callbacks import Callback, Trainer, rank_zero_decides
 from .errors import CallbackInvalid
 from .model_checkpoint import Mode, _not_logged, check_mode

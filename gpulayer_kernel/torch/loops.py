@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..ranks import world_size
+from ..job.ranks import world_size
 from .contract import check_validation_step
 from .data import to_device
 from .errors import HookMissing, ValidationStepInvalid

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..ranks import world_size
+from ..job.ranks import world_size
 from .config import TrainerConfig
 from .errors import ManualOptimizationInvalid
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..ranks import world_size
+from ..job.ranks import world_size
 from .errors import MetricInvalid
 
 Reduced = dict[str, float]

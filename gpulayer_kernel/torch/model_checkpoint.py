@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..ranks import is_rank_zero
+from ..job.ranks import is_rank_zero
 from .callbacks import Callback, Trainer, rank_zero_decides
 from .checkpoint import SHARDED_SUFFIX
 from .errors import CallbackInvalid, MetricNotFound

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
-from ..ranks import barrier, device, init_distributed, is_rank_zero, rank, world_size
+from ..job.ranks import barrier, device, init_distributed, is_rank_zero, rank, world_size
 from .checkpoint import capture_rng, restore_rng, save_checkpoint
 from .config import Precision
 from .data import to_device

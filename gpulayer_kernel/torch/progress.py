@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .. import job
-from ..ranks import is_rank_zero, rank, world_size
+from ..job.ranks import is_rank_zero, rank, world_size
 from .errors import LossNotFinite
 
 # Dense bf16/fp16 tensor-core peaks (FLOP/s), most specific name first: "L4" is in "L40S".

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InvalidInput
-from ..ranks import barrier, is_rank_zero, rank, seed_everything
-from ..ranks import world_size as get_world_size
+from ..job.ranks import barrier, is_rank_zero, rank, seed_everything
+from ..job.ranks import world_size as get_world_size
 from .callbacks import CallbackList, Trainer
 from .checkpoint import (
     FORMAT,

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ..ranks import world_size
+from ..job.ranks import world_size
 from .config import TrainerConfig
 from .errors import UnusedParameters
 from .module import Module

@@ -25,7 +25,7 @@ import torch
 from torch.multiprocessing.spawn import start_processes
 from torch.utils.data import TensorDataset
 
-from ..ranks import rank
+from ..job.ranks import rank
 from .callbacks import Callback
 from .module import Module, OptimizerSetup
 

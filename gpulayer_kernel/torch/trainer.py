@@ -18,7 +18,7 @@ import torch
 
 from .. import job
 from ..errors import InvalidInput
-from ..ranks import device, init_distributed, is_rank_zero, print0
+from ..job.ranks import device, init_distributed, is_rank_zero, print0
 from .callbacks import Callback, CallbackList
 from .checkpoint import artifact_name
 from .config import TrainerConfig

@@ -190,7 +190,7 @@ class JobExecutor:
             args_file = self.dir / "args.json"
             args_file.write_text(json.dumps(workload.args))
             gl_env[ARGS_ENV] = str(args_file)
-            argv = [self.config.python, "-m", "gpulayer_kernel.runner", workload.entrypoint]
+            argv = [self.config.python, "-m", "gpulayer_kernel.job.runner", workload.entrypoint]
         else:
             assert isinstance(workload, CommandWorkload)  # sessions run in SessionExecutor
             argv = list(workload.argv)

@@ -2,7 +2,7 @@
 
 The zygote (``zygote.py``) forks a job's supervisor and its job process either on demand or ahead
 of time (a *spare*: forked before any job exists, waiting for one). Either way the job process
-ends up here once it knows its job, and leaves exactly as ``python -m gpulayer_kernel.runner
+ends up here once it knows its job, and leaves exactly as ``python -m gpulayer_kernel.job.runner
 ENTRYPOINT`` started from a fresh interpreter would have it:
 
 - stdio on the worker's pipes, ``cwd``, ``os.environ`` *exactly* the job's environment (the zygote
@@ -37,7 +37,8 @@ import weakref
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .. import job, runner
+from .. import job
+from ..job import runner
 
 SLOT_LEN = 128  # bytes reserved in the zygote's environment block for a child's job id
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])

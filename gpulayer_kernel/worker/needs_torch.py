@@ -67,9 +67,9 @@ TORCH_USERS = frozenset(
 )
 """Top-level packages that import torch when imported."""
 
-GPULAYER_TORCH_MODULES = frozenset({"gpulayer_kernel.torch", "gpulayer_kernel.ranks"})
+GPULAYER_TORCH_MODULES = frozenset({"gpulayer_kernel.torch", "gpulayer_kernel.job.ranks"})
 """This package's modules that import torch at import (``gpulayer_kernel.torch`` re-exports
-``ranks``); their submodules count too."""
+``job.ranks``); their submodules count too."""
 
 MAX_SOURCE = 1 << 20  # bytes of one file judged; a bigger one reads as torch-needing
 MAX_FILES = 64  # of a job's own modules followed from its entry point

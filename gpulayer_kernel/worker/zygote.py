@@ -1,6 +1,6 @@
 """The warm runner's fork server ("zygote"): forks jobs from an interpreter already started.
 
-A cold Python job pays interpreter start-up plus ``import gpulayer_kernel.runner`` (~100 ms on a
+A cold Python job pays interpreter start-up plus ``import gpulayer_kernel.job.runner`` (~100 ms on a
 loaded 2-core box) before the user's first line runs. The zygote is a long-lived helper
 (``python -m gpulayer_kernel.worker.zygote``: this module, which runs in that helper process),
 owned by its worker's :class:`~gpulayer_kernel.worker.warm.WarmRunner`, started lazily
@@ -71,7 +71,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .. import runner
+from ..job import runner
 from . import jobproc, reaper
 from .jobproc import PACKAGE_ROOT, SLOT_LEN
 from .orphans import Orphans

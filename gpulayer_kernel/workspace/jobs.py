@@ -47,7 +47,7 @@ from ..contracts.workspace import (
     WorkspaceSource,
 )
 from ..errors import GPUlayerError, ValidationFailed
-from ..runner import BUNDLE_ENV
+from ..job.runner import BUNDLE_ENV
 from . import pack as packs
 from .names import clean_temporaries, name_of
 from .plan import decide

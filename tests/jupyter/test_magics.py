@@ -51,7 +51,7 @@ def ip(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InteractiveShell]:
         leftovers = [
             p
             for p in psutil.Process().children(recursive=True)
-            if "gpulayer_kernel.runner" in " ".join(_cmdline(p))
+            if "gpulayer_kernel.job.runner" in " ".join(_cmdline(p))
         ]
         assert not leftovers, f"job processes left running: {leftovers}"
 

@@ -16,10 +16,10 @@ def test_package_root_exposes_the_ipython_extension() -> None:
 
 
 def test_importing_the_package_loads_no_ipython() -> None:
-    # Jobs import gpulayer_kernel.runner on every start, and the Jupyter server imports
+    # Jobs import gpulayer_kernel.job.runner on every start, and the Jupyter server imports
     # gpulayer_kernel.jupyter.extension: neither may pay for IPython or widgets.
     code = (
-        "import sys, gpulayer_kernel, gpulayer_kernel.jupyter, gpulayer_kernel.runner; "
+        "import sys, gpulayer_kernel, gpulayer_kernel.jupyter, gpulayer_kernel.job.runner; "
         "print(sorted(m for m in ('IPython', 'ipywidgets', 'anywidget') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -28,7 +28,7 @@ def test_importing_the_package_loads_no_ipython() -> None:
 
 def test_a_job_process_does_not_import_pydantic() -> None:
     code = (
-        "import sys, gpulayer_kernel.runner, gpulayer_kernel.job; "
+        "import sys, gpulayer_kernel.job.runner, gpulayer_kernel.job; "
         "print(sorted(m for m in ('pydantic', 'aiosqlite', 'httpx') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -81,7 +81,7 @@ def test_logs_are_appended_by_message_and_kept_at_the_end() -> None:
     w.feed(Update("done", job=done))
     assert w.log_tail == [["stdout", 1, "hi"]]
     assert w.terminal and not w.blocking
-    assert w.outcome == "job 3f2a1b2c3d4e (cell) succeeded in 1.00s"
+    assert w.outcome == "job 3f2a1b2c3d4e (cell) succeeded in 1s"
 
 
 def test_a_progress_bars_redraws_show_as_one_line() -> None:

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import gpulayer_kernel.torch as gt  # noqa: E402
-from gpulayer_kernel import ranks  # noqa: E402
+from gpulayer_kernel.job import ranks  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

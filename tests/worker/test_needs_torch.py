@@ -34,8 +34,8 @@ TORCH = [
     "from gpulayer_kernel import torch as gt",
     "from gpulayer_kernel.torch import Trainer",
     "import gpulayer_kernel.torch.trainer",
-    "from gpulayer_kernel.ranks import rank",
-    "from gpulayer_kernel import ranks",
+    "from gpulayer_kernel.job.ranks import rank",
+    "from gpulayer_kernel.job import ranks",
     "x = (",  # does not parse here; the job's interpreter might be newer
     "type X = int\nimport torch",
 ]

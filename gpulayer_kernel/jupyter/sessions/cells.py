@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ... import display
+from ... import display, jobopts
 from ...contracts import (
     CellPage,
     CellState,
@@ -35,15 +35,13 @@ from ..handle import CellError, CellInterrupted
 SESSION_HEADER = "# %%gpulayer\n"  # stands for the magic line: tracebacks say the cell's line
 SECOND_INTERRUPT = 5.0  # seconds: a second interrupt within this restarts the session
 # Options of %%gpulayer that shape a one-shot job; a session cell refuses them by name.
+# The job options among them keep the defaults the one table gives them (jobopts.py).
 ONE_SHOT_OPTIONS = {
-    "gpus": ("--gpus", 0),
-    "gpu_kind": ("--gpu-kind", ""),
-    "fallback": ("--fallback", None),
-    "nodes": ("--nodes", 1),
-    "retries": ("--retries", 0),
-    "wait": ("--wait", False),
-    "env": ("--env", []),
-    "secret": ("--secret", []),
+    **{
+        o.dest: (o.flag, o.default_for("cell"))
+        for o in jobopts.options("cell")
+        if o.flag not in ("--timeout", "--retry-on", "--label")
+    },
     "files": ("--files", []),
     "name": ("--name", None),
     "worker": ("--worker", None),

@@ -21,14 +21,14 @@ from typing import Any, cast
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
-from ... import render
-from ...contracts import Job, JobState, SessionHolder, SessionInfo, SessionStatus, parse_duration
+from ... import jobopts, render
+from ...contracts import Job, JobState, SessionHolder, SessionInfo, SessionStatus
 from ...contracts.workspace import WorkspaceSource
 from ...errors import GPUlayerError
 from ...sessions import SessionHandle, client_id, session_spec
 from .. import textview
 from ..bridge import Bridge, get_bridge
-from ..cellspec import NOTEBOOK_LABEL, env_values, notebook_path
+from ..cellspec import NOTEBOOK_LABEL, notebook_path
 from ..handle import CellError, CellInterrupted
 from . import link as sessionlink
 from .cells import kernel_value
@@ -88,18 +88,15 @@ class KernelSessions:
         bridge = get_bridge()
         holder = self.holder(ns)
         name = args.name or default_name(holder.notebook)
+        fields = jobopts.job_fields(args, "session")
         spec = session_spec(
             name,
-            gpus=args.gpus,
-            nodes=args.nodes,
-            gpu_kind=[k for k in args.gpu_kind.split(",") if k.strip()],
-            fallback=args.fallback,
-            worker=args.worker,
-            idle_timeout=parse_duration(args.idle_timeout, "--idle-timeout"),
-            env=env_values(args.env),
-            secrets=args.secret,
+            **fields["resources"],
+            idle_timeout=fields["idle_timeout"],
+            env=fields["env"],
+            secrets=fields["secrets"],
             labels={NOTEBOOK_LABEL: holder.notebook} if holder.notebook else {},
-            wait_for_capacity=args.wait,
+            wait_for_capacity=fields["wait_for_capacity"],
             holder=holder,
             workspace=here(),
         )
@@ -314,20 +311,7 @@ def pull_command(argv: list[str], ns: dict[str, Any]) -> None:
 def _session_start_parser() -> MagicArgumentParser:
     p = _parser("session start")
     p.add_argument("--name", default=None, help="default: the notebook's file name")
-    p.add_argument("--gpus", type=int, default=0, metavar="N", help="GPUs per node (0: CPU)")
-    p.add_argument("--nodes", type=int, default=1, metavar="M", help="workers (one rank per GPU)")
-    p.add_argument("--gpu-kind", default="", metavar="KIND[,KIND...]")
-    p.add_argument("--fallback", choices=["cpu"], default=None)
-    p.add_argument("--worker", default=None, metavar="NAME")
-    p.add_argument(
-        "--idle-timeout",
-        default="30m",
-        metavar="DURATION",
-        help="end the session (freeing its GPUs) after this long without a cell: 30m, 2h, 600",
-    )
-    p.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]")
-    p.add_argument("--secret", action="append", default=[], metavar="NAME")
-    p.add_argument("--wait", action="store_true", help="wait for capacity that may join")
+    jobopts.add_arguments(p, "session")  # --gpus, --gpu-kind, ... (one table for every edge)
     return p
 
 

@@ -158,7 +158,7 @@ class Host:
         sys.stderr = OutStream("stderr", self.channel, 2)
         versions: dict[str, Any] = {"python": sys.version.split()[0]}
         if self.world_size > 1:
-            from ...ranks import init_distributed
+            from ...job.ranks import init_distributed
 
             init_distributed()
         if "torch" in sys.modules:

@@ -22,7 +22,7 @@ from typing import Any
 
 from ...clock import Clock
 from ...errors import GPUlayerError
-from ...runner import SESSION_ENTRYPOINT
+from ...job.runner import SESSION_ENTRYPOINT
 from ..control import ControlReader
 from ..exits import describe_exit
 from ..logship import Stream, pump_stream
@@ -137,7 +137,7 @@ class RankGroup:
             if at.warm is not None and at.config.warm_runner:
                 proc = await at.warm.spawn(SESSION_ENTRYPOINT, cwd, env, stdin=theirs.fileno())
             if proc is None:
-                argv = [at.config.python, "-m", "gpulayer_kernel.runner", SESSION_ENTRYPOINT]
+                argv = [at.config.python, "-m", "gpulayer_kernel.job.runner", SESSION_ENTRYPOINT]
                 proc = await spawn_cold(argv, cwd, env, stdin=theirs.fileno())
         finally:
             theirs.close()

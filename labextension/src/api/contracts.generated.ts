@@ -23,6 +23,7 @@ export type AnyContract =
   | ICellPage
   | ICellReport
   | ICellRequest
+  | ICellResult
   | ICostEntry
   | ICostReport
   | IEvent
@@ -457,6 +458,47 @@ export interface ICellRequest {
    * @maxItems 64
    */
   outputs: string[];
+}
+/**
+ * A one-shot cell's result: a JSON ``value``, or a ``shown`` value (see the module).
+ */
+export interface ICellResult {
+  api_version: 'gpulayer/v1';
+  shown: IShownValue | null;
+  value: unknown;
+}
+/**
+ * A cell's last value JSON could not carry, as the notebook shows it.
+ */
+export interface IShownValue {
+  api_version: 'gpulayer/v1';
+  /**
+   * --out: the artifact holding it, tensor-safe
+   */
+  artifact: string | null;
+  /**
+   * its MIME bundle: {data: {mime: content}, metadata}
+   */
+  display: {
+    [k: string]: unknown;
+  } | null;
+  /**
+   * its text form (bounded)
+   */
+  'gpulayer/shown': string;
+  /**
+   * --out: why it could not travel even so
+   */
+  refused: string | null;
+  refused_hint: string | null;
+  /**
+   * its type, module.qualname
+   */
+  type: string;
+  /**
+   * why JSON could not carry it
+   */
+  why: string;
 }
 /**
  * One ledger row: the estimate or the charge of one attempt (unique per job/attempt/kind).

@@ -21,9 +21,21 @@ import {
   workerCommand
 } from '../../src/model/format';
 import { HIDDEN_JOB } from '../../src/api';
+import durations from '../durations.json';
 import { device, job, node, withResources, worker } from '../fixtures';
 
 describe('durations and ages', () => {
+  it('writes durations as the widget and Python do (durations.json)', () => {
+    for (const [seconds, text] of durations.examples as [
+      number | null,
+      string
+    ][]) {
+      expect(formatDuration(seconds === null ? Number.NaN : seconds)).toBe(
+        text
+      );
+    }
+  });
+
   it('stays compact at every scale', () => {
     expect(formatDuration(0)).toBe('0s');
     expect(formatDuration(4.9)).toBe('4s');

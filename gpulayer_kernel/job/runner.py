@@ -1,4 +1,4 @@
-"""Runs a Python workload inside a job: ``python -m gpulayer_kernel.runner ENTRYPOINT``.
+"""Runs a Python workload inside a job: ``python -m gpulayer_kernel.job.runner ENTRYPOINT``.
 
 Modes by entrypoint shape: ``pkg.mod:func`` (called with the job's JSON args; its return value is
 the result), ``script.py`` (run as ``__main__``), ``cell:cell.py`` (a notebook cell: the ``--in``
@@ -21,10 +21,13 @@ import sys
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import job, transfer
-from .errors import NotJSON, TooLarge
+from .. import job, transfer
+from ..errors import NotJSON, TooLarge
+
+if TYPE_CHECKING:
+    from ..contracts.results import ShownValue
 
 SESSION_ENTRYPOINT = "session:"
 # The job's own files (its cell, its --in values, --files) when it runs in the notebook's folder
@@ -56,15 +59,15 @@ def run_cell(path: Path, namespace: dict[str, Any], source: str | None = None) -
 
 
 def main(argv: list[str], sources: Mapping[str, str] | None = None) -> int:
-    """``python -m gpulayer_kernel.runner ENTRYPOINT``; ``sources``: files (by their path in the
+    """``python -m gpulayer_kernel.job.runner ENTRYPOINT``; ``sources``: files (by their path in the
     bundle) given in memory rather than read from the working directory (a cell's text)."""
     if len(argv) != 1:
-        print("usage: python -m gpulayer_kernel.runner ENTRYPOINT", file=sys.stderr)
+        print("usage: python -m gpulayer_kernel.job.runner ENTRYPOINT", file=sys.stderr)
         return 2
     entry = argv[0]
     if entry == SESSION_ENTRYPOINT:
         # A rank of a session (ADR 0019): IPython's shell, served over stdin's socket.
-        from .worker.sessions import host as session_host
+        from ..worker.sessions import host as session_host
 
         return session_host.main()
     sys.path.insert(0, os.getcwd())
@@ -116,7 +119,7 @@ def main(argv: list[str], sources: Mapping[str, str] | None = None) -> int:
         what = "the cell's last expression" if cell else "the return value"
         try:
             if not _plain_json(value):
-                from .contracts import ensure_json  # the slow path: an exact error message
+                from ..contracts import ensure_json  # the slow path: an exact error message
 
                 ensure_json(value, what)
             job.write_result(value)
@@ -124,7 +127,10 @@ def main(argv: list[str], sources: Mapping[str, str] | None = None) -> int:
             if cell:
                 # As in Jupyter, a cell's last value is shown, whatever it is; its work is done,
                 # so a value JSON cannot carry is sent as its display, not made a failure.
-                job.write_result({**shown_value(value, str(exc)), **_moved_value(value)})
+                from ..contracts.results import CellResult
+
+                shown = shown_value(value, str(exc)).model_copy(update=_moved_value(value))
+                job.write_result(CellResult(shown=shown).to_wire())
                 return 0
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -132,17 +138,17 @@ def main(argv: list[str], sources: Mapping[str, str] | None = None) -> int:
 
 
 LAST_VALUE = "the cell's last value"  # its name in the --out artifact (and in its errors)
-SHOWN_KEY = "gpulayer/shown"  # a cell result that is only the display of a non-JSON value
 MAX_SHOWN = 20_000
 # A one-shot cell's displayed value travels in its result, which the API takes up to 1 MiB.
 MAX_SHOWN_DISPLAY = 768 << 10
 
 
-def shown_value(value: Any, why: str) -> dict[str, Any]:
+def shown_value(value: Any, why: str) -> ShownValue:
     """How a cell's last value is shown in the notebook (never for ``--out``): its MIME bundle,
     made as a session cell's is (``display.format_value``: ``_repr_html_``, ``_repr_png_``…,
     and ``repr`` as text/plain), and the text form alone for the shortest readers."""
-    from . import display  # the slow path only: a value JSON could not carry
+    from .. import display  # the slow path only: a value JSON could not carry
+    from ..contracts.results import ShownValue
 
     shown = display.format_value(value)
     shown = display.bound(shown, min(MAX_SHOWN_DISPLAY, display.max_bytes()))
@@ -150,7 +156,7 @@ def shown_value(value: Any, why: str) -> dict[str, Any]:
     if len(text) > MAX_SHOWN:
         text = text[:MAX_SHOWN] + f"… ({len(text) - MAX_SHOWN} more characters)"
     kind = f"{type(value).__module__}.{type(value).__qualname__}"
-    return {SHOWN_KEY: text, "type": kind, "why": why, "display": shown}
+    return ShownValue(text=text, type=kind, why=why, display=shown)
 
 
 def _moved_inputs(bundle: str | None = None) -> dict[str, Any]:
@@ -188,7 +194,8 @@ def _plain_json(value: Any) -> bool:
         return False
 
 
-_HERE = str(Path(__file__).resolve().parent)
+# GPUlayer's own frames (this package, the worker's fork server) are not the user's: filtered.
+_HERE = str(Path(__file__).resolve().parents[1])
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -5,6 +5,10 @@ object per line, each under ``PIPE_BUF`` bytes where possible so that writes fro
 never interleave) and a result file named by ``$GPULAYER_RESULT`` (JSON, written by rank 0).
 Outside a job (a plain notebook, a script) every call is a cheap no-op, so the same code runs
 anywhere.
+
+The package holds all that runs inside a job: this API, ``runner.py`` (what ``python -m
+gpulayer_kernel.job.runner ENTRYPOINT`` runs) and ``ranks.py`` (the process-group helpers; it
+imports torch, so nothing here imports it: ``import gpulayer_kernel.job`` stays light).
 """
 
 from __future__ import annotations
@@ -89,7 +93,7 @@ def _send(message: dict[str, Any]) -> bool:
 def result(value: Any) -> None:
     """Set the job's result (JSON). In a distributed job, rank 0's result is the job's."""
     global _result_set, _result_value
-    from .contracts import ensure_json  # lazily: pydantic costs a job ~100 ms of start-up
+    from ..contracts import ensure_json  # lazily: pydantic costs a job ~100 ms of start-up
 
     ensure_json(value, "result")
     _result_set, _result_value = True, value
@@ -119,7 +123,7 @@ def progress(**fields: Any) -> None:
     """
     if _rank() != 0:
         return
-    from .contracts import ensure_json
+    from ..contracts import ensure_json
 
     ensure_json(fields, "progress")
     _send({"kind": "progress", "time": time.time(), "fields": fields})
