@@ -1,0 +1,60 @@
+"""gpulayer_kernel.pytest_plugin: its clocks, and that loading it stays light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from gpulayer_kernel.clock import SYSTEM_CLOCK, Clock
+from gpulayer_kernel.contracts import CommandWorkload, JobSpec, JobState
+from gpulayer_kernel.pytest_plugin import until
+from gpulayer_kernel.testing import FakeClock
+
+
+def test_gl_clock_is_the_system_clock_unless_marked(gl_clock: Clock) -> None:
+    assert gl_clock is SYSTEM_CLOCK
+
+
+@pytest.mark.gl_fake_clock(start=1000.0)
+async def test_the_marker_makes_gl_clock_the_fake_one_at_its_start(
+    gl_clock: FakeClock, gl_fake_clock: FakeClock
+) -> None:
+    assert gl_clock is gl_fake_clock
+    assert gl_clock.now() == 1000.0
+    await gl_clock.advance(5)
+    assert gl_clock.now() == 1005.0
+
+
+def test_loading_the_plugin_imports_no_framework() -> None:
+    # pytest loads it in every run: the control plane, pydantic, Jupyter and torch wait for a
+    # fixture that needs them.
+    code = (
+        "import sys, gpulayer_kernel.pytest_plugin\n"
+        "heavy = ('torch', 'jupyter_server', 'jupyter_client', 'IPython', 'pydantic',"
+        " 'gpulayer_kernel.controlplane', 'gpulayer_kernel.contracts')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.gl_fake_clock  # the example of docs/development.md, as written there
+async def test_the_documented_example(gl_cp: Any, gl_worker: Any, gl_clock: Any) -> None:
+    agent = await gl_worker()
+    job = await gl_cp.submit(JobSpec(workload=CommandWorkload(argv=["sleep", "30"])))
+
+    async def state_is(state: JobState) -> bool:
+        return bool((await gl_cp.get(job.id)).state == state)
+
+    await until(lambda: state_is(JobState.RUNNING), what="the job to run")
+    for loop in agent._loops:  # the worker "dies": it never heartbeats again
+        loop.cancel()
+
+    async def lost() -> bool:  # the heartbeat timeout is 2 s of the fake clock
+        await gl_clock.advance(0.5)
+        return await state_is(JobState.LOST)
+
+    await until(lost, 20, what="the job to be lost")
