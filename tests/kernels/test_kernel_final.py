@@ -20,7 +20,7 @@ from gpulayer_kernel.contracts import JobState
 from gpulayer_kernel.kernels import spec
 from gpulayer_kernel.testing import until
 
-from .conftest import Plane
+from .conftest import Plane, restarter_rounds
 from .test_kernel_e2e import free_gpus, run, texts
 
 pytestmark = pytest.mark.slow
@@ -37,24 +37,6 @@ async def start_watched(name: str) -> tuple[AsyncIOLoopKernelManager, Any]:
     kc.start_channels()
     await kc.wait_for_ready(timeout=60)
     return km, kc
-
-
-async def restarter_rounds(km: AsyncIOLoopKernelManager, n: int) -> None:
-    """Return once jupyter_client's restarter (every ``time_to_dead`` = 3 s) has asked the kernel
-    ``n`` times whether it is alive: what it would have started by then, it has."""
-    asked = 0
-    real = km.is_alive
-
-    async def counted() -> bool:
-        nonlocal asked
-        asked += 1
-        return await real()
-
-    km.is_alive = counted  # type: ignore[method-assign]  # the restarter looks it up each round
-    try:
-        await until(lambda: asked >= n, 3.0 * n + 30, what=f"{n} rounds of the restarter")
-    finally:
-        del km.is_alive
 
 
 def sessions(plane: Plane) -> list[Any]:
