@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from gpulayer_kernel.capabilities import run_probe
+from gpulayer_kernel.testing import wait_until
 
 
 def alive(pid: int) -> bool:
@@ -71,10 +72,7 @@ async def test_a_hanging_probe_times_out_and_its_children_die(tmp_path: Path) ->
     ]
     assert caps.host.cpus >= 1  # host facts still come from the parent
     child = int(pidfile.read_text())
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and alive(child):
-        time.sleep(0.05)
-    assert not alive(child), "the probe's child survived the timeout"
+    wait_until(lambda: not alive(child), 5, what="the probe's child to die with the timeout")
 
 
 async def test_a_crashing_probe_is_a_reason(tmp_path: Path) -> None:
