@@ -10,6 +10,8 @@ import stat
 import time
 from pathlib import Path
 
+import pytest
+
 from gpulayer_kernel.capabilities import run_probe
 from gpulayer_kernel.testing import wait_until
 
@@ -35,6 +37,7 @@ def fake_python(tmp_path: Path, body: str) -> str:
     return str(script)
 
 
+@pytest.mark.slow  # ~2 s with two xdist workers on two cores
 async def test_real_probe_on_this_machine() -> None:
     caps = await run_probe(timeout=120)
     assert not any(e.startswith("probe:") for e in caps.probe_errors), caps.probe_errors

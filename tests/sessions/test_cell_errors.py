@@ -25,6 +25,7 @@ raise SlowToSay()
 """
 
 
+@pytest.mark.slow  # ~20 s with two xdist workers on two cores
 async def test_an_interrupt_while_the_traceback_is_formatted_keeps_the_cells_error(
     gl_cp: ControlPlane, gl_worker: WorkerFactory
 ) -> None:
@@ -43,6 +44,7 @@ async def test_an_interrupt_while_the_traceback_is_formatted_keeps_the_cells_err
     assert not any("pygments" in line for line in error.traceback)
 
 
+@pytest.mark.slow  # ~5 s with two xdist workers on two cores
 @pytest.mark.torch
 async def test_cuda_on_simulated_gpus_says_they_are_simulated(
     gl_cp: ControlPlane, gl_worker: WorkerFactory, monkeypatch: pytest.MonkeyPatch
