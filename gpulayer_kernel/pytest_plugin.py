@@ -18,7 +18,8 @@ Fixtures (docs/development.md shows them in use):
 Waiting without fixed sleeps: :func:`wait_until` (sync) and :func:`until` (async) return as soon
 as a condition holds and raise ``TimeoutError`` after a deadline.
 
-Only the standard library and pytest are imported here: pytest loads this module in every run,
+The async fixtures need pytest-asyncio (in auto or strict mode). Only the standard library,
+pytest and pytest-asyncio are imported here: pytest loads this module in every run,
 and the control plane (pydantic, the stores) costs ~300 ms that a run of unrelated tests should
 not pay. The fixtures import what they start.
 """
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import pytest_asyncio
 
 from .testing.clock import FakeClock
 from .testing.waiting import until, wait_until
@@ -101,7 +103,7 @@ def gl_clock(request: pytest.FixtureRequest) -> Clock:
     return SYSTEM_CLOCK
 
 
-@pytest.fixture
+@pytest_asyncio.fixture  # not pytest.fixture: also under pytest-asyncio's strict mode
 async def gl_cp(tmp_path: Path, gl_clock: Clock) -> AsyncIterator[ControlPlane]:
     """A started ControlPlane on a real SQLite file, with a short heartbeat timeout (2 s)."""
     from .controlplane import ControlPlane
@@ -131,7 +133,7 @@ def sim_caps(n: int) -> WorkerCapabilities:
     )
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def gl_worker(
     gl_cp: ControlPlane, gl_clock: Clock, tmp_path: Path
 ) -> AsyncIterator[WorkerFactory]:

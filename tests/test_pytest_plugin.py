@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,3 +60,37 @@ async def test_the_documented_example(gl_cp: Any, gl_worker: Any, gl_clock: Any)
         return await state_is(JobState.LOST)
 
     await until(lost, 20, what="the job to be lost")
+
+
+@pytest.mark.slow  # ~5 s: a pytest of its own
+def test_another_project_loads_the_plugin_in_strict_mode(tmp_path: Path) -> None:
+    # As an extension's own suite would: no conftest of ours, pytest-asyncio's strict mode.
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["gpulayer_kernel.pytest_plugin"]\n')
+    (tmp_path / "test_ext.py").write_text(
+        "import pytest\n"
+        "from gpulayer_kernel.contracts import CommandWorkload, JobSpec, JobState\n"
+        "from gpulayer_kernel.pytest_plugin import until\n\n"
+        "@pytest.mark.asyncio\n"
+        "@pytest.mark.gl_fake_clock(start=5.0)\n"
+        "async def test_it(gl_cp, gl_worker, gl_clock, gl_home):\n"
+        "    assert gl_clock.now() == 5.0 and gl_home.name == 'gpulayer-home'\n"
+        "    await gl_worker()\n"
+        "    job = await gl_cp.submit(JobSpec(workload=CommandWorkload(argv=['true'])))\n"
+        "    async def done():\n"
+        "        return (await gl_cp.get(job.id)).state == JobState.SUCCEEDED\n"
+        "    await until(done, 30, what='the job to succeed')\n"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root}
+    args = ["-c", "/dev/null", "--rootdir", str(tmp_path), "-p", "no:cacheprovider", "-q"]
+    args += ["-o", "asyncio_mode=strict", "--strict-markers", "-p", "no:randomly"]
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", *args, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 passed" in out.stdout
