@@ -12,7 +12,9 @@ item 12):
 - every process a fixture starts ends with the suite, whatever ends it
   (``gpulayer_kernel/testing/reaper.py``).
 
-The fixtures themselves (``gl_*``) stay in ``tests/conftest.py`` and the folders beside it.
+The shared fixtures (``gl_home``, ``gl_clock``, ``gl_cp``, ``gl_worker``, ...) ship in
+``gpulayer_kernel/pytest_plugin.py``, loaded here, so that extension authors can load them too;
+the fixtures of one folder of tests stay in its ``conftest.py``.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from typing import Any
 import pytest
 
 # Every process a test starts ends with the run, whatever ends it (a mark, a watchdog per pytest
-# process, SIGTERM taken as Ctrl-C, a reaper of earlier runs' leftovers at session start).
-pytest_plugins = ("gpulayer_kernel.testing.reaper",)
+# process, SIGTERM taken as Ctrl-C, a reaper of earlier runs' leftovers at session start); the
+# ``gl_*`` fixtures. Not a pytest11 entry point: this repository's tests should not depend on how
+# the package was installed.
+pytest_plugins = ("gpulayer_kernel.testing.reaper", "gpulayer_kernel.pytest_plugin")
 
 # Python jobs' zygote imports torch by default where it is installed (~2 s of a core per worker
 # started): the suite starts hundreds of workers, so it preloads nothing unless a test asks.

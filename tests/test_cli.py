@@ -46,6 +46,7 @@ def test_a_failing_command_exit_code_comes_back(gl_home: Path) -> None:
     assert "failed: exited with code 3" in r.stderr
 
 
+@pytest.mark.slow  # ~7 s with two xdist workers on two cores
 def test_logs_show_and_jobs_after_the_fact(gl_home: Path) -> None:
     gl("run", "--name", "first", "--", "sh", "-c", "echo one; echo two >&2")
     jobs = json.loads(gl("jobs", "--json").stdout)
@@ -123,6 +124,7 @@ def _gone(pid: int, within: float = 10.0) -> bool:
     return True
 
 
+@pytest.mark.slow  # ~3 s with two xdist workers on two cores
 def test_ctrl_c_cancels_the_job_and_kills_its_process_group(gl_home: Path) -> None:
     proc, child = _start_run()
     proc.send_signal(signal.SIGINT)
@@ -134,6 +136,7 @@ def test_ctrl_c_cancels_the_job_and_kills_its_process_group(gl_home: Path) -> No
     assert job["state"] == "cancelled"
 
 
+@pytest.mark.slow  # ~6 s with two xdist workers on two cores
 def test_a_second_process_connects_to_the_live_run_instead_of_the_database(
     gl_home: Path,
 ) -> None:
@@ -162,6 +165,7 @@ def test_a_second_process_connects_to_the_live_run_instead_of_the_database(
         proc.communicate()
 
 
+@pytest.mark.slow  # ~6 s with two xdist workers on two cores
 def test_a_killed_gpulayer_run_leaves_no_running_job_behind(gl_home: Path) -> None:
     proc, child = _start_run()
     os.kill(proc.pid, signal.SIGKILL)
@@ -175,6 +179,7 @@ def test_a_killed_gpulayer_run_leaves_no_running_job_behind(gl_home: Path) -> No
     assert _gone(child), "a process of the killed run's job is still alive"
 
 
+@pytest.mark.slow  # ~3 s with two xdist workers on two cores
 def test_a_gpu_job_without_gpus_says_why_it_waits_and_ctrl_c_cancels_it(gl_home: Path) -> None:
     proc = subprocess.Popen(
         [*GL, "run", "--gpus", "1", "--wait", "--", "true"],  # --wait: it can never fit here
@@ -196,6 +201,7 @@ def test_a_gpu_job_without_gpus_says_why_it_waits_and_ctrl_c_cancels_it(gl_home:
     assert job["state"] == "cancelled"
 
 
+@pytest.mark.slow  # ~2 s with two xdist workers on two cores
 def test_explain_works_from_a_fresh_process(gl_home: Path) -> None:
     job_id = gl("run", "--detach", "--gpus", "1", "--wait", "--", "true").stdout.strip()
     out = gl("explain", job_id)
@@ -211,6 +217,7 @@ WRITER = (
 )
 
 
+@pytest.mark.slow  # ~9 s with two xdist workers on two cores
 def test_artifacts_list_and_get(gl_home: Path, tmp_path: Path) -> None:
     assert gl("run", "--", sys.executable, "-c", WRITER).returncode == 0
     [job] = json.loads(gl("jobs", "--json").stdout)
@@ -259,6 +266,7 @@ print("artifact", result.artifact)
 """
 
 
+@pytest.mark.slow  # ~7 s with two xdist workers on two cores
 def test_the_trainers_checkpoint_artifact_name_gets_the_file(gl_home: Path, tmp_path: Path) -> None:
     r = gl("run", "--", sys.executable, "-c", TRAINER, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -362,6 +370,7 @@ def test_lab_help_is_its_own(gl_home: Path) -> None:
     assert "usage: gpulayer lab" in r.stdout and "--no-browser" in r.stdout
 
 
+@pytest.mark.slow  # ~3 s with two xdist workers on two cores
 def test_a_closed_pipe_ends_quietly(gl_home: Path) -> None:
     for i in range(3):
         gl("run", "--detach", "--name", f"n{i}", "--", "true")
@@ -394,6 +403,7 @@ def test_env_name_passes_the_shells_value_and_an_unset_one_is_named(gl_home: Pat
     assert "--env GL_PASSED: GL_PASSED is not set" in unset.stderr
 
 
+@pytest.mark.slow  # ~2 s with two xdist workers on two cores
 def test_run_files_ships_a_bundle_and_runs_among_its_files(gl_home: Path, tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "numbers.txt").write_text("1 2 3\n")

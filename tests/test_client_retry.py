@@ -22,6 +22,7 @@ from gpulayer_kernel.client.clients import Client
 from gpulayer_kernel.contracts import CommandWorkload, Job, JobSpec
 from gpulayer_kernel.errors import GPUlayerError
 from gpulayer_kernel.ha.failover import Servers
+from gpulayer_kernel.testing import wait_until
 from gpulayer_kernel.testing.processes import ServeProcess
 
 
@@ -64,7 +65,9 @@ def test_submits_through_repeated_kill_9_make_exactly_one_job_each(tmp_path: Pat
             for _ in range(4):  # kills at random moments of the submit loop
                 time.sleep(rng.uniform(0.2, 0.8))
                 server.restart(kill=True)
-            time.sleep(0.5)
+            # Calls are answered again after the last kill (or a submitter gave up: said below).
+            after = len(answered)
+            wait_until(lambda: len(answered) >= after + 4 or errors, 60, what="answers again")
         finally:
             stop.set()
             for t in threads:

@@ -64,6 +64,7 @@ def _without_nvidia_smi(tmp_path: Path) -> str:
     return str(bin_dir)
 
 
+@pytest.mark.slow  # ~3 s with two xdist workers on two cores
 def test_no_gpu_here_says_so_and_checks_nothing(tmp_path: Path) -> None:
     report = tmp_path / "report.txt"
     r = subprocess.run(

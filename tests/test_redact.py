@@ -62,7 +62,7 @@ async def test_a_secret_straddling_the_line_split_never_leaks(offset: int) -> No
     assert "".join(pieces) == "x" * offset + MASK  # nothing lost, nothing but the secret hidden
 
 
-@pytest.mark.parametrize("step", [1, 7, 4096, 65536])
+@pytest.mark.parametrize("step", [pytest.param(1, marks=pytest.mark.slow), 7, 4096, 65536])
 async def test_chunk_boundaries_do_not_matter(step: int) -> None:
     line = ("x" * 65530 + SECRET + " and again " + SECRET + "\nnext " + SECRET).encode()
     line = line.replace(b"\n", b"\n" + b"y" * 70000 + SECRET.encode() + b"\n")

@@ -12,10 +12,32 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .clock import FakeClock
-from .processes import GL, ServeProcess, WorkerProcess, kill_homes_under
-from .transport import NullTransport
 from .waiting import until, wait_until
+
+if TYPE_CHECKING:
+    from .processes import GL, ServeProcess, WorkerProcess, kill_homes_under
+    from .transport import NullTransport
+
+# Imported on first use: pytest loads ``testing.reaper`` and ``gpulayer_kernel.pytest_plugin`` (so
+# this package) in every run, and these two pull in the control plane (~300 ms, pydantic).
+_LAZY = {
+    **dict.fromkeys(["GL", "ServeProcess", "WorkerProcess", "kill_homes_under"], "processes"),
+    "NullTransport": "transport",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "GL",

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from gpulayer_kernel.api import ApiLimits, ApiServer
+from gpulayer_kernel.clock import SYSTEM_CLOCK, Clock
 from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.security import TokenKind, TokenService
 from gpulayer_kernel.store import LocalArtifactStore, SqliteStore
@@ -74,12 +75,20 @@ class Api:
 
 
 async def start_api(
-    tmp_path: Path, *, limits: ApiLimits | None = None, heartbeat_timeout: float = 5.0, **kw: Any
+    tmp_path: Path,
+    *,
+    limits: ApiLimits | None = None,
+    heartbeat_timeout: float = 5.0,
+    clock: Clock = SYSTEM_CLOCK,
+    **kw: Any,
 ) -> Api:
     store = SqliteStore(tmp_path / "cp.db")
     await store.open()
     cp = ControlPlane(
-        store, LocalArtifactStore(tmp_path / "blobs"), heartbeat_timeout=heartbeat_timeout
+        store,
+        LocalArtifactStore(tmp_path / "blobs"),
+        clock=clock,
+        heartbeat_timeout=heartbeat_timeout,
     )
     await cp.start()
     tokens = await TokenService(store).load()

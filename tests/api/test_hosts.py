@@ -122,6 +122,7 @@ async def test_an_embedded_control_plane_serves_a_second_terminal(tmp_path: Path
             await again.tokens.authenticate(token, (TokenKind.CLIENT,))
 
 
+@pytest.mark.slow  # ~7 s with two xdist workers on two cores
 def test_tokens_and_secrets_from_the_cli_without_a_server(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
     env["GPULAYER_HOME"] = str(tmp_path / "home")

@@ -25,6 +25,7 @@ from gpulayer_kernel.api.idempotency import fingerprint
 from gpulayer_kernel.contracts import JobSpec, WorkerRegistration
 from gpulayer_kernel.security import Role, TokenKind
 from gpulayer_kernel.store import IdempotencyRecord, JobQuery
+from gpulayer_kernel.testing import FakeClock, until
 from gpulayer_kernel.worker.agent import WorkerAgent
 from gpulayer_kernel.worker.executor import ExecutorConfig
 from gpulayer_kernel.worker.transport import InProcessTransport
@@ -59,8 +60,8 @@ async def jobs_in_store(api: Api) -> int:
 
 
 @pytest.fixture
-async def short_window(tmp_path: Path) -> AsyncIterator[Api]:
-    api = await start_api(tmp_path, limits=ApiLimits(idempotency_window=0.5))
+async def short_window(tmp_path: Path, gl_fake_clock: FakeClock) -> AsyncIterator[Api]:
+    api = await start_api(tmp_path, limits=ApiLimits(idempotency_window=0.5), clock=gl_fake_clock)
     try:
         yield api
     finally:
@@ -109,11 +110,12 @@ async def test_another_user_s_same_key_is_their_own(gl_api: Api) -> None:
     assert await jobs_in_store(gl_api) == 2
 
 
-async def test_a_key_after_its_window_is_new(short_window: Api) -> None:
+async def test_a_key_after_its_window_is_new(short_window: Api, gl_fake_clock: FakeClock) -> None:
     api = short_window
     first = await post(api, "/jobs", "k-3", SPEC)
+    await gl_fake_clock.advance(0.4)
     assert (await post(api, "/jobs", "k-3", SPEC)).json()["id"] == first.json()["id"]
-    await asyncio.sleep(0.6)
+    await gl_fake_clock.advance(0.2)  # the window (0.5 s of the control plane's clock) is past
     later = await post(api, "/jobs", "k-3", OTHER)  # a new request: no conflict, a new job
     assert later.status_code == 201 and "Idempotency-Replayed" not in later.headers
     assert later.json()["id"] != first.json()["id"]
@@ -141,7 +143,11 @@ async def test_a_retry_while_the_first_is_in_flight_waits_for_it(gl_api: Api) ->
     params = {"wait": "1.5", "linger": "1.5"}
     body = {"spec": SPEC}
     first = asyncio.ensure_future(post(gl_api, "/jobs/run", "k-4", body, params=params))
-    await asyncio.sleep(0.3)
+
+    async def first_made_its_job() -> bool:  # and long-polls it now
+        return await jobs_in_store(gl_api) == 1
+
+    await until(first_made_its_job, 10, what="the first request's job")
     clash = await post(gl_api, "/jobs/run", "k-4", {"spec": OTHER}, params=params)
     assert clash.status_code == 409 and clash.json()["code"] == "idempotency_key_reused"
     assert not first.done()  # refused at once, not after the first one

@@ -94,10 +94,16 @@ def _cell(text: str) -> tuple[JobSpec, bytes]:
     return spec, data
 
 
-async def _settled(agent: WorkerAgent) -> None:
-    """The worker is idle again, its next poll parked (not an answered request)."""
-    await until(lambda: not agent.running, 10, what="the worker to finish its job")
-    await asyncio.sleep(0.2)
+async def _settled(api: Api, agent: WorkerAgent) -> None:
+    """The worker is idle again (its job's end reported: answered, so counted), its next poll
+    parked (not an answered request)."""
+    assert agent.info is not None
+    wid = agent.info.id
+
+    def idle_and_parked() -> bool:
+        return not agent.running and api.cp.registry.polls(wid) >= 1
+
+    await until(idle_and_parked, 10, what="the worker to finish its job and poll again")
 
 
 async def test_a_served_python_job_costs_three_requests(
@@ -109,10 +115,10 @@ async def test_a_served_python_job_costs_three_requests(
         await client.put_bundle(data)  # uploaded once, as a script's bundle is
         warm, _ = _cell("None\n")  # the first job also starts the worker's zygote
         await client.run(warm, bundles.build({"cell.py": b"None\n"})[1], wait=20, linger=LINGER)
-        await _settled(agent)
+        await _settled(api, agent)
         counted = Requests(api)
         page = await client.run(spec, wait=20, linger=LINGER)
-        await _settled(agent)
+        await _settled(api, agent)
     assert page.job.state == JobState.SUCCEEDED and page.job.result == 42
     assert [r.text for r in page.records if r.stream == "stdout"] == ["hello"]
     routes = counted.routes()
@@ -145,10 +151,10 @@ async def test_a_notebook_cell_costs_at_most_four_requests(
             return done.job, [r.text for u in seen for r in u.records]
 
         await asyncio.to_thread(cell, "None\n")  # warm: the zygote starts
-        await _settled(agent)
+        await _settled(api, agent)
         counted = Requests(api)
         job, lines = await asyncio.to_thread(cell, "print('x =', 1 + 1)\n1 + 1\n")
-        await _settled(agent)
+        await _settled(api, agent)
     finally:
         await asyncio.to_thread(bridge.close)
     assert job.state == JobState.SUCCEEDED and job.result == 2 and "x = 2" in lines

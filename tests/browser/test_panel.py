@@ -10,12 +10,13 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
-import time
 import uuid
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 import pytest
+
+from gpulayer_kernel.testing import wait_until
 
 from .conftest import CHROMIUM, PANEL_TAB, Lab, shot
 
@@ -144,20 +145,14 @@ def test_cancel_a_running_job_from_the_panel(page: Any, lab: Lab) -> None:
     job = lab.submit("to-cancel", sleeper(mark))
     row = job_row(page, job["id"])
     expect(row).to_have_attribute("data-state", "running", timeout=15 * SECOND)
-    deadline = time.monotonic() + 15
-    while not processes(mark) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert processes(mark), "the job's process never started"
+    wait_until(lambda: processes(mark), 15, what="the job's process to start")
     row.get_by_role("button", name="Cancel job to-cancel").click()
     dialog = page.locator(".jp-Dialog")
     expect(dialog).to_contain_text("Cancel this job?")
     dialog.get_by_role("button", name="Cancel job").click()
     expect(row).to_have_attribute("data-state", "cancelled", timeout=15 * SECOND)
     shot(page)
-    deadline = time.monotonic() + 10
-    while processes(mark) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not processes(mark), "the cancelled job's process is still running"
+    wait_until(lambda: not processes(mark), 10, what="the cancelled job's process to end")
 
 
 def test_show_job_command_focuses_the_job(page: Any, lab: Lab) -> None:

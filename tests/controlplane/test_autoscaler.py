@@ -32,6 +32,7 @@ def job(*argv: str, gpus: int = 2, **kw: object) -> JobSpec:
     )
 
 
+@pytest.mark.slow  # ~2 s with two xdist workers on two cores
 async def test_a_waiting_job_launches_a_machine_runs_and_the_idle_machine_ends(
     tmp_path: Path,
 ) -> None:

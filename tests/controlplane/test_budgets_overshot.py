@@ -29,9 +29,8 @@ from ..conftest import sim_caps
 ADA = Identity("ada", Role.USER)
 
 
-@pytest.fixture
-def gl_clock() -> FakeClock:
-    return FakeClock()
+# gl_clock (the clock of gl_cp and gl_worker) is a FakeClock in every test of this module.
+pytestmark = pytest.mark.gl_fake_clock
 
 
 def spec(worker: str | None = None, kinds: tuple[str, ...] = (), **kw: Any) -> JobSpec:

@@ -35,9 +35,8 @@ from ..conftest import sim_caps
 HEARTBEAT = 2.0  # gl_cp's heartbeat timeout; the reaper looks every quarter of it
 
 
-@pytest.fixture
-def gl_clock() -> FakeClock:
-    return FakeClock()
+# gl_clock (the clock of gl_cp and gl_worker) is a FakeClock in every test of this module.
+pytestmark = pytest.mark.gl_fake_clock
 
 
 def cmd(*argv: str, **kw: object) -> JobSpec:

@@ -327,7 +327,7 @@ async def test_a_job_needing_an_unset_secret_fails_with_the_name(
     assert done.reason is not None and "NOPE" in done.reason
 
 
-@pytest.mark.parametrize("gl_clock", [FakeClock()])
+@pytest.mark.gl_fake_clock
 async def test_a_silent_worker_is_lost_and_its_job_with_it(
     gl_cp: ControlPlane, gl_worker: WorkerFactory, gl_clock: FakeClock
 ) -> None:
@@ -432,7 +432,8 @@ async def test_events_after_a_restart_ask_the_client_to_refetch(gl_cp: ControlPl
     assert page.reset and page.next_since < 10_000
 
 
-@pytest.mark.parametrize("gl_clock", [FakeClock()])
+@pytest.mark.slow  # ~2 s with two xdist workers on two cores
+@pytest.mark.gl_fake_clock
 async def test_a_waiting_gang_reserves_devices_without_any_other_event(
     tmp_path: Path, gl_worker: WorkerFactory, gl_cp: ControlPlane, gl_clock: FakeClock
 ) -> None:

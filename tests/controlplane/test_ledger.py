@@ -36,9 +36,8 @@ ADA = Identity("ada", Role.USER)  # a cost's user is its job's owner, never a la
 RATES = {"gpu_hour": 2.0, "workers": {"big-*": 3.0}, "typical_hours": 0.5}
 
 
-@pytest.fixture
-def gl_clock() -> FakeClock:
-    return FakeClock()
+# gl_clock (the clock of gl_cp and gl_worker) is a FakeClock in every test of this module.
+pytestmark = pytest.mark.gl_fake_clock
 
 
 def spec(gpus: int = 1, **kw: Any) -> JobSpec:

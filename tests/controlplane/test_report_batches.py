@@ -29,7 +29,7 @@ from gpulayer_kernel.contracts import (
 from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.errors import Conflict, Unavailable
 from gpulayer_kernel.store import LocalArtifactStore, SqliteStore
-from gpulayer_kernel.testing import FakeClock
+from gpulayer_kernel.testing import FakeClock, until
 
 JOBS = 5
 
@@ -107,7 +107,12 @@ async def test_a_batch_of_ends_is_one_write_stored_before_anyone_hears_of_it(
         seen[job_id] = await store.get_job(job_id)  # woken: it must be stored already
 
     waiting = [asyncio.create_task(waiter(j.id)) for j in jobs]
-    await asyncio.sleep(0.05)  # every waiter waits
+
+    def parked(job_id: str) -> bool:  # its waiter awaits the job's signal (JobTable.wait)
+        signal = cp.jobs._signals._by_key.get(job_id)
+        return signal is not None and signal._fut is not None and not signal._fut.done()
+
+    await until(lambda: all(parked(j.id) for j in jobs), 10, what="every waiter to wait")
     since = cp.event_log.seq
     store.writes.clear()
     entries = [ended(j, lines=i % 2) for i, j in enumerate(jobs)]

@@ -23,10 +23,8 @@ from gpulayer_kernel.testing import FakeClock, until
 
 from ..conftest import sim_caps
 
-
-@pytest.fixture
-def gl_clock() -> FakeClock:
-    return FakeClock()
+# gl_clock (the clock of gl_cp and gl_worker) is a FakeClock in every test of this module.
+pytestmark = pytest.mark.gl_fake_clock
 
 
 def spec(**kw: Any) -> JobSpec:

@@ -82,6 +82,7 @@ async def test_a_short_job_is_written_three_times_its_start_with_its_end(
     assert any(a.started_at is not None for a in job.history)  # the start was kept, not lost
 
 
+@pytest.mark.slow  # ~3 s with two xdist workers on two cores
 async def test_a_job_that_outlives_the_linger_is_written_once_more_when_it_runs(
     counted: tuple[ControlPlane, CountingStore],
 ) -> None:

@@ -31,9 +31,8 @@ async def join(cp: ControlPlane, name: str = "w1", gpus: int = 0) -> str:
     return (await cp.register(WorkerRegistration(name=name, capabilities=caps))).id
 
 
-@pytest.fixture
-def gl_clock() -> FakeClock:
-    return FakeClock()
+# gl_clock (the clock of gl_cp and gl_worker) is a FakeClock in every test of this module.
+pytestmark = pytest.mark.gl_fake_clock
 
 
 async def test_the_snapshot_holds_live_workers_and_what_they_run(gl_cp: ControlPlane) -> None:

@@ -410,6 +410,7 @@ def test_artifacts_of_a_gang_are_named_by_rank(tmp_path: Path) -> None:
     assert single.artifact_name("model.pt") == ("model.pt", None)
 
 
+@pytest.mark.slow  # ~2 s with two xdist workers on two cores
 @needs_torch
 @pytest.mark.torch
 def test_torchrun_of_this_torch_accepts_every_flag_we_pass(tmp_path: Path) -> None:

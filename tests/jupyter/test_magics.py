@@ -122,6 +122,7 @@ def test_labels_and_retry_causes_reach_the_job(ip: InteractiveShell) -> None:
         cell(ip, "--label oops", "1")
 
 
+@pytest.mark.slow  # ~5 s with two xdist workers on two cores
 def test_tensors_travel_through_in_and_out_of_a_one_shot_cell_without_pickle(
     ip: InteractiveShell,
 ) -> None:

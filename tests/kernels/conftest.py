@@ -23,6 +23,7 @@ from gpulayer_kernel.kernels import spec
 from gpulayer_kernel.kernels.host import Host, host, use_link
 from gpulayer_kernel.kernels.link import CpLink
 from gpulayer_kernel.store import LocalArtifactStore, SqliteStore
+from gpulayer_kernel.testing import until
 from gpulayer_kernel.worker.agent import WorkerAgent
 from gpulayer_kernel.worker.config import ExecutorConfig
 from gpulayer_kernel.worker.transport import InProcessTransport
@@ -118,3 +119,21 @@ def gl_plane(gl_kernelspecs: None, tmp_path: Path) -> Iterator[Plane]:
         h._link = None
         h.submit(down()).result(60)
         assert os.environ.get("GPULAYER_HOME")
+
+
+async def restarter_rounds(km: Any, n: int) -> None:
+    """Return once jupyter_client's restarter (every ``time_to_dead`` = 3 s) has asked the kernel
+    ``n`` times whether it is alive: what it would have started by then, it has."""
+    asked = 0
+    real = km.is_alive
+
+    async def counted() -> bool:
+        nonlocal asked
+        asked += 1
+        return await real()
+
+    km.is_alive = counted  # type: ignore[method-assign]  # the restarter looks it up each round
+    try:
+        await until(lambda: asked >= n, 3.0 * n + 30, what=f"{n} rounds of the restarter")
+    finally:
+        del km.is_alive

@@ -3,7 +3,6 @@ display, ``input()``, comms, interrupt, restart, shutdown (which frees its GPUs)
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -89,8 +88,12 @@ async def test_a_gpu_kernel_runs_on_its_worker_keeps_state_and_frees_its_gpus(
         assert any(c["target_name"] == "gl" for c in info["content"]["comms"].values())
 
         # interrupt: KeyboardInterrupt in the running cell, the state stays
-        long = kc.execute("import time\ntime.sleep(60)")
-        await asyncio.sleep(1.0)  # let the cell start on the worker before the signal
+        long = kc.execute("import time\nprint('started', flush=True)\ntime.sleep(60)")
+        while True:  # the signal goes once the cell runs on the worker
+            msg = await kc.get_iopub_msg(timeout=30)
+            if msg["parent_header"].get("msg_id") == long and msg["msg_type"] == "stream":
+                assert "started" in msg["content"]["text"]
+                break
         await km.interrupt_kernel()
         while True:
             msg = await kc.get_shell_msg(timeout=30)

@@ -10,7 +10,6 @@ in ``test_kernel_failures.py``).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -19,8 +18,9 @@ from jupyter_client.ioloop.manager import AsyncIOLoopKernelManager
 
 from gpulayer_kernel.contracts import JobState
 from gpulayer_kernel.kernels import spec
+from gpulayer_kernel.testing import until
 
-from .conftest import Plane
+from .conftest import Plane, restarter_rounds
 from .test_kernel_e2e import free_gpus, run, texts
 
 pytestmark = pytest.mark.slow
@@ -44,13 +44,11 @@ def sessions(plane: Plane) -> list[Any]:
 
 
 async def ended(plane: Plane, session_id: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = plane.call(plane.cp.get_session(session_id))
-        if info.job.state.terminal:
-            return info
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"session {session_id} did not end within {timeout}s")
+    def info() -> Any:
+        return plane.call(plane.cp.get_session(session_id))
+
+    await until(lambda: info().job.state.terminal, timeout, what=f"session {session_id} to end")
+    return info()
 
 
 async def test_an_idle_end_is_final_the_next_cell_says_why_and_a_restart_reconnects(
@@ -67,7 +65,7 @@ async def test_an_idle_end_is_final_the_next_cell_says_why_and_a_restart_reconne
         assert "idle for" in (info.job.reason or "")
         assert free_gpus(gl_plane) == 2  # the GPU is free ...
         # ... and stays free: the restarter (every 3 s) sees a live kernel, starts nothing.
-        await asyncio.sleep(8.0)
+        await restarter_rounds(km, 2)
         assert [s.id for s in sessions(gl_plane)] == [first.id]
         assert free_gpus(gl_plane) == 2
         assert await km.is_alive()
@@ -125,7 +123,7 @@ async def test_a_stop_from_elsewhere_is_final_and_the_ended_kernel_still_answers
         done = await kc.get_shell_msg(timeout=30)
         assert done["msg_type"] == "complete_reply"
         assert done["content"]["status"] == "error"
-        await asyncio.sleep(4.0)  # a restarter round
+        await restarter_rounds(km, 1)
         assert len(sessions(gl_plane)) == 1
     finally:
         kc.stop_channels()

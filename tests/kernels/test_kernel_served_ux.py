@@ -18,9 +18,11 @@ import httpx
 import pytest
 from jupyter_client.ioloop.manager import AsyncIOLoopKernelManager
 
+from gpulayer_kernel import testing
 from gpulayer_kernel.kernels import spec
 from gpulayer_kernel.testing import ServeProcess
 
+from .conftest import restarter_rounds
 from .test_kernel_e2e import run, start, texts
 from .test_kernel_served import served  # noqa: F401  (the fixture)
 
@@ -41,11 +43,12 @@ async def test_an_idle_end_is_final_on_a_served_plane(served: ServeProcess) -> N
     try:
         await kc.wait_for_ready(timeout=60)
         await run(kc, "x = 1")
-        deadline = time.monotonic() + 30
-        while not all(s.job.state.terminal for s in sessions(served)):
-            assert time.monotonic() < deadline, "the session did not idle out"
-            await asyncio.sleep(0.5)
-        await asyncio.sleep(7.0)  # two rounds of jupyter_client's restarter
+        await testing.until(
+            lambda: all(s.job.state.terminal for s in sessions(served)),
+            30,
+            what="the session to idle out",
+        )
+        await restarter_rounds(km, 2)
         assert len(sessions(served)) == 1 and await km.is_alive()
         reply, _ = await run(kc, "x")
         why = reply["content"]["evalue"]
@@ -88,7 +91,7 @@ async def test_an_outage_of_the_served_plane_is_said_in_the_running_cell(
 
         await until(lambda: "tick 1" in texts(seen), 60)
         await asyncio.to_thread(served.kill)  # kill -9 under the running cell
-        await asyncio.sleep(6.0)  # past the notice's 3 s
+        await until(lambda: "[gpulayer]" in texts(seen), 60)  # the notice, after 3 s
         await asyncio.to_thread(served.start)  # the same port and home
 
         def idle() -> bool:

@@ -18,6 +18,7 @@ import tornado.httpserver
 import tornado.web
 import tornado.websocket
 
+from gpulayer_kernel.testing import until
 from gpulayer_kernel.wire.kernels import MSG, KernelMessage, decode, encode_state
 from gpulayer_kernel.wire.stream import Stream
 
@@ -43,14 +44,6 @@ class Scripted(tornado.websocket.WebSocketHandler):
             self.record[self.index].append(seq)
             if self.index == 0:
                 self.close()  # gone before it acknowledged anything
-
-
-async def until(predicate: Any, timeout: float) -> None:
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)  # a test watching a scripted server, not a hot path
-    raise TimeoutError
 
 
 def free_port() -> int:

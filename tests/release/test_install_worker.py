@@ -89,6 +89,7 @@ def test_the_torch_build_fits_the_driver(tmp_path: Path, smi: str | None, expect
     assert "dry run: nothing installed" in r.stdout
 
 
+@pytest.mark.slow  # ~4 s with two xdist workers on two cores
 def test_the_torch_pick_is_overridable(tmp_path: Path) -> None:
     gpu = fake_bin(tmp_path, **{"nvidia-smi": "echo 570.86.10"})
     path = {"PATH": f"{gpu}{os.pathsep}{os.environ['PATH']}"}

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_scheduler.py"
 
 
+@pytest.mark.slow  # ~3 s with two xdist workers on two cores
 def test_benchmark_quick_runs_and_prints_figures() -> None:
     done = subprocess.run(
         [sys.executable, str(BENCH), "--quick"], capture_output=True, text=True, timeout=120
@@ -23,6 +26,7 @@ def test_benchmark_quick_runs_and_prints_figures() -> None:
     assert re.match(r"one new job: \d+\.\d+ ms \(workers=100,", lines[-1]), lines[-1]
 
 
+@pytest.mark.slow  # ~7 s with two xdist workers on two cores
 def test_benchmark_against_an_earlier_copy_runs_both_and_compares_plans(tmp_path: Path) -> None:
     # This tree's own scheduler as "before": the same plan, and a ratio to print.
     before = tmp_path / "scheduler"

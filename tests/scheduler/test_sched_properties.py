@@ -6,6 +6,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -185,6 +186,7 @@ def check_invariants(snap: Snapshot, plan: Plan) -> None:
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.slow  # ~3 s with two xdist workers on two cores
 @SETTINGS
 @given(workers(), jobs())
 def test_invariants(ws: list[WorkerView], js: list[JobRequest]) -> None:
@@ -192,6 +194,7 @@ def test_invariants(ws: list[WorkerView], js: list[JobRequest]) -> None:
     check_invariants(snap, schedule(snap))
 
 
+@pytest.mark.slow  # ~8 s with two xdist workers on two cores
 @SETTINGS
 @given(workers(), jobs(), st.randoms(use_true_random=False))
 def test_same_snapshot_same_plan_whatever_the_input_order(
@@ -206,6 +209,7 @@ def test_same_snapshot_same_plan_whatever_the_input_order(
     assert schedule(snap) == schedule(snap)
 
 
+@pytest.mark.slow  # ~9 s with two xdist workers on two cores
 @SETTINGS
 @given(workers(), jobs(), workers(), jobs())
 def test_same_snapshot_same_plan_with_or_without_a_warm_cache(
@@ -233,6 +237,7 @@ def test_same_snapshot_same_plan_with_or_without_a_warm_cache(
     assert schedule(copies, cache) == cold
 
 
+@pytest.mark.slow  # ~4 s with two xdist workers on two cores
 @SETTINGS
 @given(workers(), jobs())
 def test_second_pass_with_reservations_keeps_the_invariants(

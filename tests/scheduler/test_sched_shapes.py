@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -119,6 +120,7 @@ def _check_reports(snap: Snapshot, cache: SchedulerCache) -> None:
             assert sum(got.values()) == len(snap.workers)
 
 
+@pytest.mark.slow  # ~6 s with two xdist workers on two cores
 @SETTINGS
 @given(workers(), jobs())
 def test_reports_count_as_one_worker_at_a_time_would(
@@ -128,6 +130,7 @@ def test_reports_count_as_one_worker_at_a_time_would(
     _check_reports(snapshot(ws, js, now=1000.0), SchedulerCache())
 
 
+@pytest.mark.slow  # ~4 s with two xdist workers on two cores
 @SETTINGS
 @given(
     workers(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -119,6 +120,7 @@ def shared_clusters(draw: st.DrawFn) -> Snapshot:
     return snapshot(workers, jobs, usage=usage, gpu_quotas=quotas, groups=groups)
 
 
+@pytest.mark.slow  # ~2 s with two xdist workers on two cores
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shared_clusters())
 def test_a_pass_never_places_past_a_quota(snap: Snapshot) -> None:

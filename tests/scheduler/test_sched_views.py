@@ -8,14 +8,12 @@ from gpulayer_kernel.contracts import CommandWorkload, JobSpec, Resources, Worke
 from gpulayer_kernel.contracts import WorkerRegistration as Registration
 from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.scheduler.views import Views
-from gpulayer_kernel.testing import FakeClock, until
+from gpulayer_kernel.testing import until
 
 from ..conftest import sim_caps
 
-
-@pytest.fixture
-def gl_clock() -> FakeClock:
-    return FakeClock()
+# gl_clock (the clock of gl_cp and gl_worker) is a FakeClock in every test of this module.
+pytestmark = pytest.mark.gl_fake_clock
 
 
 async def handed_out(cp: ControlPlane, job_id: str) -> None:

@@ -213,6 +213,7 @@ def test_the_cli_pages_the_audit_log_and_refuses_a_negative_costs_limit(tmp_path
     assert neg.returncode == 2 and "--limit -1 is negative" in neg.stderr
 
 
+@pytest.mark.slow  # ~4 s with two xdist workers on two cores
 def test_the_add_step_of_a_rotation_names_the_new_key(tmp_path: Path) -> None:
     """Issue 32, item 7: the `secret.rotate_key step=add` row named the old key (the one still
     sealing); it names the key added, with the sealing one beside it. The CLI's own path (no

@@ -4,7 +4,6 @@ disabling a user stops their sessions and cancels their queued jobs, while runni
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +14,7 @@ import pytest_asyncio
 from gpulayer_kernel.contracts import JobState, WorkerRegistration
 from gpulayer_kernel.contracts.workers import HIDDEN_JOB
 from gpulayer_kernel.security import Role, TokenKind
+from gpulayer_kernel.testing import until
 
 from ..api.conftest import Api, start_api, stop_api
 from ..conftest import sim_caps
@@ -33,12 +33,10 @@ class Team:
 
 
 async def placed(api: Api, job_id: str) -> None:
-    for _ in range(200):
-        job = await api.cp.get(job_id)
-        if job.state == JobState.PLACED:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"job {job_id} was not placed: {job.state}")
+    async def is_placed() -> bool:
+        return (await api.cp.get(job_id)).state == JobState.PLACED
+
+    await until(is_placed, 10, what=f"job {job_id} to be placed")
 
 
 async def submit(api: Api, token: str, body: dict[str, Any] = ONE_GPU) -> str:
@@ -61,11 +59,12 @@ async def team(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Team]:
         bob_job = await submit(api, tokens["bob"])
         for job_id in (alice_job, bob_job):
             await placed(api, job_id)
-        for _ in range(200):  # the worker's record follows its jobs' placements a moment later
+
+        async def both_running() -> bool:  # the worker's record follows its jobs' placements
             [w] = await api.cp.workers()
-            if len(w.running) == 2:
-                break
-            await asyncio.sleep(0.02)
+            return len(w.running) == 2
+
+        await until(both_running, 10, what="the worker's record to hold both jobs")
         yield Team(api, tokens, alice_job, bob_job)
     finally:
         await stop_api(api)

@@ -6,9 +6,12 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from gpulayer_kernel.testing import GL
 
 
+@pytest.mark.slow  # ~6 s with two xdist workers on two cores
 def test_the_cli_refuses_a_quota_for_a_user_who_does_not_exist(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
     env["GPULAYER_HOME"] = str(tmp_path / "home")  # the state directory, opened by the CLI

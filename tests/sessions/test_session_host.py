@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -132,8 +131,12 @@ def test_tracebacks_are_ipythons_and_point_into_the_cell(host: Host) -> None:
 
 def test_an_interrupt_raises_in_the_cell_and_keeps_the_state(host: Host) -> None:
     host.run("kept = 'yes'")
-    host.send("import time\nfor i in range(600):\n    time.sleep(0.05)\n")
-    time.sleep(0.3)
+    host.send("import time\nprint('go', flush=True)\nfor i in range(600):\n    time.sleep(0.05)\n")
+    while True:  # the cell runs once its first line's output streams out
+        frame = recv_frame(host.sock)
+        assert frame is not None and "done" not in frame, frame
+        if any(k == "stdout" and "go" in p for k, p in frame.get("items", [])):
+            break
     os.killpg(host.proc.pid, signal.SIGINT)
     done, _ = host.done()
     assert done["status"] == "error" and done["error"]["ename"] == "KeyboardInterrupt"

@@ -79,6 +79,7 @@ trees = st.recursive(
 )
 
 
+@pytest.mark.slow  # ~2 s with two xdist workers on two cores
 @settings(max_examples=80, deadline=None)
 @given(st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True), trees, max_size=4))
 def test_every_value_comes_back_exactly(values: dict[str, Any]) -> None:

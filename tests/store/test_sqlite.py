@@ -23,6 +23,7 @@ from gpulayer_kernel.contracts import (
 from gpulayer_kernel.errors import SchemaTooNew, StoreError
 from gpulayer_kernel.store import LATEST_SCHEMA, JobQuery, SqliteStore
 from gpulayer_kernel.store.sqlite import MIGRATIONS
+from gpulayer_kernel.testing import until
 
 
 def _job(i: int, state: JobState = JobState.QUEUED, **labels: str) -> Job:
@@ -159,10 +160,7 @@ async def test_a_stored_worker_record_that_is_no_longer_valid_is_skipped_not_fat
 
 
 async def _until(check: Callable[[], bool], seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
+    await until(check, seconds)
 
 
 async def test_the_thread_checkpoints_after_many_rows_and_when_quiet_not_inside_commits(

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_store.py"
 
 
+@pytest.mark.slow  # ~3 s with two xdist workers on two cores
 def test_benchmark_quick_runs_and_prints_figures() -> None:
     done = subprocess.run(
         [sys.executable, str(BENCH), "--quick"], capture_output=True, text=True, timeout=120

@@ -93,6 +93,7 @@ def test_todays_server_serves_the_old_home_with_its_old_token(tmp_path: Path) ->
     assert "up to date" in after.stdout
 
 
+@pytest.mark.slow  # ~2 s with two xdist workers on two cores
 async def test_a_schema_newer_than_the_code_is_refused_and_left_untouched(
     tmp_path: Path,
 ) -> None:

@@ -52,6 +52,7 @@ def test_the_page_has_the_snippets_it_promises() -> None:
     assert len(snippets("accelerate")) == 2 and len(snippets("gpulayer", "ipython")) == 1
 
 
+@pytest.mark.slow  # ~2-4 s with two xdist workers on two cores (it trains)
 def test_gpulayer_snippets_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run_in_order("gpulayer", tmp_path, monkeypatch)
     assert (tmp_path / "gpulayer-logs" / "metrics.csv").is_file()

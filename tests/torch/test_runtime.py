@@ -115,6 +115,7 @@ def test_public_names_resolve_and_are_sorted() -> None:
     assert ranks.device is gt.device
 
 
+@pytest.mark.slow  # ~3 s with two xdist workers on two cores
 def test_import_does_not_touch_cuda() -> None:
     # Replace every CUDA entry point with a tripwire, then import the whole package.
     code = (

@@ -22,6 +22,7 @@ def _bundle(i: int, size: int = 20 * MB) -> tuple[str, bytes]:
     return bundles.build({"job.py": b"print('ok')\n", "data.bin": bytes([i]) * size})
 
 
+@pytest.mark.slow  # ~4 s with two xdist workers on two cores
 async def test_six_20mb_bundles_under_a_50mb_cap_leave_at_most_50mb(
     gl_cp: ControlPlane, gl_worker: WorkerFactory, tmp_path: Path
 ) -> None:

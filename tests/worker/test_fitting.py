@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -49,6 +50,7 @@ def test_runs_fit_and_cover_everything_in_order(sizes: list[int], most: int, ite
         assert sum(sizes[i] for i in r) <= most or len(r) == 1  # an item too large goes alone
 
 
+@pytest.mark.slow  # ~3 s with two xdist workers on two cores
 @settings(max_examples=25, deadline=None)
 @given(
     st.lists(st.integers(0, 5_000), min_size=1, max_size=6),

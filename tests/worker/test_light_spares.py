@@ -61,6 +61,7 @@ async def test_only_torch_importing_jobs_fork_from_the_preloading_zygote(
     assert (light.result, heavy.result) == (False, True)
 
 
+@pytest.mark.slow  # ~3 s with two xdist workers on two cores
 async def test_wrongly_routed_jobs_still_run_correctly(
     gl_cp: ControlPlane, gl_preloading_worker: WorkerAgent
 ) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from gpulayer_kernel.contracts import LogLine
 from gpulayer_kernel.contracts.limits import (
     BACKLOG_LINES,
@@ -75,6 +77,7 @@ async def test_a_long_line_goes_in_pieces() -> None:
     ) == "ab" * LINE_PIECE
 
 
+@pytest.mark.slow  # ~2 s with two xdist workers on two cores
 async def test_reading_a_pipe_waits_while_the_backlog_is_full() -> None:
     shipper, handed, waits = queued_shipper(cap=1 << 30)
     n = BACKLOG_LINES * 3

@@ -125,7 +125,14 @@ async def test_an_escapee_is_never_killed_while_its_job_runs(
     assert await b.end() == 0
     if not scrub:  # b's escapee names b: killed at b's end
         await until(lambda: _gone(b.escapee), 5, what="b's escapee to die with b")
-    await asyncio.sleep(0.3)  # the sweeps after b's end (b's escapee's death included) are done
+    # The zygote sweeps before it reports an end, in one thread: once a later job's end is
+    # reported, every sweep after b's end (b's escapee's death included) is done.
+    later = await runner.spawn(
+        "cell:c.py", tmp_path, {"PATH": os.environ["PATH"]}, sources={"c.py": "None\n"}
+    )
+    assert later is not None
+    assert await later.wait() == 0
+    later.close()
     assert pid_alive(a.escapee)
     assert await a.end() == 0
     await until(lambda: _gone(a.escapee), 5, what="a's escapee to die with a")

@@ -3,14 +3,16 @@ is dropped and replaced, never handed a job; a job handed to a spare runs in tha
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from gpulayer_kernel.testing import until
 from gpulayer_kernel.worker.config import ExecutorConfig
 from gpulayer_kernel.worker.warm import WarmRunner
+from gpulayer_kernel.worker.zygote_client import ZygoteClient
 
 POOL = 2
 
@@ -75,14 +77,26 @@ async def test_a_spare_that_died_idle_is_never_handed_a_job_and_is_replaced(
         runner.close()
 
 
-async def test_without_a_pool_every_job_is_forked_when_it_comes(tmp_path: Path) -> None:
+async def test_without_a_pool_every_job_is_forked_when_it_comes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Spares come only when the client asks the zygote for them (at start, and when a job's end
+    # is reported, before ``wait`` returns): record every ask rather than sleep and look for none.
+    asked: list[int] = []
+    ask = ZygoteClient._ask
+
+    def recording(self: ZygoteClient, n: int) -> None:
+        asked.append(n)
+        ask(self, n)
+
+    monkeypatch.setattr(ZygoteClient, "_ask", recording)
     (tmp_path / "pid.py").write_text("import os; print(os.getpid())\n")
     runner = WarmRunner(ExecutorConfig(work_root=tmp_path), preload=lambda: (), pool=0)
     try:
         for _ in range(2):
             _, code, out = await _run(runner, tmp_path)
             assert code == 0 and out.strip().isdigit()
-        await asyncio.sleep(0.2)
+        assert [n for n in asked if n > 0] == []
         assert runner.spares() == 0
     finally:
         runner.close()

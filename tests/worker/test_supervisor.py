@@ -91,6 +91,7 @@ async def test_a_cancelled_python_job_takes_its_setsid_grandchild(
     await until(lambda: _gone_or_zombie(pid), 5, what=f"grandchild {pid} to die with its job")
 
 
+@pytest.mark.slow  # ~2 s with two xdist workers on two cores
 def test_kill_9_of_a_worker_takes_a_setsid_grandchild_with_it(tmp_path: Path) -> None:
     with ServeProcess(tmp_path / "home", heartbeat_timeout=30) as server:
         join = server.create_token("join")

@@ -240,6 +240,7 @@ async def test_timeout_kills_a_warm_job(gl_cp: ControlPlane, gl_zworker: WorkerF
     await _gone(child)
 
 
+@pytest.mark.slow  # ~2 s with two xdist workers on two cores
 async def test_a_dead_zygote_is_replaced_and_its_running_job_fails_cleanly(
     gl_cp: ControlPlane, gl_zworker: WorkerFactory, run: Run
 ) -> None:

@@ -93,6 +93,7 @@ async def texts(api: Api, job_id: str) -> list[str]:
         since = page.next_since
 
 
+@pytest.mark.slow  # ~2 s with two xdist workers on two cores
 async def test_too_many_lines_refused_raw_and_taken_when_split(
     api: Api, worker: HttpTransport
 ) -> None:

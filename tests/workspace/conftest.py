@@ -107,3 +107,12 @@ def notebook_folder(tmp_path: Path) -> Path:
     (folder / "helpers.py").write_text("VALUE = 1\n\ndef total(rows):\n    return sum(rows)\n")
     (folder / "analysis.ipynb").write_text("{}")
     return folder
+
+
+def gated(started: Path, go: Path, then: str) -> str:
+    """A cell's code that creates ``started`` (outside the synced folder), waits for ``go``, then
+    runs ``then``: a test acts while the cell runs on the worker, after its folder's sync."""
+    return (
+        f"import os, time\nopen({str(started)!r}, 'w').close()\n"
+        f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\n{then}"
+    )

@@ -6,16 +6,15 @@ of GPUlayer's written into the folder)."""
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpulayer_kernel.testing import ServeProcess, WorkerProcess
+from gpulayer_kernel.testing import ServeProcess, WorkerProcess, wait_until
 from tests.jupyter.conftest import Kernel, kernel_env
 
-from .conftest import notebook_folder
+from .conftest import gated, notebook_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -128,12 +127,12 @@ def test_a_big_output_stays_on_the_worker_until_pulled_and_both_edits_are_kept(
 
     # The cell rewrites out.txt on the worker while the user edits it here: both are kept.
     (folder / "out.txt").write_text("first")
-    msg = k.kc.execute(
-        "%%gpulayer\nimport time\ntime.sleep(2)\nopen('out.txt', 'w').write('worker')",
-        allow_stdin=False,
-    )
-    time.sleep(1.0)
+    started, go = folder.parent / "started", folder.parent / "go"
+    code = gated(started, go, "open('out.txt', 'w').write('worker')")
+    msg = k.kc.execute(f"%%gpulayer\n{code}", allow_stdin=False)
+    wait_until(started.exists, 120, what="the cell to run on the worker")
     (folder / "out.txt").write_text("my edit")
+    go.touch()
     while True:
         reply = k.kc.get_shell_msg(timeout=120)
         if reply["parent_header"].get("msg_id") == msg:

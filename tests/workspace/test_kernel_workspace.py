@@ -18,7 +18,7 @@ from jupyter_client.manager import AsyncKernelManager
 from gpulayer_kernel.testing.waiting import until
 
 from ..kernels.conftest import Plane
-from .conftest import notebook_folder
+from .conftest import gated, notebook_folder
 
 pytestmark = pytest.mark.slow
 
@@ -154,11 +154,13 @@ async def test_a_file_changed_on_both_sides_keeps_both_and_says_so(
         out_txt = folder / "out.txt"
         await until(lambda: out_txt.exists(), 20)
         # The cell rewrites out.txt while the user edits it here: both changed since the sync.
+        started, go = tmp_path / "started", tmp_path / "go"
         cell = asyncio.ensure_future(
-            run(kc, "import time\ntime.sleep(1.5)\nopen('out.txt', 'w').write('worker 2')")
+            run(kc, gated(started, go, "open('out.txt', 'w').write('worker 2')"))
         )
-        await asyncio.sleep(0.5)
+        await until(started.exists, 60, what="the cell to run on the worker")
         out_txt.write_text("my edit")
+        go.touch()
         _, said = await cell
         said = said if "gpulayer:" in said else await note(kc)
         assert "out.txt changed here and on the worker" in said
@@ -269,13 +271,15 @@ async def test_two_kernels_on_two_workers_writing_one_file_keep_both(
         sessions = plane.call(plane.cp.list_sessions())
         assert {s.job.placement.nodes[0].worker_name for s in sessions} == {"far-a", "far-b"}
         # Both cells run at once: b's started before a's file came back to the folder.
+        started, go = tmp_path / "started", tmp_path / "go"
         slow_b = asyncio.ensure_future(
-            run(b, "import time\ntime.sleep(1.5)\nopen('results.csv', 'w').write('from b')")
+            run(b, gated(started, go, "open('results.csv', 'w').write('from b')"))
         )
-        await asyncio.sleep(0.3)
+        await until(started.exists, 60, what="b's cell to run on its worker")
         await run(a, "open('results.csv', 'w').write('from a')")
         results = folder / "results.csv"
         await until(lambda: results.exists(), 20)
+        go.touch()
         _, out = await slow_b
         said = out if "gpulayer:" in out else await note(b)
         assert "results.csv changed here and on the worker" in said
