@@ -40,7 +40,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from ..clock import SYSTEM_CLOCK, Clock, Timer
@@ -120,7 +120,7 @@ class SchedulingLoop:
         self.pause_gc = False
         self.reservations: dict[str, Reservation] = {}
         # Sessions holding GPUs on these workers (names), for waiting jobs' sentences (ADR 0019).
-        self.session_holds: Callable[[Sequence[str]], list[SessionHold]] = lambda _names: []
+        self.session_holds: Callable[[], list[SessionHold]] = list
         self.fresh: set[str] = set()  # jobs submitted since the last pass: never-fit is decided
         # The autoscaler's word on the waiting jobs of a pass (None: no providers here).
         self.annotate: Callable[[Snapshot, Plan], Mapping[str, PlacementReport]] | None = None
@@ -273,6 +273,7 @@ class SchedulingLoop:
                     retry_at=None,
                 )
             )
+        holds: list[SessionHold] | None = None  # the sessions holding GPUs: asked once a pass
         for job_id, report in reports.items():
             job = self.jobs.active_job(job_id)
             if job is None or job.state != JobState.QUEUED or job.pending == report:
@@ -282,7 +283,10 @@ class SchedulingLoop:
                 await self.logs.system(job_id, sentence)
                 await self.jobs.commit(job_id, JobState.FAILED, reason=sentence)
                 continue
-            report = self._with_sessions(job, report, now)
+            if _waits_for_gpus(job, report):
+                if holds is None:
+                    holds = self.session_holds()
+                report = _with_holds(report, holds, now)
             # A change of queue position alone is not announced: every finish would otherwise
             # emit one event per waiting job. Readers of the job see the current position.
             changed = job.pending is None or _reasons(job.pending) != _reasons(report)
@@ -312,16 +316,6 @@ class SchedulingLoop:
                 log.debug("scheduling pass failed", exc_info=exc)
         snapshot = self.snapshot()
         return schedule(snapshot, self.cache), snapshot
-
-    def _with_sessions(self, job: Job, report: PlacementReport, now: float) -> PlacementReport:
-        """The report naming the sessions that hold the GPUs it waits for, if any do."""
-        busy = any(
-            rc.code in (Reason.GPUS_BUSY, Reason.NOT_ENOUGH_NODES) for rc in report.exhausted
-        )
-        if not busy or job.spec.resources.gpus == 0 or not report.candidates:
-            return report
-        holds = self.session_holds(report.candidates)
-        return with_sessions(report, holds, now) if holds else report
 
     def _never(self, job: Job, report: PlacementReport) -> bool:
         """Fail this waiting job now: nothing here can ever run it and it did not ask to wait."""
@@ -471,3 +465,19 @@ def _reasons(report: PlacementReport) -> tuple[object, ...]:
 def _log_task_error(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("scheduling pass failed", exc_info=task.exception())
+
+
+def _waits_for_gpus(job: Job, report: PlacementReport) -> bool:
+    """Whether a waiting job waits for GPUs that are taken (a session may be holding them)."""
+    if job.spec.resources.gpus == 0 or not report.candidates:
+        return False
+    return any(rc.code in (Reason.GPUS_BUSY, Reason.NOT_ENOUGH_NODES) for rc in report.exhausted)
+
+
+def _with_holds(report: PlacementReport, holds: list[SessionHold], now: float) -> PlacementReport:
+    """The report naming the sessions that hold GPUs on its candidate workers, if any do."""
+    if not holds:
+        return report
+    names = set(report.candidates)
+    mine = [h for h in holds if h.worker in names]
+    return with_sessions(report, mine, now) if mine else report

@@ -6,7 +6,6 @@ service given only the parts it works with; ``ControlPlane`` offers its calls as
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ...contracts import (
@@ -40,16 +39,18 @@ class SessionCalls:
         self.audit = audit
         self.jobs = jobs
 
-    def session_holds(self, worker_names: Sequence[str]) -> builtins.list[SessionHold]:
-        """Wiring: the sessions holding GPUs on these workers, for a waiting job's sentence."""
-        names = set(worker_names)
+    def session_holds(self) -> builtins.list[SessionHold]:
+        """Wiring: the sessions holding GPUs, for waiting jobs' sentences. Read from the live
+        sessions, not the job table: a scheduling pass asks once, and 5,000 workers' running
+        jobs made a walk of every active job per waiting job the whole of a pass (issue 35)."""
         holds = []
-        for job in self.jobs.active():
-            if not job.spec.is_session or job.placement is None:
+        for job_id in self.sessions.live_ids():
+            job = self.jobs.cached(job_id)
+            held = self.sessions.hold(job_id)
+            if job is None or job.placement is None or held is None:
                 continue
-            held = self.sessions.hold(job.id)
             for node in job.placement.nodes:
-                if node.worker_name in names and node.devices and held is not None:
+                if node.devices:
                     holds.append(
                         SessionHold(
                             session_id=job.id,

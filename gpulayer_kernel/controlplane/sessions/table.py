@@ -159,6 +159,10 @@ class SessionTable(SessionCells):
             s.workspace = view
             self._announce_soon(s)  # the panel's badge: in place or synced
 
+    def live_ids(self) -> list[str]:
+        """The job ids of the live sessions (a handful, where the job table may hold 100,000)."""
+        return list(self._live)
+
     def hold(self, job_id: str) -> tuple[str, float | None] | None:
         """For the scheduler's explanations: (holder label, idle since | None) of a session."""
         s = self._live.get(job_id)
