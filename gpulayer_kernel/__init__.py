@@ -6,8 +6,9 @@ are imported only by the pieces that need them (``%load_ext gpulayer_kernel`` lo
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from .lazy import lazy_names
 
 if TYPE_CHECKING:
     from .client.connect import open_session
@@ -59,13 +60,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gpulayer_kernel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _LAZY, globals())
 
 
 try:
