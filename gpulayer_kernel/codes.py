@@ -89,6 +89,7 @@ class ErrorCode(StrEnum):
     JOB_CANCELLED = "job_cancelled"
     JOB_FAILED = "job_failed"
     JOB_NOT_FOUND = "job_not_found"
+    JOB_TOKEN_DERIVED = "job_token_derived"
     JOB_TOKEN_SCOPE = "job_token_scope"
     KERNEL_ENDED = "kernel_ended"
     KERNEL_LANE_FULL = "kernel_lane_full"

@@ -6,8 +6,9 @@ owner, at most the ``user`` role, named ``job:<id>``, among the job's resolved s
 redaction masks it like one (no extra request on the job's way). The worker adds
 ``GPULAYER_URL``, so ``%%gpulayer``, the CLI, ``Client()`` and the Trainer's ``JOB:`` checkpoints
 inside a job, kernel or session reach this control plane as that user. The token works on user
-routes while the job lives (``job_lives``), never on the token routes; docs/security.md says
-what it may do.
+routes while the job lives (``live_job_owner``), never on the token routes; docs/security.md says
+what it may do. It is derived from the job id (``security.tokens``), not stored: no write and no
+record per job.
 """
 
 from __future__ import annotations
@@ -27,16 +28,16 @@ async def with_job_tokens(tokens: TokenService, work: Work) -> Work:
         return work
     given = []
     for a in work.assignments:
-        token = await tokens.issue_job_token(a.job.id, a.job.owner)
+        token = await tokens.issue_job_token(a.job.id)
         given.append(a.model_copy(update={"secrets": {**a.secrets, TOKEN_SECRET: token}}))
     return work.model_copy(update={"assignments": given})
 
 
-def job_lives(cp: ControlPlane) -> Callable[[str], bool]:
-    """Whether a job is known to ``cp`` and not final (what a job token's check asks)."""
+def live_job_owner(cp: ControlPlane) -> Callable[[str], str | None]:
+    """The owner of a job known to ``cp`` and not final, else None (a job token's check)."""
 
-    def lives(job_id: str) -> bool:
+    def owner(job_id: str) -> str | None:
         job = cp.jobs.cached(job_id)
-        return job is not None and not job.state.terminal
+        return None if job is None or job.state.terminal else job.owner
 
-    return lives
+    return owner

@@ -46,7 +46,7 @@ from .handlers import (
 )
 from .health import HealthHandler, ReadyHandler
 from .job_runs import JobBatchHandler, JobFollowHandler, JobRunHandler
-from .job_tokens import job_lives
+from .job_tokens import live_job_owner
 from .kernels import USER_ROUTES as KERNEL_ROUTES
 from .kernels import WORKER_ROUTES as KERNEL_WORKER_ROUTES
 from .mixin import GLMixin
@@ -186,8 +186,8 @@ def make_context(
         tokens.users = cp.users  # client tokens act as their users (and a disabled one, not)
     if tokens is not None and tokens.audit is None and cp is not None:
         tokens.audit = cp.audit.record  # token creation and revocation are audited
-    if tokens is not None and tokens.job_live is None and cp is not None:
-        tokens.job_live = job_lives(cp)  # a job token works while its job does (ADR 0022)
+    if tokens is not None and tokens.jobs.owner_of is None and cp is not None:
+        tokens.jobs.owner_of = live_job_owner(cp)  # a job token works while its job does (ADR 0022)
     speaks = versions.parse(protocol)
     return ApiContext(
         cp=cp,

@@ -20,6 +20,8 @@ owns the state directory, DESIGN rule 3) and are written through to the Metadata
 | job      | the code of one job, kernel or session | user routes, as its owner (role ≤ user), |
 |          | (``$GPULAYER_TOKEN`` there, ADR 0022) | while the job lives; never the token routes |
 
+A job token is derived, not stored (``job_tokens.py``).
+
 A client token belongs to a user and acts with that user's role, or a lower one it was made with
 (``users.UserService.identity_of``); the ``*_for(who, ...)`` calls apply who may make, see and
 revoke which tokens: an admin any, a user only its own client tokens, a viewer none.
@@ -43,6 +45,7 @@ from typing import TYPE_CHECKING
 from ..contracts import ADMIN_USER
 from ..errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from ..store import MetadataStore, TokenRecord
+from .job_tokens import JOB_PREFIX, JobTokens, job_record
 from .roles import Identity, Role, check_role, not_yours, resolved
 
 if TYPE_CHECKING:
@@ -73,7 +76,6 @@ KIND_LETTERS: dict[TokenKind, str] = {
     TokenKind.INSTANCE: "i",
     TokenKind.JOB: "s",
 }
-JOB_PREFIX = "job:"  # a job token's name: ``job:<job id>``
 _LETTER_KINDS = {v: k for k, v in KIND_LETTERS.items()}
 
 
@@ -87,6 +89,17 @@ class Principal:
     name: str = ""
     # For a client token: the user it belongs to and the role it acts with.
     identity: Identity | None = None
+
+
+def _check_kind(kind: TokenKind, kinds: Collection[TokenKind]) -> None:
+    if kind not in kinds:
+        wanted = " or ".join(sorted(k.value for k in kinds))
+        raise Forbidden(
+            f"a {kind.value} token cannot be used here (this endpoint takes a {wanted} token)",
+            hint="each endpoint accepts only its kinds of token; see docs/security.md",
+            details={"token_kind": kind.value, "accepted": sorted(k.value for k in kinds)},
+            code="wrong_token_kind",
+        )
 
 
 def _replayed(token_id: str) -> Unauthorized:
@@ -155,9 +168,8 @@ class TokenService:
         # The control plane's ``AuditLog.record`` (``api.make_context`` wires it): token
         # creation and revocation are audited, with ids and names, never the secret.
         self.audit: Callable[..., Awaitable[None]] | None = None
-        # Whether a job still lives (``api.make_context`` wires the control plane's): a job
-        # token stops working when its job ends. Without: job tokens are refused.
-        self.job_live: Callable[[str], bool] | None = None
+        # Job tokens: derived, not stored (``api.make_context`` wires whose live job is whose).
+        self.jobs = JobTokens(store)
         self._records: dict[str, TokenRecord] = {}
 
     async def load(self) -> TokenService:
@@ -186,7 +198,13 @@ class TokenService:
         kind = TokenKind(kind)
         if kind == TokenKind.WORKER and worker_id is None:
             raise InvalidInput("a worker session token needs its worker id")
-        if kind in (TokenKind.CLIENT, TokenKind.JOB):
+        if kind == TokenKind.JOB:
+            raise InvalidInput(
+                "a job token is not made on its own: a served worker gets one with each job",
+                hint="outside a job, use a client token (`gpulayer token create`)",
+                code="job_token_derived",
+            )
+        if kind == TokenKind.CLIENT:
             owner = owner or ADMIN_USER
             role = None if role is None else Role(role).value
         elif owner is not None or role is not None:
@@ -215,13 +233,10 @@ class TokenService:
         await self.store.save_token(rec)
         return rec, f"{PREFIX}_{KIND_LETTERS[kind]}_{token_id}_{secret}"
 
-    async def issue_job_token(self, job_id: str, owner: str) -> str:
-        """A token for the code of job ``job_id``: its owner, at most the user role, valid
-        while the job lives (``authenticate`` asks ``job_live``)."""
-        _, text = await self.create(
-            TokenKind.JOB, owner=owner, role=Role.USER, name=f"{JOB_PREFIX}{job_id}"
-        )
-        return text
+    async def issue_job_token(self, job_id: str) -> str:
+        """A token for the code of job ``job_id`` (``job_tokens.py``): its owner, at most the user
+        role, valid while the job lives. Derived, not stored."""
+        return f"{PREFIX}_{KIND_LETTERS[TokenKind.JOB]}_{job_id}_{await self.jobs.mac(job_id)}"
 
     async def issue_worker_session(self, worker_id: str, name: str = "") -> str:
         """A fresh session token for ``worker_id``; its earlier sessions stop working (rotation)."""
@@ -259,6 +274,10 @@ class TokenService:
             )
         _, letter, token_id, secret = parts
         rec = self._records.get(token_id)
+        if rec is None and letter == KIND_LETTERS[TokenKind.JOB]:
+            await self.jobs.verify(token_id, secret)
+            _check_kind(TokenKind.JOB, kinds)
+            return self._principal(job_record(token_id, self.jobs.live_owner(token_id, token_id)))
         ok = hmac.compare_digest(rec.hash if rec else _DUMMY_HASH, _hash(token_id, secret))
         if rec is None or not ok or KIND_LETTERS[TokenKind(rec.kind)] != letter:
             raise Unauthorized(
@@ -276,31 +295,19 @@ class TokenService:
             raise Unauthorized(
                 f"token {token_id} has expired", hint="ask for a new token", code="token_expired"
             )
-        if kind not in kinds:
-            wanted = " or ".join(sorted(k.value for k in kinds))
-            raise Forbidden(
-                f"a {kind.value} token cannot be used here (this endpoint takes a {wanted} token)",
-                hint="each endpoint accepts only its kinds of token; see docs/security.md",
-                details={"token_kind": kind.value, "accepted": sorted(k.value for k in kinds)},
-                code="wrong_token_kind",
-            )
+        _check_kind(kind, kinds)
         if state == "used":
             raise _replayed(token_id)
-        identity = None
-        if kind == TokenKind.JOB:
-            job_id = rec.name.removeprefix(JOB_PREFIX)
-            if self.job_live is None or not self.job_live(job_id):
-                raise Unauthorized(
-                    f"token {token_id} was scoped to job {job_id}, which has ended",
-                    hint="a job token works while its job runs; outside a job, use a client "
-                    "token (`gpulayer token create`)",
-                    code="token_job_ended",
-                )
-        if kind in (TokenKind.CLIENT, TokenKind.JOB):
-            identity = self.identity_of(rec)
+        if kind == TokenKind.JOB:  # a stored one, made before job tokens were derived
+            self.jobs.live_owner(token_id, rec.name.removeprefix(JOB_PREFIX))
         self._used(rec)
+        return self._principal(rec)
+
+    def _principal(self, rec: TokenRecord) -> Principal:
+        kind = TokenKind(rec.kind)
+        identity = self.identity_of(rec) if kind in (TokenKind.CLIENT, TokenKind.JOB) else None
         return Principal(
-            kind=kind, token_id=token_id, worker_id=rec.worker_id, name=rec.name, identity=identity
+            kind=kind, token_id=rec.id, worker_id=rec.worker_id, name=rec.name, identity=identity
         )
 
     def _used(self, rec: TokenRecord) -> None:

@@ -41,15 +41,14 @@ async def test_tokens_are_random_typed_and_stored_only_as_hashes(
     store: SqliteStore, tmp_path: Path
 ) -> None:
     svc = TokenService(store)
-    svc.job_live = lambda job_id: True  # a job token is checked against its job's life
     texts = {}
-    for kind in TokenKind:
+    for kind in set(TokenKind) - {TokenKind.JOB}:  # a job token is derived: the test below
         rec, text = await svc.create(kind, worker_id="w1" if kind == TokenKind.WORKER else None)
         assert text.startswith(f"glt_{text[4]}_{rec.id}_") and len(text) > 50
         texts[kind] = text
         p = await svc.authenticate(text, (kind,))
         assert p.kind == kind and p.token_id == rec.id
-    assert len(set(texts.values())) == len(TokenKind)
+    assert len(set(texts.values())) == len(TokenKind) - 1
     await store.close()
     raw = sqlite3.connect(tmp_path / "t.db").execute("SELECT * FROM tokens").fetchall()
     dump = repr(raw)
@@ -58,6 +57,55 @@ async def test_tokens_are_random_typed_and_stored_only_as_hashes(
             text.split("_", 3)[3] not in dump and text not in dump
         )  # the secret (it may hold "_")
     await store.open()
+
+
+async def test_a_job_token_is_derived_not_stored_and_lives_with_its_job(
+    store: SqliteStore, tmp_path: Path
+) -> None:
+    """No row and no record per job (a worker takes one with each assignment); the job's own
+    record says who it acts as and whether it still works; both servers of a pair agree."""
+    live: dict[str, str] = {"0123456789ab": "alice"}
+    svc = TokenService(store)
+    svc.jobs.owner_of = live.get
+    text = await svc.issue_job_token("0123456789ab")
+    assert text.startswith("glt_s_0123456789ab_") and len(text) > 50
+    assert await svc.issue_job_token("0123456789ab") == text  # the same job, the same token
+    p = await svc.authenticate(text, (TokenKind.CLIENT, TokenKind.JOB))
+    assert p.kind == TokenKind.JOB and p.name == "job:0123456789ab"
+    assert p.identity is not None and (p.identity.user, p.identity.role.value) == ("alice", "user")
+    assert svc.list(include_inactive=True) == []
+    assert sqlite3.connect(tmp_path / "t.db").execute("SELECT * FROM tokens").fetchall() == []
+    standby = TokenService(store)  # the other server of an HA pair: the same cluster key
+    standby.jobs.owner_of = live.get
+    assert (await standby.authenticate(text, (TokenKind.JOB,))).token_id == "0123456789ab"
+    with pytest.raises(Forbidden) as kind:
+        await svc.authenticate(text, (TokenKind.WORKER,))
+    assert kind.value.code == "wrong_token_kind"
+    # another job's id under this mac, a changed mac, another cluster's key: not valid
+    forged = [
+        text.replace("0123456789ab", "0123456789ac"),
+        text[:-2] + ("AA" if not text.endswith("AA") else "BB"),
+    ]
+    other = tmp_path / "other.db"
+    other_store = SqliteStore(other)
+    await other_store.open()
+    elsewhere = TokenService(other_store)
+    elsewhere.jobs.owner_of = live.get
+    forged_elsewhere = await elsewhere.issue_job_token("0123456789ab")
+    await other_store.close()
+    for bad in [*forged, forged_elsewhere]:
+        with pytest.raises(Unauthorized) as err:
+            await svc.authenticate(bad, (TokenKind.JOB,))
+        assert err.value.code == "token_invalid", bad
+    del live["0123456789ab"]  # the job ended
+    with pytest.raises(Unauthorized) as ended:
+        await svc.authenticate(text, (TokenKind.JOB,))
+    assert ended.value.code == "token_job_ended"
+    with pytest.raises(InvalidInput) as made:
+        await svc.create(TokenKind.JOB)
+    assert made.value.code == "job_token_derived"
+    with pytest.raises(InvalidInput):
+        await svc.issue_job_token("../etc")
 
 
 async def test_records_survive_a_restart(store: SqliteStore) -> None:
