@@ -112,6 +112,26 @@ class JobOption:
         value = self.defaults.get(edge, self.default)
         return list(value) if isinstance(value, list) else value
 
+    def trait(self, edge: Edge) -> Any:
+        """This option as a traitlets config trait at ``edge``: the GPU kernel's provisioner
+        reads its kernel spec's config (``kernelspec install``'s values) through these, so a
+        kernelspec option is declared here once. None (no value given) lets the contract's
+        default apply."""
+        from traitlets import Bool, Float, Integer, List, Unicode
+
+        default = self.default_for(edge)
+        text = self.help.replace("%(default)s", str(default))
+        trait: Any
+        if self.parse is None:
+            trait = Bool(bool(default), help=text)
+        elif self.many:
+            trait = List(Unicode(), default_value=default, help=text)
+        elif isinstance(default, int):
+            trait = Integer(default, help=text)
+        else:
+            trait = Float(default, allow_none=True, help=text)
+        return trait.tag(config=True)
+
     def kwargs(self, edge: Edge) -> dict[str, Any]:
         """``add_argument``'s keywords for this option at ``edge``."""
         if self.parse is None:
@@ -253,6 +273,15 @@ BY_FLAG: dict[str, JobOption] = {o.flag: o for o in OPTIONS}
 def options(edge: Edge) -> tuple[JobOption, ...]:
     """The options ``edge`` takes, in the table's order."""
     return tuple(o for o in OPTIONS if edge in o.edges)
+
+
+def trait(flag: str, edge: Edge) -> Any:
+    """The config trait of ``flag`` at ``edge`` (``JobOption.trait``); KeyError if ``edge``
+    does not take it."""
+    option = BY_FLAG[flag]
+    if edge not in option.edges:
+        raise KeyError(f"{flag} is not a {edge} option")
+    return option.trait(edge)
 
 
 def add_arguments(parser: Any, edge: Edge) -> None:

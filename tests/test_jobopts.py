@@ -52,6 +52,26 @@ def test_each_edge_takes_its_options_from_the_table(edge: jobopts.Edge) -> None:
         assert getattr(args, option.dest) == option.default_for(edge), option.flag
 
 
+def test_a_kernel_spec_s_config_is_read_through_the_table_s_kernelspec_options() -> None:
+    """What ``kernelspec install`` writes, the GPU kernel's provisioner reads back: one trait per
+    kernelspec option, with the table's default and help, filled from a spec's config."""
+    from traitlets.config import Config
+
+    from gpulayer_kernel.kernels.provisioner import GPUlayerProvisioner
+
+    traits = GPUlayerProvisioner.class_traits(config=True)
+    for option in jobopts.options("kernelspec"):
+        trait = traits[option.dest]
+        assert trait.default() == option.default_for("kernelspec"), option.flag
+        assert trait.help.split(" (default")[0] in option.help, option.flag
+    config = Config({"GPUlayerProvisioner": {"gpus": 2, "gpu_kind": ["h100"], "idle_timeout": 60}})
+    made = GPUlayerProvisioner(config=config)
+    assert (made.gpus, made.gpu_kind, made.idle_timeout) == (2, ["h100"], 60.0)
+    assert GPUlayerProvisioner().idle_timeout is None  # the contract's default applies
+    with pytest.raises(KeyError):
+        jobopts.trait("--retries", "kernelspec")
+
+
 @pytest.mark.parametrize("edge", jobopts.EDGES)
 def test_a_comma_list_and_a_repeated_flag_are_the_same(edge: jobopts.Edge) -> None:
     parse = EDGES[edge]

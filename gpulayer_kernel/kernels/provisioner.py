@@ -34,10 +34,10 @@ from typing import Any
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from tornado.web import HTTPError
-from traitlets import Float, Integer, List, Unicode
+from traitlets import Float
 
+from .. import jobopts
 from ..contracts import JobState, PlacementReport, SessionHolder, SessionInfo
-from ..contracts.jobs import DEFAULT_IDLE_TIMEOUT
 from ..contracts.kernels import KernelConnection, KernelStart
 from ..contracts.workspace import WorkspaceSource
 from ..errors import GPUlayerError
@@ -64,12 +64,13 @@ class KernelStartFailed(HTTPError, RuntimeError):
 class GPUlayerProvisioner(KernelProvisionerBase):
     """Places the kernel on a GPUlayer worker as a session and relays its messages."""
 
-    gpus = Integer(1, help="GPUs the kernel holds").tag(config=True)
-    gpu_kind = List(Unicode(), help="acceptable GPU kinds (empty: any)").tag(config=True)
+    # The kernel spec's config: ``kernelspec install``'s job options, from the table every edge
+    # shares (tests/test_jobopts.py checks each kernelspec option is here).
+    gpus = jobopts.trait("--gpus", "kernelspec")
+    gpu_kind = jobopts.trait("--gpu-kind", "kernelspec")
+    idle_timeout = jobopts.trait("--idle-timeout", "kernelspec")  # None: the contract's default
+    # Not a job option (the job option --wait is a switch): how long a start may queue.
     max_wait = Float(DEFAULT_WAIT, help="seconds to wait in the queue before failing").tag(
-        config=True
-    )
-    idle_timeout = Float(DEFAULT_IDLE_TIMEOUT, help="the session's idle timeout, seconds").tag(
         config=True
     )
 
@@ -168,12 +169,12 @@ class GPUlayerProvisioner(KernelProvisionerBase):
             gpu_kind=list(self.gpu_kind),
             key=conn.key,
             signature_scheme=conn.signature_scheme,
-            idle_timeout=self.idle_timeout,
             holder=holder,
             wait_for_capacity=True,
             workspace=source,
             # The notebook's name, as a local kernel gets it from jupyter_server.
             env={"JPY_SESSION_NAME": self._notebook} if self._notebook else {},
+            **({} if self.idle_timeout is None else {"idle_timeout": self.idle_timeout}),
         )
         return await link.start(req)
 

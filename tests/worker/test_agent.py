@@ -54,12 +54,7 @@ Start = Callable[[ScriptedTransport], Awaitable[WorkerAgent]]
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-async def start_agent(clock: FakeClock, tmp_path: Path) -> AsyncIterator[Start]:
+async def start_agent(gl_fake_clock: FakeClock, tmp_path: Path) -> AsyncIterator[Start]:
     agents: list[WorkerAgent] = []
 
     async def start(transport: ScriptedTransport) -> WorkerAgent:
@@ -67,13 +62,13 @@ async def start_agent(clock: FakeClock, tmp_path: Path) -> AsyncIterator[Start]:
             transport,
             WorkerRegistration(name="w"),
             ExecutorConfig(work_root=tmp_path / "work"),
-            clock=clock,
+            clock=gl_fake_clock,
             heartbeat_interval=5.0,
             poll_wait=25.0,
         )
         await agent.start()
         agents.append(agent)
-        await clock.advance(0)  # let its loops reach their first wait
+        await gl_fake_clock.advance(0)  # let its loops reach their first wait
         return agent
 
     yield start
@@ -82,19 +77,19 @@ async def start_agent(clock: FakeClock, tmp_path: Path) -> AsyncIterator[Start]:
 
 
 async def test_heartbeats_are_sent_as_the_clock_advances_and_only_then(
-    clock: FakeClock, start_agent: Start
+    gl_fake_clock: FakeClock, start_agent: Start
 ) -> None:
-    t = ScriptedTransport(clock)
+    t = ScriptedTransport(gl_fake_clock)
     await start_agent(t)
     assert t.heartbeats == []  # no time has passed: nothing sent
-    await clock.advance(4.9)
+    await gl_fake_clock.advance(4.9)
     assert t.heartbeats == []
-    await clock.advance(0.1)
+    await gl_fake_clock.advance(0.1)
     assert t.heartbeats == [5.0]
-    await clock.advance(15.0)
+    await gl_fake_clock.advance(15.0)
     assert t.heartbeats == [5.0, 10.0, 15.0, 20.0]
     assert t.polls == [0.0]  # the long-poll is still out (25 s)
-    await clock.advance(5.0)
+    await gl_fake_clock.advance(5.0)
     assert t.polls == [0.0, 25.0]  # it ran out with no work: the next one went out at once
 
 
@@ -110,35 +105,35 @@ def test_backoff_grows_to_its_cap_with_full_jitter() -> None:
 
 
 async def test_polling_backs_off_after_transport_errors(
-    clock: FakeClock, start_agent: Start, jitter_free: None
+    gl_fake_clock: FakeClock, start_agent: Start, jitter_free: None
 ) -> None:
-    t = ScriptedTransport(clock)
+    t = ScriptedTransport(gl_fake_clock)
     t.poll_errors = [Unavailable("restarting") for _ in range(3)]
     await start_agent(t)
     assert t.polls == [0.0]  # failed; the agent now waits before it asks again
-    await clock.advance(0.125)
+    await gl_fake_clock.advance(0.125)
     assert t.polls == [0.0]
-    await clock.advance(0.125)
+    await gl_fake_clock.advance(0.125)
     assert t.polls == [0.0, 0.25]
-    await clock.advance(0.5 + 1.0)
+    await gl_fake_clock.advance(0.5 + 1.0)
     assert t.polls == [0.0, 0.25, 0.75, 1.75]  # each wait twice the last
     assert not t.poll_errors  # the fourth poll went out and is waiting for work
-    await clock.advance(3.25)
+    await gl_fake_clock.advance(3.25)
     assert t.heartbeats == [5.0]  # heartbeats kept their own cadence meanwhile
 
 
 async def test_a_worker_the_control_plane_forgot_rejoins_with_backoff(
-    clock: FakeClock, start_agent: Start, jitter_free: None
+    gl_fake_clock: FakeClock, start_agent: Start, jitter_free: None
 ) -> None:
-    t = ScriptedTransport(clock)
+    t = ScriptedTransport(gl_fake_clock)
     t.poll_errors = [NotFound("no such worker")]
     await start_agent(t)
     assert t.joins == [0.0, 0.0]  # joined, then re-joined at once when forgotten
     t.poll_errors = [NotFound("no such worker")]
     t.join_errors = [Unavailable("restarting")]
-    await clock.advance(25.0)  # the pending long-poll runs out; the next one is refused
+    await gl_fake_clock.advance(25.0)  # the pending long-poll runs out; the next one is refused
     assert len(t.joins) == 3  # the re-join failed: it backs off before trying again
-    await clock.advance(0.125)
+    await gl_fake_clock.advance(0.125)
     assert len(t.joins) == 3
-    await clock.advance(0.125)
+    await gl_fake_clock.advance(0.125)
     assert t.joins[3:] == [25.25] and len(t.polls) == 4

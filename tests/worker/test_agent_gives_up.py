@@ -56,13 +56,8 @@ Start = Callable[[Scripted], Awaitable[WorkerAgent]]
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
 async def start(
-    clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    gl_fake_clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[Start]:
     monkeypatch.setattr(agent_module, "backoff", lambda attempt: 0.25 * 2**attempt)
     agents: list[WorkerAgent] = []
@@ -72,13 +67,13 @@ async def start(
             t,
             WorkerRegistration(name="w"),
             ExecutorConfig(work_root=tmp_path / "work"),
-            clock=clock,
+            clock=gl_fake_clock,
             heartbeat_interval=5.0,
             poll_wait=25.0,
         )
         await agent.start()
         agents.append(agent)
-        await clock.advance(0)
+        await gl_fake_clock.advance(0)
         return agent
 
     yield go
@@ -97,12 +92,12 @@ def test_what_is_transient() -> None:
     "refusal", [InvalidInput("protocol 2.0 is not spoken here"), TypeError("a bug")]
 )
 async def test_a_refused_or_broken_poll_stops_the_worker_saying_why(
-    clock: FakeClock, start: Start, refusal: Exception, caplog: pytest.LogCaptureFixture
+    gl_fake_clock: FakeClock, start: Start, refusal: Exception, caplog: pytest.LogCaptureFixture
 ) -> None:
-    t = Scripted(clock)
+    t = Scripted(gl_fake_clock)
     t.poll_errors = [refusal]
     agent = await start(t)
-    await clock.advance(120.0)
+    await gl_fake_clock.advance(120.0)
     assert t.polls == 1  # not retried every few seconds forever
     assert agent.fatal is not None and str(refusal) in agent.fatal
     await agent.wait()  # the loops ended: `gpulayer worker` leaves and exits 1
@@ -113,37 +108,39 @@ async def test_a_refused_or_broken_poll_stops_the_worker_saying_why(
 
 
 async def test_a_rejoin_whose_token_was_revoked_stops_the_worker(
-    clock: FakeClock, start: Start
+    gl_fake_clock: FakeClock, start: Start
 ) -> None:
-    t = Scripted(clock)
+    t = Scripted(gl_fake_clock)
     agent = await start(t)
     t.poll_errors = [Unauthorized("session ended")]
     t.join_errors = [Unavailable("restarting"), Unauthorized("token glt_x was revoked")]
-    await clock.advance(25.0)  # the pending long-poll runs out; the next one is refused
-    await clock.advance(5.0)
+    await gl_fake_clock.advance(25.0)  # the pending long-poll runs out; the next one is refused
+    await gl_fake_clock.advance(5.0)
     assert t.joins == 3  # joined; re-join failed transiently (retried), then refused
-    await clock.advance(600.0)
+    await gl_fake_clock.advance(600.0)
     assert t.joins == 3 and t.polls == 2  # and nothing was tried again
     assert agent.fatal is not None and "revoked" in agent.fatal
     await agent.wait()
 
 
-async def test_transient_poll_failures_are_still_retried(clock: FakeClock, start: Start) -> None:
-    t = Scripted(clock)
+async def test_transient_poll_failures_are_still_retried(
+    gl_fake_clock: FakeClock, start: Start
+) -> None:
+    t = Scripted(gl_fake_clock)
     t.poll_errors = [Unavailable("restarting"), ConnectionResetError("reset")]
     agent = await start(t)
-    await clock.advance(1.0)
+    await gl_fake_clock.advance(1.0)
     assert t.polls == 3 and agent.fatal is None
 
 
 async def test_heartbeat_failures_are_logged_once_per_run(
-    clock: FakeClock, start: Start, caplog: pytest.LogCaptureFixture
+    gl_fake_clock: FakeClock, start: Start, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="gpulayer.worker")
-    t = Scripted(clock)
+    t = Scripted(gl_fake_clock)
     t.beat_errors = [Unavailable("restarting")] * 3
     agent = await start(t)
-    await clock.advance(20.0)
+    await gl_fake_clock.advance(20.0)
     said = [r.getMessage() for r in caplog.records if "heartbeat" in r.getMessage()]
     assert said[0].startswith("heartbeat failed (") and "restarting" in said[0]
     assert sum("heartbeat failed" in m for m in said) == 1  # once, not every 5 s
