@@ -1,20 +1,21 @@
 """The scheduler's input built from the control plane's records, the same objects while unchanged.
 
-The ControlPlane builds a ``Snapshot`` before every pass: a ``RunningJob`` per node of every
-placed or running job and a ``WorkerView`` per worker. Built afresh, a cluster of 1,000 workers
-running 4,500 jobs costs ~5 ms of object construction per pass — fifty times what placing one new
-job then costs (cluster.py). ``Views`` keeps what it built and hands back the very same objects
-while their sources are the same objects (records are immutable: a change is a new record), so a
-pass after one job started sees one new ``WorkerView`` and the standing cluster patches that one
-worker. Entries not asked for in a snapshot are dropped, so it holds one snapshot's worth.
+The ControlPlane builds a ``Snapshot`` before every pass: a ``JobRequest`` per waiting job, a
+``RunningJob`` per node of every placed or running job and a ``WorkerView`` per worker. Built
+afresh, a cluster of 1,000 workers running 4,500 jobs costs ~5 ms of object construction per
+pass — fifty times what placing one new job then costs (cluster.py). ``Views`` keeps what it
+built and hands back the very same objects while their sources are the same objects (records
+are immutable: a change is a new record), so a pass after one job started sees one new
+``WorkerView`` and the standing cluster patches that one worker. Entries not asked for in a
+snapshot are dropped, so it holds one snapshot's worth.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..contracts import Job, Reason, WorkerInfo
-from .model import RunningJob, WorkerView
+from ..contracts import Job, JobSpec, Reason, WorkerInfo
+from .model import JobRequest, RunningJob, WorkerView
 
 Nodes = tuple[tuple[str, RunningJob], ...]  # (worker id, what the job holds there), per node
 ViewEntry = tuple[WorkerInfo, tuple[RunningJob, ...], Reason | None, WorkerView]
@@ -28,14 +29,40 @@ class Views:
         self._views: dict[str, ViewEntry] = {}
         self._seen_runs: dict[str, tuple[Job, Nodes]] = {}
         self._seen_views: dict[str, ViewEntry] = {}
+        self._requests: dict[str, tuple[JobSpec, JobRequest]] = {}
+        self._seen_requests: dict[str, tuple[JobSpec, JobRequest]] = {}
 
     def begin(self) -> None:
         """A snapshot starts: what it does not ask for is forgotten at ``end``."""
         self._seen_runs = {}
         self._seen_views = {}
+        self._seen_requests = {}
 
     def end(self) -> None:
         self._runs, self._views = self._seen_runs, self._seen_views
+        self._requests = self._seen_requests
+
+    def request(self, job: Job) -> JobRequest:
+        """What a waiting ``job`` asks for. A waiting job's record is replaced every pass that
+        changes its report (its queue position), its spec is not: 20,000 waiting jobs cost
+        ~40 ms of construction a pass when built afresh (``bench_scale.py``)."""
+        hit = self._requests.get(job.id)
+        if hit is None or hit[0] is not job.spec:
+            spec = job.spec
+            hit = (
+                spec,
+                JobRequest(
+                    id=job.id,
+                    seq=job.seq,
+                    priority=spec.priority,
+                    resources=spec.resources,
+                    submitted_at=job.submitted_at,
+                    timeout=spec.timeout,
+                    owner=job.owner,
+                ),
+            )
+        self._seen_requests[job.id] = hit
+        return hit[1]
 
     def running(self, job: Job, now: float) -> Nodes:
         """What a placed or running ``job`` holds, per node."""
