@@ -274,6 +274,7 @@ class SchedulingLoop:
                 )
             )
         holds: list[SessionHold] | None = None  # the sessions holding GPUs: asked once a pass
+        seen: dict[int, list[SessionHold]] = {}  # the holds on each candidate list's workers
         for job_id, report in reports.items():
             job = self.jobs.active_job(job_id)
             if job is None or job.state != JobState.QUEUED or job.pending == report:
@@ -286,7 +287,7 @@ class SchedulingLoop:
             if _waits_for_gpus(job, report):
                 if holds is None:
                     holds = self.session_holds()
-                report = _with_holds(report, holds, now)
+                report = _with_holds(report, holds, now, seen)
             # A change of queue position alone is not announced: every finish would otherwise
             # emit one event per waiting job. Readers of the job see the current position.
             changed = job.pending is None or _reasons(job.pending) != _reasons(report)
@@ -474,10 +475,21 @@ def _waits_for_gpus(job: Job, report: PlacementReport) -> bool:
     return any(rc.code in (Reason.GPUS_BUSY, Reason.NOT_ENOUGH_NODES) for rc in report.exhausted)
 
 
-def _with_holds(report: PlacementReport, holds: list[SessionHold], now: float) -> PlacementReport:
-    """The report naming the sessions that hold GPUs on its candidate workers, if any do."""
+def _with_holds(
+    report: PlacementReport,
+    holds: list[SessionHold],
+    now: float,
+    seen: dict[int, list[SessionHold]],
+) -> PlacementReport:
+    """The report naming the sessions that hold GPUs on its candidate workers, if any do.
+
+    ``seen``: the holds found per candidate list in this pass. The jobs of one shape share their
+    report's list (``scheduler.explain.finish``), and a list may name every worker: 20,000
+    waiting jobs each walking 5,000 candidates was a pass of seconds."""
     if not holds:
         return report
-    names = set(report.candidates)
-    mine = [h for h in holds if h.worker in names]
+    mine = seen.get(id(report.candidates))
+    if mine is None:
+        names = set(report.candidates)
+        mine = seen[id(report.candidates)] = [h for h in holds if h.worker in names]
     return with_sessions(report, mine, now) if mine else report
