@@ -37,6 +37,16 @@ pytest_plugins = ("gpulayer_kernel.testing.reaper", "gpulayer_kernel.pytest_plug
 # started): the suite starts hundreds of workers, so it preloads nothing unless a test asks.
 os.environ.setdefault("GPULAYER_ZYGOTE_PRELOAD", "")
 
+# PYTHONDONTWRITEBYTECODE (set in some shells) costs the suite minutes of CPU: every xdist worker
+# then rewrites the asserts of all ~500 test modules again (~7 s of a core each), and every
+# server, worker, kernel and CLI process it starts compiles gpulayer_kernel from source again
+# (~0.3 s each, hundreds of them). The suite writes its bytecode (``__pycache__`` is git-ignored);
+# jobs never see the variable either way (worker/env.py passes no PYTHON* variable on).
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    import sys
+
+    sys.dont_write_bytecode = False
+
 
 # Session fixtures too costly to start on every xdist worker: the tests that use one run on one
 # worker (``--dist loadgroup``), named after it. The wheel build takes ~60 s of a core; Slurm's
