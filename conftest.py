@@ -37,6 +37,16 @@ pytest_plugins = ("gpulayer_kernel.testing.reaper", "gpulayer_kernel.pytest_plug
 # started): the suite starts hundreds of workers, so it preloads nothing unless a test asks.
 os.environ.setdefault("GPULAYER_ZYGOTE_PRELOAD", "")
 
+# PYTHONDONTWRITEBYTECODE (set in some shells) costs the suite minutes of CPU: every xdist worker
+# then rewrites the asserts of all ~500 test modules again (~7 s of a core each), and every
+# server, worker, kernel and CLI process it starts compiles gpulayer_kernel from source again
+# (~0.3 s each, hundreds of them). The suite writes its bytecode (``__pycache__`` is git-ignored);
+# jobs never see the variable either way (worker/env.py passes no PYTHON* variable on).
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    import sys
+
+    sys.dont_write_bytecode = False
+
 
 # Session fixtures too costly to start on every xdist worker: the tests that use one run on one
 # worker (``--dist loadgroup``), named after it. The wheel build takes ~60 s of a core; Slurm's
@@ -64,6 +74,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     also marked ``slow``.
     """
     groups: dict[str, str] = {}
+    slow: list[str] = []
     for item in items:
         own = item.get_closest_marker("xdist_group")
         group = str(own.args[0]) if own and own.args else _group_of(item)
@@ -73,26 +84,56 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
         if group is not None:
             groups[item.nodeid] = group
+        if item.get_closest_marker("slow"):
+            slow.append(item.nodeid)
     path = os.environ.get(_GROUPS_FILE)
     if path and os.environ.get("PYTEST_XDIST_WORKER"):
         part = f"{path}.{os.environ['PYTEST_XDIST_WORKER']}"
-        Path(part).write_text(json.dumps(groups))
+        Path(part).write_text(json.dumps({"groups": groups, "slow": slow}))
         os.replace(part, path)  # every worker collects the same tests: any one file will do
 
 
+# How much longer than a test of the fast lane a ``slow`` test takes, roughly (the weight that
+# orders the work: see ``GroupScheduling``).
+_SLOW_WEIGHT = 10
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Tests of one group go to one worker, in order; every other test to whichever is free."""
+    """Tests of one group go to one worker, in order; every other test to whichever is free.
+
+    The longest work goes out first (longest-processing-time-first): a session engine's group
+    (the release build and its installs, Slurm), then groups and tests by weight, a ``slow``
+    test counting ``_SLOW_WEIGHT`` fast ones. A long group handed out last would run on one
+    worker alone while the others have finished: the run's tail.
+    """
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
         _groups: dict[str, str] | None = None
+        _slow: frozenset[str] = frozenset()
+        _ordered = False
 
         def _split_scope(self, nodeid: str) -> str:
             if self._groups is None:  # asked only once every worker has collected
                 path = os.environ.get(_GROUPS_FILE, "")
                 found = Path(path) if path else None
-                self._groups = json.loads(found.read_text()) if found and found.exists() else {}
+                read = json.loads(found.read_text()) if found and found.exists() else {}
+                self._groups = read.get("groups", {})
+                self._slow = frozenset(read.get("slow", ()))
             return "@" + self._groups[nodeid] if nodeid in self._groups else nodeid
+
+        def _weight(self, scope: str, nodeids: dict[str, bool]) -> int:
+            if scope.removeprefix("@") in _ENGINE_GROUPS:
+                return 1 << 30
+            return sum(_SLOW_WEIGHT if n in self._slow else 1 for n in nodeids)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self._ordered:  # the queue is whole by the first assignment
+                self._ordered = True
+                units = sorted(self.workqueue.items(), key=lambda u: -self._weight(*u))
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
 

@@ -11,7 +11,7 @@ notebook opened without the GPUlayer server. Then, in one run:
      its reply (the result is in ``x`` by then);
    * bare: ``python -c "1 + 1"`` in a fresh process, from spawn to exit;
    * px: ipyparallel's ``%%px --block`` / ``1 + 1`` on one engine started by the same kernel
-     (the anchor of issue 14; skipped with ``--no-anchors`` or without ipyparallel);
+     (the anchor of issue 14; skipped with ``--no-anchors``, ``--quick`` or without ipyparallel);
    * torch cell: ``%%gpulayer --out y`` of a cell that uses torch (where torch is installed:
      the worker's warm processes have it imported, ``GPULAYER_ZYGOTE_PRELOAD``'s default);
 2. a job printing ``time.time()`` on lines 50 ms apart; each line's latency is the time the
@@ -152,13 +152,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--lines", type=int, default=60, help="log lines for the latency test")
-    p.add_argument("--quick", action="store_true", help="a smoke test: few rounds and lines")
+    p.add_argument(
+        "--quick", action="store_true", help="a smoke test: few rounds and lines, no anchors"
+    )
     p.add_argument("--no-anchors", action="store_true", help="skip ipyparallel")
     args = p.parse_args(argv)
-    anchors = not args.no_anchors and _installed("ipyparallel")
+    # --quick checks the script, not the figures: no ipyparallel cluster (seconds of start-up).
+    anchors = not (args.no_anchors or args.quick) and _installed("ipyparallel")
     torch = _installed("torch")
+    warm = 3
     if args.quick:
-        args.rounds, args.lines = 3, 10
+        args.rounds, args.lines, warm = 2, 10, 1  # 2 rounds: both orders of the interleaving
     root = Path(tempfile.mkdtemp(prefix="gpulayer-bench-cell-"))
     kernel = Kernel(root)
     try:
@@ -199,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             runs["px"] = measured("px", PX, theirs)
         if torch:
             runs["torch"] = measured("torch", TORCH, ours)
-        for _ in range(3):  # warm-up: page cache, imports, sqlite, the engine
+        for _ in range(warm):  # warm-up: page cache, imports, sqlite, the engine
             for run in runs.values():
                 run()
         got: dict[str, list[float]] = {name: [] for name in runs}

@@ -372,7 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--calls", type=int, default=100, help="Python API calls per round")
-    p.add_argument("--quick", action="store_true", help="a smoke test: few rounds, no anchors")
+    p.add_argument(
+        "--quick", action="store_true", help="a smoke test: 2 rounds, 1 start, no anchors"
+    )
     p.add_argument("--no-anchors", action="store_true", help="skip Ray and ipyparallel")
     args = p.parse_args(argv)
     anchors = not (args.no_anchors or args.quick)
@@ -390,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         python_api(args.rounds, args.calls, anchors)
         ratio = kernel_cells(args.rounds, anchors, root)
-        start_to_first_result(max(2, args.rounds // 5))
+        start_to_first_result(1 if args.quick else max(2, args.rounds // 5))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     what = "ipyparallel" if anchors else "floor"

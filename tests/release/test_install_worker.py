@@ -38,6 +38,9 @@ def install(
 ) -> subprocess.CompletedProcess[str]:
     """The script as ``curl … | sh -s -- ARGS`` runs it (or as ``sh install-worker.sh``)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("GPULAYER_", "VIRTUAL_ENV"))}
+    # The script's pip installs into a throwaway prefix: no byte-compiling of every file up front
+    # (~25% of an install's CPU); what the worker imports compiles as it loads.
+    base["PIP_COMPILE"] = "0"  # pip install --no-compile (PIP_NO_COMPILE=1 would mean the opposite)
     base.update(env or {})
     sh = "/bin/sh"  # POSIX sh (dash on Debian), as `curl … | sh` finds it
     argv = [sh, "-s", "--", *args] if stdin else [sh, str(SCRIPT), *args]
