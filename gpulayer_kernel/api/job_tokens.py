@@ -7,7 +7,7 @@ redaction masks it like one (no extra request on the job's way). The worker adds
 ``GPULAYER_URL``, so ``%%gpulayer``, the CLI, ``Client()`` and the Trainer's ``JOB:`` checkpoints
 inside a job, kernel or session reach this control plane as that user. The token works on user
 routes while the job lives (``live_job_owner``), never on the token routes; docs/security.md says
-what it may do. It is derived from the job id (``security.tokens``), not stored: no write and no
+what it may do. It is derived from the job id (``security.job_tokens``), not stored: no write and no
 record per job.
 """
 
