@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -17,6 +19,7 @@ from gpulayer_kernel.contracts import (
     WorkerState,
 )
 from gpulayer_kernel.controlplane import ControlPlane
+from gpulayer_kernel.scheduler import Plan, Snapshot
 from gpulayer_kernel.testing import FakeClock, until
 
 from ..conftest import sim_caps
@@ -107,3 +110,71 @@ async def test_a_pass_may_pause_the_collector_and_always_restores_it(gl_cp: Cont
     await until(lambda: gl_cp.jobs.active_job(job.id).state == JobState.PLACED)  # type: ignore[union-attr]
     await asyncio.wait_for(gl_cp.scheduling.run_pass(), 5)
     assert gc.isenabled()
+
+
+def on_a_thread(cp: ControlPlane, before: Callable[[Snapshot], None] = lambda _: None) -> list[int]:
+    """Every pass of ``cp`` with a job waiting schedules on a thread; returns the threads'
+    idents, one a pass (``before`` runs on the thread first)."""
+    loop = cp.scheduling
+    loop.thread_above = 1
+    threads: list[int] = []
+    plain = loop._schedule_now
+
+    def spy(snapshot: Snapshot) -> Plan:
+        if snapshot.pending:
+            threads.append(threading.get_ident())
+        before(snapshot)
+        return plain(snapshot)
+
+    loop._schedule_now = spy  # type: ignore[method-assign]
+    return threads
+
+
+async def test_a_big_queue_is_scheduled_on_a_thread_and_passes_never_overlap(
+    gl_cp: ControlPlane,
+) -> None:
+    threads = on_a_thread(gl_cp)
+    loop = gl_cp.scheduling
+    inner = loop._run_pass
+    now = peak = 0
+
+    async def counted() -> None:
+        nonlocal now, peak
+        now += 1
+        peak = max(peak, now)
+        try:
+            await inner()
+        finally:
+            now -= 1
+
+    loop._run_pass = counted  # type: ignore[method-assign]
+    wid = await join(gl_cp, gpus=1)
+    await gl_cp.submit(cmd("sleep", "9", resources=Resources(gpus=1)))
+    await until(lambda: gl_cp.registry.require(wid).running, what="the first job to be handed out")
+    waiting = [await gl_cp.submit(cmd("true", resources=Resources(gpus=1))) for _ in range(3)]
+    await asyncio.gather(*(loop.run_pass() for _ in range(3)))  # direct callers wait their turn
+    await until(lambda: all(gl_cp.jobs.active_job(j.id).pending for j in waiting))  # type: ignore[union-attr]
+    assert [gl_cp.jobs.active_job(j.id).pending.position for j in waiting] == [1, 2, 3]  # type: ignore[union-attr]
+    assert threads and threading.get_ident() not in threads
+    assert peak == 1
+
+
+async def test_a_threaded_pass_places_nothing_on_a_worker_gone_since_its_snapshot(
+    gl_cp: ControlPlane,
+) -> None:
+    entered, go = threading.Event(), threading.Event()
+
+    def held(snapshot: Snapshot) -> None:
+        if snapshot.pending:
+            entered.set()
+            go.wait(10)
+
+    on_a_thread(gl_cp, held)
+    wid = await join(gl_cp, gpus=1)
+    job = await gl_cp.submit(cmd("true", resources=Resources(gpus=1)))
+    await until(entered.is_set, what="a pass with the job to be on its thread")
+    await gl_cp.deregister(wid)
+    go.set()
+    await until(lambda: gl_cp.jobs.active_job(job.id).pending is not None, what="the job's report")  # type: ignore[union-attr]
+    after = gl_cp.jobs.active_job(job.id)
+    assert after is not None and after.state == JobState.QUEUED and after.placement is None
