@@ -28,6 +28,7 @@ import asyncio
 import importlib.metadata
 import os
 import shlex
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,7 +78,7 @@ class SSHFleetProvider:
     # -- connections -----------------------------------------------------------------------------
 
     async def _connect(self, host: SSHHost) -> Any:
-        import asyncssh  # optional dependency: only an SSH fleet needs it
+        asyncssh = _asyncssh()
 
         where = f"{host.address}:{host.port}"
         known = os.path.expanduser(self.settings.known_hosts)
@@ -112,7 +113,7 @@ class SSHFleetProvider:
             ) from None
 
     def _host_key_error(self, host: SSHHost, known: str, exc: Exception) -> ProviderError:
-        import asyncssh
+        asyncssh = _asyncssh()
 
         entry = host.address if host.port == 22 else f"[{host.address}]:{host.port}"
         try:
@@ -427,3 +428,17 @@ class SSHFleetProvider:
     @property
     def hosts(self) -> Sequence[SSHHost]:
         return self.settings.hosts
+
+
+def _asyncssh() -> Any:
+    """asyncssh, an optional dependency (only an SSH fleet needs it), imported quietly.
+
+    cryptography 51 deprecated DSA, and asyncssh (2.24.1) names DSA's key classes when it is
+    imported: a warning about the library's own internals, nothing a user can act on (GPUlayer
+    never uses DSA keys). Other warnings still show.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="DSA is deprecated", category=UserWarning)
+        import asyncssh
+
+    return asyncssh
