@@ -17,11 +17,8 @@ group commit, then one event each and the waiters woken, in the order staged).
 
 ``fold`` keeps a staged change back for the job's next flush: a short job's start, reported
 with its end (protocol 1.1), is written with the end, one write of the job for both. Pending
-reports and progress are flushed without a store write (they are recomputed or resent). A
-pending report whose reasons did not change is not noted at all: the scheduling loop leaves each
-waiting job's latest report in ``reports``, and ``get`` and ``query`` show a waiting job with it
-(its queue position moves on every placement, and noting 20,000 waiting jobs a pass was a copy
-of each).
+reports and progress are flushed without a store write (they are recomputed or resent), and a
+pending report whose reasons did not change is not announced.
 
 A write the store refuses because it is unreachable (503) leaves the change in memory and marks
 the job *dirty*: it is written with the next flush, or by a retry with backoff once the store
@@ -47,7 +44,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..contracts import ADMIN_USER, Artifact, CostEntry, Job, JobSpec, JobState, PlacementReport
+from ..contracts import ADMIN_USER, Artifact, CostEntry, Job, JobSpec, JobState
 from ..errors import Conflict, InvalidInput, NotFound, Unavailable
 from ..store import JobQuery, MetadataStore
 from .events import EventLog
@@ -93,9 +90,6 @@ class JobTable:
         self.redact = redact
         self.seq = 0
         self._active: dict[str, Job] = {}
-        # Each waiting job's report from the last scheduling pass (its queue position now);
-        # the job's own ``pending`` says the same reasons, from when they last changed.
-        self.reports: dict[str, PlacementReport] = {}
         self._finished: OrderedDict[str, Job] = OrderedDict()
         self._signals = Signals(clock)
         self._nodes_done: dict[str, set[str]] = {}  # gang job id -> workers whose node succeeded
@@ -204,16 +198,7 @@ class JobTable:
         job = self.cached(job_id) or await self.store.get_job(job_id)
         if job is None:  # pragma: no cover - resolve() found it
             raise NotFound(f"no job {job_id!r}", code="job_not_found")
-        return self.seen(job)
-
-    def seen(self, job: Job) -> Job:
-        """The job as its readers see it: a waiting one with its last pass's report."""
-        report = self.reports.get(job.id)
-        if report is None or job.pending is None or job.pending is report:
-            return job
-        if job.state != JobState.QUEUED:
-            return job
-        return job.model_copy(update={"pending": report})
+        return job
 
     async def query(
         self,
@@ -228,7 +213,7 @@ class JobTable:
         if not 1 <= limit <= 10_000:
             raise InvalidInput("limit must be between 1 and 10000", details={"limit": limit})
         query = JobQuery(states=tuple(states), name=name, label=label, limit=limit, owner=owner)
-        return [self.seen(self._active.get(j.id) or j) for j in await self.store.list_jobs(query)]
+        return [self._active.get(j.id) or j for j in await self.store.list_jobs(query)]
 
     # -- waiting ---------------------------------------------------------------------------------
 

@@ -228,7 +228,6 @@ class SchedulingLoop:
 
     def explain(self, job: Job) -> str:
         """Why the job waits, where it was placed, or how it ended, in one sentence."""
-        job = self.jobs.seen(job)
         now = self.clock.now()
         if job.state == JobState.QUEUED and job.retry_at is not None and job.retry_at > now:
             last = job.history[-1] if job.history else None
@@ -309,12 +308,11 @@ class SchedulingLoop:
             await self._hand_out(placed)
         holds: list[SessionHold] | None = None  # the sessions holding GPUs: asked once a pass
         seen: dict[int, list[SessionHold]] = {}  # the holds on each candidate list's workers
-        latest: dict[str, PlacementReport] = {}
         for n, (job_id, report) in enumerate(reports.items(), 1):
             if n % NOTE_BATCH == 0:
                 await asyncio.sleep(0)  # requests waiting meanwhile go first
             job = self.jobs.active_job(job_id)
-            if job is None or job.state != JobState.QUEUED:
+            if job is None or job.state != JobState.QUEUED or job.pending == report:
                 continue
             if job_id in fresh and self._never(job, report):
                 sentence = never_sentence(report, job.spec.resources)
@@ -325,13 +323,10 @@ class SchedulingLoop:
                 if holds is None:
                     holds = self.session_holds()
                 report = _with_holds(report, holds, now, seen)
-            latest[job_id] = report
-            # A change of queue position alone is neither noted nor announced: every finish
-            # would otherwise copy and announce each waiting job. Readers of the job see the
-            # current position (``JobTable.seen``).
-            if job.pending is None or _reasons(job.pending) != _reasons(report):
-                await self.jobs.note(job_id, pending=report)
-        self.jobs.reports = latest
+            # A change of queue position alone is not announced: every finish would otherwise
+            # emit one event per waiting job. Readers of the job see the current position.
+            changed = job.pending is None or _reasons(job.pending) != _reasons(report)
+            await self.jobs.note(job_id, announce=changed, pending=report)
         self._arm_reservation_timer(now)
 
     async def plan(self) -> tuple[Plan, Snapshot]:

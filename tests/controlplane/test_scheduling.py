@@ -76,22 +76,9 @@ async def test_a_queue_position_change_alone_is_not_announced(gl_cp: ControlPlan
     await until(lambda: all(gl_cp.jobs.active_job(j.id).pending for j in waiting))  # type: ignore[union-attr]
     before = (await gl_cp.events()).next_since
     await gl_cp.cancel(waiting[0].id)  # the others move up one place
-    await until(lambda: gl_cp.jobs.reports[waiting[2].id].position == 2)
-    assert await position(gl_cp, waiting[2].id) == 2  # as a reader sees it: moved up
+    await until(lambda: gl_cp.jobs.active_job(waiting[2].id).pending.position == 2)  # type: ignore[union-attr]
     page = await gl_cp.events(since=before)
     assert {e.job.id for e in page.events if e.job} == {waiting[0].id}
-    # Nor noted: the job itself keeps the report whose reasons were last announced.
-    assert gl_cp.jobs.active_job(waiting[2].id).pending.position == 3  # type: ignore[union-attr]
-    said = await gl_cp.explain(waiting[2].id)
-    assert said.endswith("; position 2 in the queue"), said
-    [listed] = [j for j in await gl_cp.list([JobState.QUEUED]) if j.id == waiting[2].id]
-    assert listed.pending is not None and listed.pending.position == 2
-
-
-async def position(cp: ControlPlane, job_id: str) -> int | None:
-    """The job's queue position as a reader of the job sees it."""
-    pending = (await cp.get(job_id)).pending
-    return None if pending is None else pending.position
 
 
 async def test_explain_asks_the_scheduler_before_the_first_pass(gl_cp: ControlPlane) -> None:
@@ -167,7 +154,7 @@ async def test_a_big_queue_is_scheduled_on_a_thread_and_passes_never_overlap(
     waiting = [await gl_cp.submit(cmd("true", resources=Resources(gpus=1))) for _ in range(3)]
     await asyncio.gather(*(loop.run_pass() for _ in range(3)))  # direct callers wait their turn
     await until(lambda: all(gl_cp.jobs.active_job(j.id).pending for j in waiting))  # type: ignore[union-attr]
-    assert [await position(gl_cp, j.id) for j in waiting] == [1, 2, 3]
+    assert [gl_cp.jobs.active_job(j.id).pending.position for j in waiting] == [1, 2, 3]  # type: ignore[union-attr]
     assert threads and threading.get_ident() not in threads
     assert peak == 1
 
