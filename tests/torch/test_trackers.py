@@ -48,9 +48,14 @@ def _quiet_wandb(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def wandb_records(run_dir: str) -> Iterator[Any]:
-    """The records of an offline run's ``.wandb`` file (W&B's LevelDB-style log of protobufs)."""
+    """The records of an offline run's ``.wandb`` file (W&B's LevelDB-style log of protobufs).
+
+    W&B's service process writes the file, and ``finish`` can return before it has written the
+    last records (a fresh-clone run read no exit record): the file is whole once the service has
+    ended, which ``teardown`` waits for."""
     from wandb.proto import wandb_internal_pb2
 
+    wandb.teardown()
     [path] = glob.glob(f"{run_dir}/run-*.wandb")
     data = Path(path).read_bytes()
     assert struct.unpack("<4sHB", data[:7])[0] == b":W&B"
