@@ -42,7 +42,7 @@ from ..contracts.kernels import KernelConnection, KernelStart
 from ..contracts.workspace import WorkspaceSource
 from ..errors import GPUlayerError
 from .host import Host, host
-from .relay import LocalRelay
+from .relay import BIND, LocalRelay, Ports
 
 DEFAULT_WAIT = 300.0  # seconds a kernel may wait in the queue before its start fails
 
@@ -76,6 +76,7 @@ class GPUlayerProvisioner(KernelProvisionerBase):
 
     session_id: str | None = None
     relay: LocalRelay | None = None
+    ports: Ports | None = None  # bound before the connection file is written, held till cleanup
     _key: str = ""
     _scheme: str = "hmac-sha256"
     _terminated: int | None = None
@@ -104,8 +105,14 @@ class GPUlayerProvisioner(KernelProvisionerBase):
         # jupyter_server starts a kernel in its notebook's folder (``cwd``): the workspace.
         cwd = kwargs.get("cwd")
         self._folder = os.path.abspath(cwd) if cwd and os.path.isdir(cwd) else None
-        # Ports on this host (the relay binds them) and the key the kernel on the worker will
-        # sign with: the connection file Jupyter's clients read is the one the relay serves.
+        # Ports on this host, bound now (a port picked free and bound once the session is
+        # placed could be taken meanwhile), and the key the kernel on the worker will sign
+        # with: the connection file Jupyter's clients read names what the relay serves.
+        if self.ports is None:
+            wanted = {f"{c}_port": getattr(km, f"{c}_port") for c in (*BIND, "hb")}
+            self.ports = await self._host.call(_bind_ports(km.ip, wanted))
+            for name, number in self.ports.numbers.items():
+                setattr(km, name, number)
         km.write_connection_file()
         self.connection_info = km.get_connection_info()
         key = self.connection_info.get("key", b"")
@@ -127,7 +134,11 @@ class GPUlayerProvisioner(KernelProvisionerBase):
             relay.restarted(status.generation)
             return self.connection_info
         await self._close_relay()
-        info = await self._host.call(self._start(conn))
+        try:
+            info = await self._host.call(self._start(conn))
+        except BaseException:
+            self._release_ports()  # jupyter_client cleans up nothing after a failed start
+            raise
         self.session_id = info.id
         self.log.info("GPUlayer kernel %s: session %s queued", self.kernel_id, info.name)
         try:
@@ -135,6 +146,7 @@ class GPUlayerProvisioner(KernelProvisionerBase):
         except BaseException:
             await self._host.call(self._stop(info.id, "ended: its kernel did not start"))
             self.session_id = None
+            self._release_ports()
             raise
         self.relay = await self._host.call(self._bind(info.id))
         if self._folder is not None:
@@ -220,7 +232,10 @@ class GPUlayerProvisioner(KernelProvisionerBase):
             conn = KernelConnection(key=self._key, signature_scheme=self._scheme)
             await link.attach(session_id, conn)
 
-        relay = LocalRelay(link, session_id, dict(self.connection_info), on_lost_key=reattach)
+        assert self.ports is not None, "pre_launch binds the ports"
+        relay = LocalRelay(
+            link, session_id, dict(self.connection_info), self.ports, on_lost_key=reattach
+        )
         relay.start()
         return relay
 
@@ -304,6 +319,7 @@ class GPUlayerProvisioner(KernelProvisionerBase):
             return
         sid, self.session_id = self.session_id, None
         await self._close_relay()
+        self._release_ports()
         if sid is not None:
             # A session has no end of its own: its job ends ``cancelled``, and its reason says
             # that its user ended it (the state machine's word for an end asked for).
@@ -317,6 +333,11 @@ class GPUlayerProvisioner(KernelProvisionerBase):
         relay, self.relay = self.relay, None
         if relay is not None:
             await self._host.call(relay.close())
+
+    def _release_ports(self) -> None:
+        ports, self.ports = self.ports, None
+        if ports is not None:
+            self._host.loop.call_soon_threadsafe(ports.close)  # bound on the host loop
 
     async def get_provisioner_info(self) -> dict[str, Any]:
         info: dict[str, Any] = await super().get_provisioner_info()
@@ -333,6 +354,11 @@ class GPUlayerProvisioner(KernelProvisionerBase):
 
     def get_stable_start_time(self, recommended: float = 10.0) -> float:
         return max(recommended, 20.0)
+
+
+async def _bind_ports(ip: str, wanted: dict[str, int]) -> Ports:
+    """(On the host loop, where the relay will use them.)"""
+    return Ports(ip, wanted)
 
 
 def _reasons(report: PlacementReport) -> object:

@@ -1,12 +1,13 @@
 """The Jupyter host's end of a GPU kernel's relay: the connection file's ports, bound here.
 
 Jupyter's clients (the server's websocket channels, a ``KernelClient``) connect to the ports of
-the kernel's connection file as they would to a local kernel. :class:`LocalRelay` binds them
-(ROUTER for shell, control and stdin, PUB for iopub, an echoing REP for the heartbeat) on the host
-loop and moves raw multipart messages to and from the control plane: up with one request per
-batch (what arrives while a request is in flight goes with the next), down with a long-poll. A
-ROUTER puts the client's identity in front of each message; it travels with the message, the
-worker's DEALER sends it on, the kernel's reply carries it back and this ROUTER routes on it.
+the kernel's connection file as they would to a local kernel. :class:`Ports` binds them (ROUTER
+for shell, control and stdin, PUB for iopub, an echoing REP for the heartbeat) before the file is
+written; :class:`LocalRelay` moves raw multipart messages between them and the control plane on
+the host loop: up with one request per batch (what arrives while a request is in flight goes
+with the next), down with a long-poll. A ROUTER puts the client's identity in front of each
+message; it travels with the message, the worker's DEALER sends it on, the kernel's reply carries
+it back and this ROUTER routes on it.
 
 A full lane (the control plane holds what the kernel has not read yet) is waited out; a message
 the relay refuses for its size never blocks the rest: it is dropped, and an execute request among
@@ -50,14 +51,56 @@ ROUTED: tuple[Channel, ...] = ("shell", "control", "stdin")
 BIND = {"shell": zmq.ROUTER, "control": zmq.ROUTER, "stdin": zmq.ROUTER, "iopub": zmq.PUB}
 
 
+class Ports:
+    """A kernel's connection-file ports, bound on the host loop before the file is written.
+
+    jupyter_client picks free ports and writes them; a local kernel binds them at once. A GPU
+    kernel's relay could bind only once its session is placed, seconds later, and meanwhile
+    another process could take a port (``Address already in use``). So the ports are bound
+    first, and the file names what is bound. They stay bound for the provisioner's life: a relay
+    that ends and the next one (a restarted kernel) serve the same ports, and Jupyter's clients
+    stay connected.
+    """
+
+    def __init__(self, ip: str, wanted: dict[str, Any]) -> None:
+        """Bind each channel's port: the one in ``wanted`` (``shell_port`` ...) where set (a
+        connection file written before), else one the system picks."""
+        self.ctx = zmq.asyncio.Context()
+        self.socks: dict[str, zmq.asyncio.Socket] = {}
+        self.numbers: dict[str, int] = {}
+        try:
+            for channel, kind in {**BIND, "hb": zmq.REP}.items():
+                s = self.ctx.socket(kind)
+                s.linger = 0
+                if kind == zmq.ROUTER:
+                    s.router_handover = 1  # a client reconnecting with its identity takes it back
+                self.socks[channel] = s
+                port = int(wanted.get(f"{channel}_port") or 0)
+                if port:
+                    s.bind(f"tcp://{ip}:{port}")
+                else:
+                    port = s.bind_to_random_port(f"tcp://{ip}")
+                self.numbers[f"{channel}_port"] = port
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for s in self.socks.values():
+            s.close(linger=0)
+        self.ctx.term()
+
+
 class LocalRelay:
-    """One kernel's bound ports on the Jupyter host and its two pumps (on the host loop)."""
+    """One kernel's two pumps between its bound :class:`Ports` and the control plane (on the
+    host loop)."""
 
     def __init__(
         self,
         link: HostLink,
         kernel_id: str,
         connection: dict[str, Any],
+        ports: Ports,
         *,
         on_lost_key: Any = None,
     ) -> None:
@@ -65,8 +108,7 @@ class LocalRelay:
         self.kernel_id = kernel_id
         self.conn = connection
         self.on_lost_key = on_lost_key  # async () -> None: re-attach after a server restart
-        self.ctx = zmq.asyncio.Context()
-        self.socks: dict[str, zmq.asyncio.Socket] = {}
+        self.socks = ports.socks
         self.tasks: list[asyncio.Task[Any]] = []
         self.outbox = Outbox(
             lambda batch: self.link.send(self.kernel_id, batch),
@@ -90,20 +132,8 @@ class LocalRelay:
         self._signer: Any = None
 
     def start(self) -> None:
-        ip = self.conn.get("ip", "127.0.0.1")
-        for channel, kind in BIND.items():
-            s = self.ctx.socket(kind)
-            s.linger = 0
-            if kind == zmq.ROUTER:
-                s.router_handover = 1  # a client reconnecting with its identity takes it back
-            s.bind(f"tcp://{ip}:{self.conn[f'{channel}_port']}")
-            self.socks[channel] = s
-        hb = self.ctx.socket(zmq.REP)
-        hb.linger = 0
-        hb.bind(f"tcp://{ip}:{self.conn['hb_port']}")
-        self.socks["hb"] = hb
         self.tasks = [asyncio.ensure_future(self._read(ch)) for ch in ROUTED] + [
-            asyncio.ensure_future(self._heartbeat(hb)),
+            asyncio.ensure_future(self._heartbeat(self.socks["hb"])),
             asyncio.ensure_future(self.outbox.run()),
             asyncio.ensure_future(self._down()),
         ]
@@ -112,9 +142,6 @@ class LocalRelay:
         for t in self.tasks:
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        for s in self.socks.values():
-            s.close(linger=0)
-        self.ctx.term()
 
     def restarted(self, generation: int) -> None:
         """A new kernel process is asked for: the old one's exit is history."""

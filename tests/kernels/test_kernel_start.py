@@ -4,7 +4,11 @@ is an HTTP answer jupyter_server can pass on (issue 33, items 5 and 6)."""
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import logging
+import os
+import socket
 import time
 
 import pytest
@@ -21,6 +25,16 @@ from .test_kernel_e2e import run, start, texts
 pytestmark = pytest.mark.slow
 
 
+def taken(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            assert exc.errno == errno.EADDRINUSE, exc
+            return True
+        return False
+
+
 async def test_a_kernel_waiting_behind_another_logs_each_reason_once_then_fails_after_its_wait(
     gl_plane: Plane, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -30,7 +44,14 @@ async def test_a_kernel_waiting_behind_another_logs_each_reason_once_then_fails_
         km = AsyncKernelManager(kernel_name="gl-2gpu-short")
         began = time.monotonic()
         with caplog.at_level(logging.WARNING), pytest.raises(RuntimeError) as err:
-            await km.start_kernel()
+            starting = asyncio.ensure_future(km.start_kernel())
+            # While it waits, the ports its connection file names are bound here already: a
+            # port picked free and bound once placed could be taken meanwhile (EADDRINUSE).
+            while not os.path.exists(km.connection_file) and not starting.done():
+                await asyncio.sleep(0.05)
+            ports = [v for k, v in km.get_connection_info().items() if k.endswith("_port")]
+            assert len(ports) == 5 and all(taken(p) for p in ports), ports
+            await starting
         took = time.monotonic() - began
         text = str(err.value)
         assert text.startswith("no GPU for this kernel within 3.5s (the kernel spec's --wait): ")
@@ -44,6 +65,11 @@ async def test_a_kernel_waiting_behind_another_logs_each_reason_once_then_fails_
         assert err.value.log_message == text  # what jupyter_server answers POST /api/kernels with
         states = [s.job.state for s in gl_plane.call(gl_plane.cp.list_sessions(include_ended=True))]
         assert sorted(states) == [JobState.CANCELLED, JobState.RUNNING]  # not left queued
+        # A failed start leaves no port bound (jupyter_client cleans up nothing after it).
+        deadline = time.monotonic() + 5
+        while any(taken(p) for p in ports) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not any(taken(p) for p in ports), ports
     finally:
         kc1.stop_channels()
         await km1.shutdown_kernel()
