@@ -60,6 +60,12 @@ class Requests:
         return Counter(f"{m} {_route(p)}" for m, p, _ in self.seen)
 
 
+# The workers here beat once a minute (so the requests a test counts are its own), and a
+# silence shorter than that must not read as a lost worker: a loaded machine's 1 s job once
+# outlasted the default 5 s timeout and the worker was declared lost under it.
+BEAT, SILENCE = 60.0, 180.0
+
+
 def _route(path: str) -> str:
     parts = path.split("/")
     return "/".join("{id}" if len(p) in (12, 64) and p.isalnum() else p for p in parts)
@@ -70,7 +76,7 @@ async def _agent(api: Api, tmp: Path, name: str, **transport: Any) -> WorkerAgen
         HttpTransport(api.url, api.join_token, **transport),
         WorkerRegistration(name=name),
         ExecutorConfig(work_root=tmp / f"work-{name}", report_linger=LINGER),
-        heartbeat_interval=60,
+        heartbeat_interval=BEAT,
         poll_wait=20,
     )
     await agent.start()
@@ -79,7 +85,7 @@ async def _agent(api: Api, tmp: Path, name: str, **transport: Any) -> WorkerAgen
 
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[tuple[Api, WorkerAgent]]:
-    api = await start_api(tmp_path, heartbeat_interval=60.0)
+    api = await start_api(tmp_path, heartbeat_interval=BEAT, heartbeat_timeout=SILENCE)
     agent = await _agent(api, tmp_path, "w1")
     try:
         yield api, agent
@@ -310,7 +316,9 @@ async def test_a_server_of_another_major_version_is_refused_naming_both() -> Non
 async def test_a_worker_and_a_client_of_1_1_speak_1_0_to_an_older_server(
     tmp_path: Path,
 ) -> None:
-    api = await start_api(tmp_path, heartbeat_interval=60.0, protocol="1.0")
+    api = await start_api(
+        tmp_path, heartbeat_interval=BEAT, heartbeat_timeout=SILENCE, protocol="1.0"
+    )
     agent = await _agent(api, tmp_path, "new")
     try:
         assert agent.transport.protocol == (1, 0)  # type: ignore[attr-defined]
@@ -410,7 +418,7 @@ async def test_a_worker_with_shared_folders_joins_a_server_from_before_them(
         return real(cls, data)
 
     monkeypatch.setattr(mixin, "parse", parse_as_then)
-    api = await start_api(tmp_path, heartbeat_interval=60.0)
+    api = await start_api(tmp_path, heartbeat_interval=BEAT, heartbeat_timeout=SILENCE)
     t = HttpTransport(api.url, api.join_token)
     try:
         shares = WorkerShares(host="laptop")
