@@ -1,7 +1,10 @@
 """Job logs: numbering, server-side redaction, in-memory tails of active jobs, and reading pages.
 
 Active jobs' recent lines stay in memory: each store read is a thread hop, and a job's end is
-exactly when every waiter reads them. A finished job's lines are read from the store.
+exactly when every waiter reads them. So an ended job's tail stays a little longer, among the
+last ``ENDED_TAILS`` ended (``ENDED_BYTES`` of them at most): the followers its end wakes read it
+a moment after, without the hop. Older ended jobs' lines, and any job's once a late line came
+after its end (a cancel's note), are read from the store.
 
 Memory is bounded by bytes, not by counts (issue 32): a record can be a 64 KiB piece of a long
 line, and a piece of emoji is 256 KiB as a Python string. Each tail keeps at most ``TAIL_BYTES``
@@ -41,6 +44,8 @@ MAX_LOG_PAGE = 5_000  # records one page carries at most
 TAIL_BYTES = 4 << 20  # bytes of records one active job's tail keeps in memory
 TAILS_BYTES = 64 << 20  # bytes every tail keeps together: past it the largest give way
 PAGE_BYTES = 4 << 20  # bytes of records one page carries (at least one record)
+ENDED_TAILS = 64  # ended jobs whose tails stay for the readers their end woke
+ENDED_BYTES = 8 << 20  # bytes those ended tails keep together
 
 
 class LogTails:
@@ -63,6 +68,8 @@ class LogTails:
         self._seq: dict[str, int] = {}  # last seq per job this process has written
         self._tails: dict[str, _Tail] = {}
         self._held = 0  # bytes of records in every tail together
+        self._ended: dict[str, _Tail] = {}  # the last ended jobs' tails, oldest first
+        self._ended_held = 0
         # Bytes and lines stored per log (a job's own lines: cell None), and those past its cap.
         self._kept: dict[tuple[str, int | None], list[int]] = {}
 
@@ -77,19 +84,37 @@ class LogTails:
         return job_id in self._seq
 
     def forget(self, job_id: str) -> None:
-        """A finished job: late lines (a cancel's note) count on from the store."""
+        """A finished job: late lines (a cancel's note) count on from the store. Its tail joins
+        the ended ones (the oldest of those go) for the readers its end woke."""
         self._seq.pop(job_id, None)
         tail = self._tails.pop(job_id, None)
         if tail is not None:
             self._held -= tail.size
-            trim.freed(tail.size)
+            self._ended[job_id] = tail
+            self._ended_held += tail.size
+            while self._ended and (
+                len(self._ended) > ENDED_TAILS or self._ended_held > ENDED_BYTES
+            ):
+                self._drop_ended(next(iter(self._ended)))
         for key in [k for k in self._kept if k[0] == job_id]:
             del self._kept[key]
 
+    def _drop_ended(self, job_id: str) -> None:
+        tail = self._ended.pop(job_id, None)
+        if tail is not None:
+            self._ended_held -= tail.size
+            trim.freed(tail.size)
+
     @property
     def held(self) -> int:
-        """Bytes of records the tails hold now (``TAILS_BYTES`` at most, give or take a page)."""
+        """Bytes of records the active jobs' tails hold now (``TAILS_BYTES`` at most, give or take
+        a page)."""
         return self._held
+
+    @property
+    def ended_held(self) -> int:
+        """Bytes of records the ended jobs' tails hold now (``ENDED_BYTES`` at most)."""
+        return self._ended_held
 
     def _keep(self, tail: _Tail, records: list[LogRecord]) -> None:
         """Add ``records`` to ``tail``, then trim it to ``TAIL_BYTES`` and every tail together to
@@ -153,6 +178,7 @@ class LogTails:
         if not lines:
             return self._seq.get(job_id, 0)
         if job_id not in self._seq:
+            self._drop_ended(job_id)  # a late line: its store is the whole truth from now on
             self._seq[job_id] = await self.store.max_log_seq(job_id)
         seq = self._seq[job_id]
         records = []
@@ -177,6 +203,7 @@ class LogTails:
     async def last_seq(self, job_id: str) -> int:
         """The job's last log seq (from the store once, for a job this process did not open)."""
         if job_id not in self._seq:
+            self._drop_ended(job_id)  # a late line: its store is the whole truth from now on
             self._seq[job_id] = await self.store.max_log_seq(job_id)
         return self._seq[job_id]
 
@@ -186,7 +213,7 @@ class LogTails:
 
     async def read_more(self, job_id: str, since: int, limit: int) -> tuple[list[LogRecord], bool]:
         """As ``read``, and whether more records wait after them (a full or a cut page)."""
-        tail = self._tails.get(job_id)
+        tail = self._tails.get(job_id) or self._ended.get(job_id)
         if tail is not None and tail.covers(since):
             return tail.after(since, limit, PAGE_BYTES)
         return await self.store.read_log_page(job_id, since, limit, PAGE_BYTES)

@@ -13,6 +13,7 @@ from gpulayer_kernel.contracts.jobs import CommandWorkload
 from gpulayer_kernel.controlplane import logs
 from gpulayer_kernel.controlplane.logs import PAGE_BYTES, TAIL_BYTES, LogTails, record_size
 from gpulayer_kernel.controlplane.signals import Signals
+from gpulayer_kernel.errors import GPUlayerError
 from gpulayer_kernel.redact import Redactor
 from gpulayer_kernel.store import SqliteStore
 from gpulayer_kernel.testing import FakeClock
@@ -76,6 +77,36 @@ async def test_a_forgotten_tail_counts_on_from_the_store(t: Tails) -> None:
     assert [r.text for r in await t.tails.read(JOB.id, 1, 10)] == ["b", "c"]
 
 
+async def test_an_ended_jobs_tail_stays_for_the_readers_its_end_woke(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logs, "ENDED_TAILS", 2)
+    store = SqliteStore(tmp_path / "ended.db")
+    await store.open()
+    t = Tails(store)
+    jobs = ["a" * 12, "b" * 12, "c" * 12]
+    for job in jobs:
+        t.tails.open(job)
+        await t.tails.append(job, [LogLine(time=0.0, stream="stdout", text=job[0])])
+        t.tails.forget(job)
+    assert t.tails.held == 0 and 0 < t.tails.ended_held
+    await store.close()
+    # The last two ended are read with no store at all (a waiter's page right after the end).
+    for job in jobs[1:]:
+        assert [r.text for r in await t.tails.read(job, 0, 10)] == [job[0]]
+    with pytest.raises(GPUlayerError):  # the oldest went: its lines are the store's
+        await t.tails.read(jobs[0], 0, 10)
+
+
+async def test_a_late_line_after_the_end_is_read_with_the_rest_from_the_store(t: Tails) -> None:
+    t.tails.open(JOB.id)
+    await t.say("a")
+    t.tails.forget(JOB.id)
+    await t.say("late: a cancel's note")
+    assert [r.text for r in await t.tails.read(JOB.id, 0, 10)] == ["a", "late: a cancel's note"]
+    assert t.tails.ended_held == 0
+
+
 async def test_a_long_tail_keeps_its_newest_lines_and_reads_older_ones_from_the_store(
     t: Tails,
 ) -> None:
@@ -111,7 +142,7 @@ async def test_every_tail_together_stays_under_its_bound(
             seqs += [r.seq for r in page]
         assert seqs == list(range(1, 21))
         t.tails.forget(job)
-    assert t.tails.held == 0
+    assert t.tails.held == 0 and t.tails.ended_held <= logs.ENDED_BYTES
 
 
 async def test_a_page_of_big_records_is_cut_by_bytes_and_says_more(t: Tails) -> None:
