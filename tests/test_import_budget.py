@@ -81,3 +81,26 @@ def test_gpulayer_run_imports_no_heavy_module_before_it_submits(env: dict[str, s
         m for m in before if any(m == n or m.startswith(n + ".") for n in NEVER_BEFORE_SUBMIT)
     )
     assert heavy == [], f"imported before the job is submitted: {heavy}"
+
+
+def test_the_commands_parser_imports_no_control_plane(env: dict[str, str]) -> None:
+    """``gpulayer --help``, and every command against a served plane, parse first: the parser
+    reads ``controlplane/audit.py``'s action names, not the control plane behind them (~200 ms
+    of every command before, issue 34)."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "gpulayer_kernel.cli", "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = imports(done.stderr)
+    heavy = sorted(
+        m
+        for m in loaded
+        if m.startswith("gpulayer_kernel.controlplane.")
+        and m != ("gpulayer_kernel.controlplane.audit")
+    )
+    assert heavy == [], f"the parser imported: {heavy}"
+    assert "gpulayer_kernel.cli.audit" in loaded  # the check reads what it says it reads
