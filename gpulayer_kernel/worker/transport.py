@@ -35,11 +35,12 @@ from ..contracts import (
     WorkerRegistration,
 )
 from ..contracts.kernels import KernelConnection, KernelExit
-from ..controlplane import ControlPlane
 from ..errors import GPUlayerError
 from ..wire.kernels import KernelMessage, LanePage
 
 if TYPE_CHECKING:
+    # A worker joined over HTTP never loads the control plane (~200 ms at its start).
+    from ..controlplane import ControlPlane
     from .reports import Reporter
 
 T = TypeVar("T")
