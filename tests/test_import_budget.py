@@ -104,3 +104,18 @@ def test_the_commands_parser_imports_no_control_plane(env: dict[str, str]) -> No
     )
     assert heavy == [], f"the parser imported: {heavy}"
     assert "gpulayer_kernel.cli.audit" in loaded  # the check reads what it says it reads
+
+
+def test_a_worker_joined_over_http_imports_no_control_plane() -> None:
+    """``gpulayer worker --url``: the agent, its HTTP transport and its command; the control
+    plane is an annotation there only (it cost every remote worker ~200 ms at its start)."""
+    code = (
+        "import sys, gpulayer_kernel.cli.worker, gpulayer_kernel.worker.agent, "
+        "gpulayer_kernel.worker.http; "
+        "print(sorted(m for m in sys.modules if m.startswith('gpulayer_kernel.controlplane.')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    # The command's parser reads audit's action names (see above): that module, and no other.
+    assert done.stdout.strip() == "['gpulayer_kernel.controlplane.audit']", done.stdout
