@@ -67,16 +67,21 @@ def env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def test_gpulayer_run_imports_no_heavy_module_before_it_submits(env: dict[str, str]) -> None:
+def gpulayer(env: dict[str, str], *args: str) -> str:
+    """``gpulayer ARGS`` under ``-X importtime``: its stderr (asserting success)."""
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "gpulayer_kernel.cli", "run", "--", "true"],
+        [sys.executable, "-X", "importtime", "-m", "gpulayer_kernel.cli", *args],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    before = imports(done.stderr, until="submitted")
+    return done.stderr
+
+
+def test_gpulayer_run_imports_no_heavy_module_before_it_submits(env: dict[str, str]) -> None:
+    before = imports(gpulayer(env, "run", "--", "true"), until="submitted")
     heavy = sorted(
         m for m in before if any(m == n or m.startswith(n + ".") for n in NEVER_BEFORE_SUBMIT)
     )
@@ -87,20 +92,12 @@ def test_the_commands_parser_imports_no_control_plane(env: dict[str, str]) -> No
     """``gpulayer --help``, and every command against a served plane, parse first: the parser
     reads ``controlplane/audit.py``'s action names, not the control plane behind them (~200 ms
     of every command before, issue 34)."""
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "gpulayer_kernel.cli", "--help"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    loaded = imports(done.stderr)
+    loaded = imports(gpulayer(env, "--help"))
     heavy = sorted(
         m
         for m in loaded
         if m.startswith("gpulayer_kernel.controlplane.")
-        and m != ("gpulayer_kernel.controlplane.audit")
+        and m != "gpulayer_kernel.controlplane.audit"
     )
     assert heavy == [], f"the parser imported: {heavy}"
     assert "gpulayer_kernel.cli.audit" in loaded  # the check reads what it says it reads
