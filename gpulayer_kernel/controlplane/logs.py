@@ -177,10 +177,7 @@ class LogTails:
             lines = self._capped(job_id, lines)
         if not lines:
             return self._seq.get(job_id, 0)
-        if job_id not in self._seq:
-            self._drop_ended(job_id)  # a late line: its store is the whole truth from now on
-            self._seq[job_id] = await self.store.max_log_seq(job_id)
-        seq = self._seq[job_id]
+        seq = await self.last_seq(job_id)
         records = []
         redact = self.redactor.redact
         for line in lines:
@@ -201,9 +198,10 @@ class LogTails:
         return seq
 
     async def last_seq(self, job_id: str) -> int:
-        """The job's last log seq (from the store once, for a job this process did not open)."""
+        """The job's last log seq (from the store once, for a job this process did not open or
+        that ended: lines numbered from there reach the store only, so its ended tail goes)."""
         if job_id not in self._seq:
-            self._drop_ended(job_id)  # a late line: its store is the whole truth from now on
+            self._drop_ended(job_id)
             self._seq[job_id] = await self.store.max_log_seq(job_id)
         return self._seq[job_id]
 
