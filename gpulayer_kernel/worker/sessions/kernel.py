@@ -2,9 +2,10 @@
 
 The agent runs a :class:`KernelExecutor` for a session job whose workload is a kernel, in place of
 the session's IPython ranks. It asks the control plane for the connection's key (the Jupyter
-host's: frames pass through unchanged, nothing is signed twice), writes a connection file with
-loopback ports, and starts ``ipykernel_launcher`` in its own process group with the session's
-environment (its GPUs' ``CUDA_VISIBLE_DEVICES``). It connects to those ports as a client (DEALER
+host's: frames pass through unchanged, nothing is signed twice), writes a connection file on
+loopback with every port 0, and starts ``ipykernel_launcher`` in its own process group with the
+session's environment (its GPUs' ``CUDA_VISIBLE_DEVICES``). The kernel binds ports the system
+picks and writes them into the file; the worker reads them there and connects as a client (DEALER
 for shell, control and stdin; SUB for iopub) and relays raw multipart messages:
 
 - *down*: the control plane's lane for this kernel, read on one WebSocket stream
@@ -30,10 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from ...clock import SYSTEM_CLOCK, Clock
@@ -62,6 +65,8 @@ log = logging.getLogger("gpulayer.worker")
 LONG_POLL = 25.0  # seconds one read of the down lane waits; news comes at once
 STOP_WAIT = 3.0  # seconds the kernel gets to leave after SIGTERM before SIGKILL
 CHANNELS: tuple[Channel, ...] = ("shell", "control", "stdin")
+BIND_WAIT = 120.0  # seconds a new kernel process may take to bind its ports
+PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 
 
 class KernelExecutor:
@@ -159,26 +164,19 @@ class KernelExecutor:
     async def _start_kernel(self) -> None:
         import zmq
         import zmq.asyncio
-        from jupyter_client.connect import write_connection_file
 
         conn = await self._connection()
         self.generation = conn.generation
         self._conn = conn
         at = self.at
         at.dir.mkdir(parents=True, exist_ok=True)
-        path = str(at.dir / f"kernel-{conn.generation}.json")
-        # Loopback ports on this machine only: the Jupyter host reaches them through the relay.
-        _, info = write_connection_file(
-            path,
-            ip="127.0.0.1",
-            key=conn.key.encode(),
-            signature_scheme=conn.signature_scheme,
-        )
+        path = at.dir / f"kernel-{conn.generation}.json"
+        write_unbound(path, conn)
         # One process sees every GPU of the placement (rank 0); more ranks are ADR 0021's gap.
         env = at.rank_env(0, 0, nproc=1, world_size=1, master=None)
         env["JPY_PARENT_PID"] = str(os.getpid())
-        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", path]
-        self.proc = await asyncio.create_subprocess_exec(
+        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", str(path)]
+        self.proc = proc = await asyncio.create_subprocess_exec(
             *argv,
             cwd=str(at.cwd),  # the notebook's folder (ADR 0022), or the session's own
             env=env,
@@ -188,11 +186,20 @@ class KernelExecutor:
             start_new_session=True,
         )
         self._quiet = False
-        at.system(f"kernel up: ipykernel pid {self.proc.pid} (start {conn.generation})")
+        at.system(f"kernel up: ipykernel pid {proc.pid} (start {conn.generation})")
+        self._readers = [
+            asyncio.create_task(self._log_output(proc)),
+            asyncio.create_task(self._watch(proc)),
+        ]
+        info = await bound_ports(path, proc)
+        if info is None:  # it exited first (``_watch`` says how), or hung: it is stopped
+            if proc.returncode is None:
+                at.system(f"the kernel bound no ports within {BIND_WAIT:g}s: stopped")
+                killpg(proc.pid, signal.SIGKILL)
+            return
         if self._ctx is None:
             self._ctx = zmq.asyncio.Context()
         url = "tcp://127.0.0.1:{}"
-        ports: dict[str, Any] = dict(info)
         # One identity on shell, control and stdin, as Jupyter's clients do: the kernel sends
         # an ``input()`` request on stdin to the identity its execute request came from.
         ident = f"gpulayer-{self.job.id}-{conn.generation}".encode()
@@ -200,17 +207,14 @@ class KernelExecutor:
             s = self._ctx.socket(zmq.DEALER)
             s.linger = 0
             s.setsockopt(zmq.IDENTITY, ident)
-            s.connect(url.format(ports[f"{ch}_port"]))
+            s.connect(url.format(info[f"{ch}_port"]))
             self._socks[ch] = s
         sub = self._ctx.socket(zmq.SUB)
         sub.linger = 0
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(url.format(info["iopub_port"]))
         self._socks["iopub"] = sub
-        proc = self.proc
-        self._readers = [
-            asyncio.create_task(self._read(ch, s)) for ch, s in self._socks.items()
-        ] + [asyncio.create_task(self._log_output(proc)), asyncio.create_task(self._watch(proc))]
+        self._readers += [asyncio.create_task(self._read(ch, s)) for ch, s in self._socks.items()]
 
     async def _stop_kernel(self) -> None:
         self._quiet = True
@@ -295,3 +299,39 @@ class KernelExecutor:
         report = KernelExit(generation=self.generation, code=code, reason=why)
         with contextlib.suppress(GPUlayerError):
             await self.link.exited(self.job.id, report)
+
+
+def write_unbound(path: Path, conn: KernelConnection) -> None:
+    """The kernel's connection file with every port 0: ipykernel binds ports the system picks
+    and writes them back into the file. Ports picked free here and bound by the kernel a second
+    later could be taken meanwhile (``Address already in use``). Loopback only: the Jupyter
+    host reaches them through the relay. Owner-only, as jupyter_client writes it (the key)."""
+    info = {
+        "ip": "127.0.0.1",
+        "transport": "tcp",
+        "key": conn.key,
+        "signature_scheme": conn.signature_scheme,
+        "kernel_name": "",
+        **dict.fromkeys(PORTS, 0),
+    }
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(info, f)
+
+
+async def bound_ports(path: Path, proc: asyncio.subprocess.Process) -> dict[str, Any] | None:
+    """The ports the kernel bound, once its connection file names them all; None if it exited
+    first or took longer than ``BIND_WAIT``. ipykernel writes the file once its sockets are
+    bound (before it serves), so this waits no longer than the kernel needs to start anyway.
+
+    Real time, not the executor's clock: this waits on another process, not on a timer."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + BIND_WAIT
+    while proc.returncode is None and loop.time() < deadline:
+        with contextlib.suppress(OSError, ValueError):  # read while being written: again
+            info: dict[str, Any] = json.loads(path.read_text())
+            if all(info.get(p) for p in PORTS):
+                return info
+        # The file is written by another process with no signal to us: read it again soon.
+        await asyncio.sleep(0.02)
+    return None
