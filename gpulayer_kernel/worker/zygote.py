@@ -189,9 +189,8 @@ class Zygote:
             if req.get("argv"):
                 reply = self._spawn_command(req, fds)
             else:
-                pid = os.fork()
+                pid = self._fork(functools.partial(self._become_job, req, fds))
                 if pid == 0:
-                    self._child(functools.partial(self._become_job, req, fds))
                     return req
                 self.jobs.add(pid)
                 reply = {"id": req["id"], "pid": pid}
@@ -228,14 +227,38 @@ class Zygote:
         self.jobs.add(pid)
         return {"id": req["id"], "pid": pid}
 
-    def _child(self, become: Callable[[], None]) -> None:
-        """In a forked child: drop the zygote's loop, then ``become`` (the job, or a spare)."""
+    def _fork(self, become: Callable[[], None]) -> int:
+        """Fork a child that runs ``become`` (the job, or a spare): 0 in the child (once it has),
+        its pid in the zygote, returned only once the child leads its own process group.
+
+        The child calls ``setsid`` itself (a parent cannot, and a group leader could not), so
+        until it has, ``killpg(pid)`` finds no group (ESRCH): a cancel sent the moment the pid
+        is known would be lost. The child says so on a pipe; the zygote waits for that byte (or
+        for the pipe's end, if the child died first): microseconds, before the pid goes out."""
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            self._child(become, w)
+            return 0
+        os.close(w)
+        try:
+            os.read(r, 1)
+        finally:
+            os.close(r)
+        return pid
+
+    def _child(self, become: Callable[[], None], ready: int) -> None:
+        """In a forked child: drop the zygote's loop, lead a session of its own (then say so on
+        ``ready``), then ``become`` (the job, or a spare)."""
         try:
             self.sel.close()
             self.sock.close()
             for fd in (self.rfd, self.wfd):
                 os.close(fd)
             os.setsid()  # own session and process group, as the cold spawn's start_new_session
+            os.write(ready, b"1")
+            os.close(ready)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             reaper.prctl(reaper.PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the zygote
@@ -285,16 +308,15 @@ class Zygote:
         Returns None in the zygote; in the spare, once a job arrived, that job (set up for it).
         """
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
+        job: list[Request] = []
+
+        def become() -> None:
+            ours.close()
+            _warm_up()
+            job.append(self._await_job(theirs))
+
+        pid = self._fork(become)
         if pid == 0:
-            job: list[Request] = []
-
-            def become() -> None:
-                ours.close()
-                _warm_up()
-                job.append(self._await_job(theirs))
-
-            self._child(become)
             return job[0]
         self.jobs.add(pid)
         theirs.close()

@@ -34,6 +34,9 @@ async def _run(runner: WarmRunner, cwd: Path) -> tuple[int, int, str]:
 
 async def _pool_full(runner: WarmRunner) -> None:
     await until(lambda: runner.spares() == POOL, 30, what=f"{POOL} idle spares")
+    # Each leads its own process group from the moment its pid is known (the zygote answers
+    # only once the child's setsid is done): a kill of its group is never lost (ESRCH).
+    assert all(os.getpgid(p) == p for p in runner.spare_pids())
 
 
 async def test_a_job_takes_an_idle_spare_and_the_pool_is_replenished(tmp_path: Path) -> None:
