@@ -9,16 +9,16 @@ Python jobs that import torch, what ``GPULAYER_ZYGOTE_PRELOAD`` names: torch whe
 ``needs_torch.py`` tells them from their source, the rest fork from a light one). Worker and zygote
 speak JSON messages on a UNIX ``SOCK_SEQPACKET`` socket; fds travel as SCM_RIGHTS.
 
-One fork per job (issue 35): the zygote forks each job's process J itself, in a session and
-process group of its own (pgid == J's pid, so ``killpg`` stops the job and its children), dying
-with the zygote (``PR_SET_PDEATHSIG``), and supervises it: it is J's parent (it reaps J through
-``waitid`` on SIGCHLD, kills J's process group when J ends, and reports the exit) and a child
-subreaper (``PR_SET_CHILD_SUBREAPER``), so whatever a job leaves, even a grandchild that
-``setsid``\\ s out of the group, is re-parented to it and killed once its job has ended
-(``orphans.py``). Above the zygote sits its *keeper* (:func:`reaper.fork_supervised`, forked
-once when the zygote starts: the process the worker started stays behind as it): a subreaper
-that dies with the worker and kills everything below it when the zygote dies, however hard, or
-when the worker does. Two ways to get a J:
+One fork per job (issue 35): the zygote forks each job's process J itself, in a session and process
+group of its own (pgid == J's pid, so ``killpg`` stops the job and its children; J's pid is given
+out only once that group exists), dying with the zygote (``PR_SET_PDEATHSIG``), and supervises it:
+it is J's parent (it reaps J through ``waitid`` on SIGCHLD, kills J's process group when J ends,
+and reports the exit) and a child subreaper (``PR_SET_CHILD_SUBREAPER``), so whatever a job leaves,
+even a grandchild that ``setsid``\\ s out of the group, is re-parented to it and killed once its
+job has ended (``orphans.py``). Above the zygote sits its *keeper* (:func:`reaper.fork_supervised`,
+forked once when the zygote starts: the process the worker started stays behind as it): a subreaper
+that dies with the worker and kills everything below it when the zygote dies, however hard, or when
+the worker does. Two ways to get a J:
 
 - **Spares, forked ahead of time** (``{"spares": n}``): the zygote forks J, and J runs a
   throwaway cell (the pages a cell touches are copied now) and waits on a channel of its own (a
