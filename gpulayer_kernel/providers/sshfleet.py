@@ -30,6 +30,7 @@ import os
 import shlex
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..contracts import Offer
@@ -39,6 +40,20 @@ from .config import SSHHost, SSHSettings, no_price
 
 GIB = 1 << 30
 STOP_GRACE = 15.0  # seconds a worker gets to leave (and stop its jobs) before SIGKILL
+
+
+@dataclass(frozen=True, slots=True)
+class Ran:
+    """What one command on a host gave back.
+
+    A host's shell may write to stderr on every start (pyenv's rehash, a motd, a warning in
+    .bashrc), so only stdout is parsed (``out``); ``said`` holds both, for the person reading an
+    error.
+    """
+
+    code: int
+    out: str
+    said: str
 
 
 def local_version() -> str:
@@ -67,8 +82,7 @@ class SSHFleetProvider:
 
     async def _paths(self, conn: Any, host: SSHHost) -> tuple[str, str]:
         """The host's venv and work directory with ``~`` expanded there."""
-        _, home = await self._sh(conn, 'printf %s "$HOME"')
-        home = home.strip() or "/"
+        home = (await self._sh(conn, 'printf %s "$HOME"')).out.strip() or "/"
 
         def expand(path: str) -> str:
             return home + path[1:] if path == "~" or path.startswith("~/") else path
@@ -145,17 +159,22 @@ class SSHFleetProvider:
 
     async def _sh(
         self, conn: Any, command: str, *, stdin: str | None = None, check: bool = True
-    ) -> tuple[int, str]:
+    ) -> Ran:
         result = await asyncio.wait_for(conn.run(command, input=stdin, check=False), self.timeout)
-        out = f"{result.stdout or ''}{result.stderr or ''}"
-        code = int(result.exit_status if result.exit_status is not None else 255)
-        if check and code != 0:
+        out = result.stdout or ""
+        ran = Ran(
+            int(result.exit_status if result.exit_status is not None else 255),
+            out,
+            f"{out}{result.stderr or ''}",
+        )
+        if check and ran.code != 0:
             raise ProviderError(
-                f"{self.name}: a command failed on the host (exit {code}): {out.strip()[-400:]}",
+                f"{self.name}: a command failed on the host (exit {ran.code}): "
+                f"{ran.said.strip()[-400:]}",
                 hint="the host's own words are above",
-                details={"provider": self.name, "exit": code},
+                details={"provider": self.name, "exit": ran.code},
             )
-        return code, out
+        return ran
 
     # -- the protocol ----------------------------------------------------------------------------
 
@@ -218,11 +237,11 @@ class SSHFleetProvider:
                 f"for i in $(seq 50); do [ -s {qd}/worker.pid ] && break; sleep 0.1; done; "
                 f"cat {qd}/worker.pid"
             )
-            _, out = await self._sh(conn, start)
-        pid = out.strip().splitlines()[-1] if out.strip() else ""
+            ran = await self._sh(conn, start)
+        pid = ran.out.strip().splitlines()[-1] if ran.out.strip() else ""
         if not pid.isdigit():
             raise ProviderError(
-                f"{self.name}: the worker on {host.name} did not start: {out[-300:]}"
+                f"{self.name}: the worker on {host.name} did not start: {ran.said[-300:]}"
             )
         return f"{host.name}:{pid}"
 
@@ -231,8 +250,8 @@ class SSHFleetProvider:
             f"{shlex.quote(venv)}/bin/python -c "
             "'import importlib.metadata as m; print(m.version(\"gpulayer\"))'"
         )
-        code, out = await self._sh(conn, probe, check=False)
-        return out.strip() if code == 0 else None
+        ran = await self._sh(conn, probe, check=False)
+        return ran.out.strip() if ran.code == 0 else None
 
     async def _ensure_gpulayer(self, conn: Any, host: SSHHost, venv: str, work: str) -> None:
         """Our GPUlayer version in the host's venv: installed or updated when it differs.
@@ -247,11 +266,11 @@ class SSHFleetProvider:
         command = install.format(
             python=host.python, venv=shlex.quote(venv), version=self.version, wheel=wheel
         )
-        code, said = await self._sh(conn, command, check=False)
-        if code != 0:
+        ran = await self._sh(conn, command, check=False)
+        if ran.code != 0:
             raise ProviderError(
                 f"{self.name}: installing GPUlayer {self.version} on {host.name} failed "
-                f"(exit {code}): {said.strip()[-400:]}",
+                f"(exit {ran.code}): {ran.said.strip()[-400:]}",
                 hint=f"fix providers.{self.name}.hosts install (or install it there by hand "
                 f"into {venv})",
                 details={"provider": self.name, "host": host.name},
@@ -355,7 +374,7 @@ class SSHFleetProvider:
         prefix = f"gpulayer-{self.owner}-"
         async with conn:
             _, work = await self._paths(conn, host)
-            _, out = await self._sh(conn, self._list_script(work, prefix))
+            out = (await self._sh(conn, self._list_script(work, prefix))).out
         return self._parse_listing(host, prefix, out)
 
     @staticmethod

@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from .processes import Daemon, kill_homes_under, stop_popen
@@ -56,8 +57,10 @@ class SSHServer(Daemon):
         address: str = "127.0.0.1",
         port: int | None = None,
         netns: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.root = Path(root)
+        self.env = dict(env or {})  # set in every session (sshd's SetEnv)
         self.address = address
         self.port = port or free_ports(1)[0]
         self.netns = netns
@@ -91,6 +94,7 @@ UsePAM no
 StrictModes no
 Subsystem sftp internal-sftp
 """
+            + "".join(f"SetEnv {k}={v}\n" for k, v in self.env.items())
         )
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # its privilege separation dir
         argv = [SSHD, "-D", "-e", "-f", str(conf)]

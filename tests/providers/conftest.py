@@ -36,10 +36,17 @@ def gl_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm.SlurmCl
         yield cluster
 
 
+# Many hosts' shells talk on stderr as they start (pyenv's rehash did, on a CI host, and a
+# worker's pid was read wrong): this one does, on every command, a number in its words.
+NOISY_SHELL = "echo \"rm: cannot remove '/root/.pyenv/shims/tmp.$$': No such file\" >&2\n"
+
+
 @pytest.fixture(scope="session")
 def gl_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sshd.SSHServer]:
     absent(sshd.missing())
-    with sshd.SSHServer(tmp_path_factory.mktemp("sshd")) as server:
+    root = tmp_path_factory.mktemp("sshd")
+    (root / "noisy.sh").write_text(NOISY_SHELL)
+    with sshd.SSHServer(root, env={"BASH_ENV": str(root / "noisy.sh")}) as server:
         yield server
 
 
