@@ -116,3 +116,18 @@ def test_a_worker_joined_over_http_imports_no_control_plane() -> None:
     )
     # The command's parser reads audit's action names (see above): that module, and no other.
     assert done.stdout.strip() == "['gpulayer_kernel.controlplane.audit']", done.stdout
+
+
+def test_a_jupyter_server_with_gpulayer_builds_no_iri_grammar() -> None:
+    """``gpulayer lab`` and every Jupyter server with the extension: jsonschema ≥ 4.25 imported
+    rfc3987-syntax, which builds a Lark grammar at import (~1 s of CPU in each such process,
+    and in every kernel-less tool that reads a notebook). The jupyter extra keeps jsonschema
+    below it (pyproject.toml says when to lift that)."""
+    code = (
+        "import sys, nbformat, jupyter_server.serverapp, gpulayer_kernel.jupyter.extension; "
+        "print(sorted(m for m in ('lark', 'rfc3987_syntax') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout
