@@ -19,6 +19,7 @@ import tornado.web
 from .. import versions
 from ..contracts import PROTOCOL
 from ..controlplane import ControlPlane
+from ..errors import ConfigInvalid
 from ..ha.failover import ROLE_HEADER
 from ..security import TokenService, check_serve
 from .auth import ClientTokenAuth
@@ -119,7 +120,21 @@ class ApiServer:
         heartbeat_interval: float | None = None,
         protocol: str = PROTOCOL,
     ) -> None:
-        """``protocol`` "1.0": serve as a server from before 1.1 did (for compatibility tests)."""
+        """``heartbeat_interval``: what joining workers are told (default a third of the
+        control plane's heartbeat timeout). ``protocol`` "1.0": serve as a server from before
+        1.1 did (for compatibility tests)."""
+        if heartbeat_interval is not None and not 0 < heartbeat_interval < cp.heartbeat_timeout:
+            # Workers told to beat less often than the timeout would be declared lost between
+            # two beats, and their jobs with them (a test did that on a loaded machine).
+            raise ConfigInvalid(
+                f"heartbeat interval {heartbeat_interval}s must be above 0 and below the "
+                f"control plane's heartbeat timeout ({cp.heartbeat_timeout}s)",
+                hint="a third of the timeout is the default",
+                details={
+                    "heartbeat_interval": heartbeat_interval,
+                    "heartbeat_timeout": cp.heartbeat_timeout,
+                },
+            )
         self.context = make_context(cp, tokens, limits=limits, protocol=protocol)
         self.context.heartbeat_interval = heartbeat_interval
         self.app = make_app(cp, tokens, context=self.context)

@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from gpulayer_kernel import bundles, versions
+from gpulayer_kernel.api import ApiServer
 from gpulayer_kernel.client.clients import AsyncClient
 from gpulayer_kernel.contracts import (
     CommandWorkload,
@@ -33,8 +34,10 @@ from gpulayer_kernel.contracts import (
     PythonWorkload,
     WorkerRegistration,
 )
-from gpulayer_kernel.errors import InvalidInput
+from gpulayer_kernel.controlplane import ControlPlane
+from gpulayer_kernel.errors import ConfigInvalid, InvalidInput
 from gpulayer_kernel.jupyter import bridge as bridge_mod
+from gpulayer_kernel.security import TokenService
 from gpulayer_kernel.testing import until
 from gpulayer_kernel.worker.agent import WorkerAgent
 from gpulayer_kernel.worker.config import ExecutorConfig
@@ -427,3 +430,18 @@ async def test_a_worker_with_shared_folders_joins_a_server_from_before_them(
     finally:
         await t.close()
         await stop_api(api)
+
+
+@pytest.mark.parametrize("times", [0.0, -0.5, 1.0, 1.5])
+async def test_a_heartbeat_interval_not_below_the_timeout_is_refused(
+    gl_cp: ControlPlane, times: float
+) -> None:
+    """Workers told to beat no more often than the plane's timeout would be declared lost
+    between two beats (the flake that BEAT and SILENCE above fixed): refused, saying both."""
+    cp = gl_cp
+    tokens = await TokenService(cp.store).load()
+    with pytest.raises(ConfigInvalid) as refused:
+        ApiServer(cp, tokens, heartbeat_interval=times * cp.heartbeat_timeout)
+    assert f"heartbeat timeout ({cp.heartbeat_timeout}s)" in refused.value.message
+    assert refused.value.code == "config_invalid"
+    ApiServer(cp, tokens, heartbeat_interval=cp.heartbeat_timeout / 3)  # below it: taken
