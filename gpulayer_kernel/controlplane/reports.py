@@ -55,10 +55,7 @@ class Reports:
         self, worker_id: str, reports: Sequence[JobReport]
     ) -> list[GPUlayerError | None]:
         """Apply each entry; its refusal (None: taken), in the batch's order."""
-        lines: list[asyncio.Future[int] | None] = [None] * len(reports)
-        tasks = [
-            asyncio.ensure_future(self._one(worker_id, r, lines, i)) for i, r in enumerate(reports)
-        ]
+        tasks = [asyncio.ensure_future(self._one(worker_id, r)) for r in reports]
         held: list[Change] = []
         try:
             await self.jobs.grouped(tasks, held)
@@ -68,26 +65,20 @@ class Reports:
             # Kept dirty, written once the store answers: no entry that changed a job in it
             # is taken before then (the worker sends it again; a repeated end is idempotent).
             ids = {c.after.id for c in held}
-            answers = [
+            return [
                 exc if a is None and r.job_id in ids else a
                 for a, r in zip((t.result() for t in tasks), reports, strict=True)
             ]
-        else:
-            answers = [t.result() for t in tasks]  # an unexpected error is raised, as gather did
-        return await _lines_stored(answers, lines)
+        return [t.result() for t in tasks]  # an unexpected error is raised, as gather did
 
-    async def _one(
-        self, worker_id: str, r: JobReport, lines: list[asyncio.Future[int] | None], i: int
-    ) -> GPUlayerError | None:
+    async def _one(self, worker_id: str, r: JobReport) -> GPUlayerError | None:
         try:
-            await self._apply(worker_id, r, lines, i)
+            await self._apply(worker_id, r)
         except GPUlayerError as exc:
             return exc
         return None
 
-    async def _apply(
-        self, worker_id: str, r: JobReport, lines: list[asyncio.Future[int] | None], i: int
-    ) -> None:
+    async def _apply(self, worker_id: str, r: JobReport) -> None:
         held = self.outcomes.held
         job = held(worker_id, r.job_id, r.attempt)
         if r.started:
@@ -111,15 +102,16 @@ class Reports:
             await self.finish(worker_id, r)
             return
         # The lines are queued in the store before the end (the store commits in order: they
-        # are durable no later than the end), and the end does not wait for them: both ride
-        # in one commit (the store's flusher waits two loop turns). ``apply`` answers the
-        # entry once the lines are stored.
-        appending = lines[i] = asyncio.ensure_future(self.tails.append(job.id, r.lines))
+        # are durable no later than the end), and the end does not wait for them to be.
+        appending = asyncio.ensure_future(self.tails.append(job.id, r.lines))
         if self.tails.numbered(job.id):
             await asyncio.sleep(0)  # one loop turn: the append queues its rows (no await first)
         else:
             await appending  # its numbering is read from the store first: keep the order
-        await self.finish(worker_id, r)
+        try:
+            await self.finish(worker_id, r)
+        finally:
+            await appending
 
     async def finish(self, worker_id: str, r: JobReport) -> Job:
         """An entry's end, idempotent as ``ControlPlane.report_finished`` (a repeat of an end
@@ -137,19 +129,3 @@ class Reports:
         done = await self.outcomes.finished(worker_id, job, report, started=r.started)
         await self.made_by(done)
         return done
-
-
-async def _lines_stored(
-    answers: list[GPUlayerError | None], lines: list[asyncio.Future[int] | None]
-) -> list[GPUlayerError | None]:
-    """``answers`` once each entry's last lines are stored: an entry whose lines were not is
-    refused with the store's error (the worker sends it again)."""
-    for i, appending in enumerate(lines):
-        if appending is None:
-            continue
-        try:
-            await appending
-        except GPUlayerError as exc:
-            if answers[i] is None:
-                answers[i] = exc
-    return answers

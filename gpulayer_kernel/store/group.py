@@ -106,13 +106,6 @@ class GroupCommit(abc.ABC):
     async def _flush(self) -> None:
         waiters: list[asyncio.Future[None]] = []
         try:
-            # Two loop turns before the first group: what the writer's caller queues next, in the
-            # same step of work, rides along. A worker's last lines and then the job's end: the
-            # lines are queued in a report's task, and the end once the batch's tasks are done
-            # (``JobTable.grouped``), which its waiter hears two turns on (the task's done
-            # callback, then the waiter's wake-up): one commit, not two (~0.3 ms a job).
-            for _ in range(2):
-                await asyncio.sleep(0)
             while self._queue:
                 queue, waiters = self._queue, self._waiters
                 self._queue, self._waiters = [], []

@@ -29,7 +29,6 @@ from gpulayer_kernel.contracts import (
 from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.errors import Conflict, Unavailable
 from gpulayer_kernel.store import LocalArtifactStore, SqliteStore
-from gpulayer_kernel.store.group import Run
 from gpulayer_kernel.testing import FakeClock, until
 
 JOBS = 5
@@ -176,50 +175,3 @@ async def test_a_batch_the_store_cannot_take_refuses_the_entries_it_carried(
         stored = await store.get_job(j.id)
         assert stored is not None and stored.state == JobState.SUCCEEDED
     assert not cp.jobs.dirty
-
-
-class FailingCommits(SqliteStore):
-    """SQLite whose transactions fail while ``down`` (the whole group, as an unreachable database
-    would)."""
-
-    down = False
-
-    async def _commit(self, queue: Sequence[Run]) -> None:
-        if self.down:
-            raise Unavailable("the database is away (on purpose)")
-        await super()._commit(queue)
-
-
-@pytest.fixture
-async def failing(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, FailingCommits]]:
-    store = FailingCommits(tmp_path / "cp.db")
-    await store.open()
-    cp = ControlPlane(store, LocalArtifactStore(tmp_path / "blobs"), clock=FakeClock())
-    await cp.start()
-    try:
-        yield cp, store
-    finally:
-        await cp.close()
-        await store.close()
-
-
-async def test_a_job_s_last_lines_ride_in_its_end_s_commit(
-    failing: tuple[ControlPlane, FailingCommits],
-) -> None:
-    """Issue 35: the lines and the end of a short job were two transactions (~0.3 ms each on
-    the command job's critical path); one now, the lines no later than the end either way."""
-    cp, store = failing
-    wid, jobs = await placed(cp, 2)
-    before = store.commits
-    assert await cp.report(wid, [ended(jobs[0], lines=3)]) == [None]
-    assert store.commits == before + 1
-    stored = await store.get_job(jobs[0].id)
-    assert stored is not None and stored.state == JobState.SUCCEEDED
-    texts = [r.text for r in (await cp.logs(jobs[0].id)).records if r.stream == "stdout"]
-    assert texts == [f"{jobs[0].id} {i}" for i in range(3)]
-    # That one transaction failing refuses the entry (the worker sends it again), and the end
-    # is kept, to be written once the store answers.
-    store.down = True
-    (refused,) = await cp.report(wid, [ended(jobs[1], lines=2)])
-    assert isinstance(refused, Unavailable)
-    assert jobs[1].id in cp.jobs.dirty
