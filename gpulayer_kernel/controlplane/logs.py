@@ -12,6 +12,12 @@ of its newest records, all tails together at most ``TAILS_BYTES`` (past it the l
 way first), and a page read from a tail or the store carries about ``PAGE_BYTES`` at most (never
 less than one record): what falls off a tail is read from the store, a page at a time.
 
+Lines are never lost to a store that is away (``Unavailable``: a restart, a failover): those a
+write could not store are kept, in order and numbered, and written by a retry loop once it
+answers (as the job table does with its dirty jobs). The report that carried them is refused all
+the same (it was not stored when answered), and a worker does not send refused lines again, so
+they are written once. A control plane that stops meanwhile loses them, as it loses dirty jobs.
+
 A log is capped (``contracts/limits.py``): a job's own lines at ``JOB_LOG_CAP`` bytes, each session
 cell's at ``CELL_OUTPUT_CAP`` bytes and ``CELL_OUTPUT_LINES`` lines. Workers drop what is past the
 cap and say so; this side stores up to ``SERVER_SLACK`` more (their pieces and their note), then
@@ -21,6 +27,8 @@ start again when the control plane does.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
@@ -36,6 +44,7 @@ from ..contracts.limits import (
     SERVER_SLACK_LINES,
 )
 from ..display import human_bytes
+from ..errors import Unavailable
 from ..redact import Redactor
 from ..store import MetadataStore
 from . import trim
@@ -46,6 +55,8 @@ TAILS_BYTES = 64 << 20  # bytes every tail keeps together: past it the largest g
 PAGE_BYTES = 4 << 20  # bytes of records one page carries (at least one record)
 ENDED_TAILS = 64  # ended jobs whose tails stay for the readers their end woke
 ENDED_BYTES = 8 << 20  # bytes those ended tails keep together
+
+log = logging.getLogger(__name__)
 
 
 class LogTails:
@@ -72,6 +83,19 @@ class LogTails:
         self._ended_held = 0
         # Bytes and lines stored per log (a job's own lines: cell None), and those past its cap.
         self._kept: dict[tuple[str, int | None], list[int]] = {}
+        # Records a write could not store while the store was away, per job, in order.
+        self._unsaved: dict[str, list[LogRecord]] = {}
+        self._resync: asyncio.Task[None] | None = None
+
+    def close(self) -> None:
+        """Stop retrying kept records (the control plane is closing)."""
+        if self._resync is not None:
+            self._resync.cancel()
+
+    @property
+    def unsaved(self) -> int:
+        """Records kept for the store, not written yet."""
+        return sum(len(r) for r in self._unsaved.values())
 
     def open(self, job_id: str) -> None:
         """A new job: its log starts empty and its tail lives here until it ends."""
@@ -193,16 +217,49 @@ class LogTails:
         tail = self._tails.get(job_id)
         if tail is not None:
             self._keep(tail, records)
-        await self.store.append_logs(job_id, records)
+        try:
+            await self.store.append_logs(job_id, records)
+        except Unavailable:
+            # Numbered and in the tail already: kept, and written once the store answers.
+            self._unsaved.setdefault(job_id, []).extend(records)
+            if self._resync is None or self._resync.done():
+                self._resync = asyncio.create_task(self._resync_loop())
+            raise
         self._wake(job_id)
         return seq
+
+    async def resync(self) -> None:
+        """Write the kept records now (Unavailable while the store is still away)."""
+        for job_id in list(self._unsaved):
+            records = self._unsaved.pop(job_id, [])
+            try:
+                await self.store.append_logs(job_id, records)  # a repeat is a no-op
+            except BaseException:
+                self._unsaved[job_id] = records + self._unsaved.get(job_id, [])
+                raise
+            self._wake(job_id)
+
+    async def _resync_loop(self) -> None:
+        attempt = 0
+        while self._unsaved:
+            await self.clock.sleep(min(10.0, 0.2 * 2**attempt))  # as the job table's retries
+            attempt += 1
+            try:
+                await self.resync()
+            except Unavailable:
+                continue
+            except Exception:  # pragma: no cover - logged, retried
+                log.exception("writing log lines after the store came back failed")
+        log.info("the store answers again: every kept log line is written")
 
     async def last_seq(self, job_id: str) -> int:
         """The job's last log seq (from the store once, for a job this process did not open or
         that ended: lines numbered from there reach the store only, so its ended tail goes)."""
         if job_id not in self._seq:
             self._drop_ended(job_id)
-            self._seq[job_id] = await self.store.max_log_seq(job_id)
+            stored = await self.store.max_log_seq(job_id)
+            kept = self._unsaved.get(job_id)
+            self._seq[job_id] = max(stored, kept[-1].seq if kept else 0)
         return self._seq[job_id]
 
     async def read(self, job_id: str, since: int, limit: int) -> list[LogRecord]:

@@ -192,6 +192,7 @@ class Wiring:
         await self.provisioning.close()
         await self.reaper.stop()
         self.jobs.close()
+        self.tails.close()
         self.dispatch.close()
         self.event_log.close()
 

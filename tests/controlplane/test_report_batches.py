@@ -29,6 +29,7 @@ from gpulayer_kernel.contracts import (
 from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.errors import Conflict, Unavailable
 from gpulayer_kernel.store import LocalArtifactStore, SqliteStore
+from gpulayer_kernel.store.group import Run
 from gpulayer_kernel.testing import FakeClock, until
 
 JOBS = 5
@@ -175,3 +176,67 @@ async def test_a_batch_the_store_cannot_take_refuses_the_entries_it_carried(
         stored = await store.get_job(j.id)
         assert stored is not None and stored.state == JobState.SUCCEEDED
     assert not cp.jobs.dirty
+
+
+class AwayStore(SqliteStore):
+    """SQLite whose transactions fail while ``down``, every write in them (a restarting or
+    failing-over database, as the store sees it)."""
+
+    down = False
+
+    async def _commit(self, queue: Sequence[Run]) -> None:
+        if self.down:
+            raise Unavailable("the database is away (on purpose)")
+        await super()._commit(queue)
+
+
+@pytest.fixture
+async def away(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, AwayStore, FakeClock]]:
+    store = AwayStore(tmp_path / "cp.db")
+    await store.open()
+    clock = FakeClock()
+    cp = ControlPlane(store, LocalArtifactStore(tmp_path / "blobs"), clock=clock)
+    await cp.start()
+    try:
+        yield cp, store, clock
+    finally:
+        await cp.close()
+        await store.close()
+
+
+async def stored_lines(store: SqliteStore, job_id: str) -> list[tuple[int, str]]:
+    return [(r.seq, r.text) for r in await store.read_logs(job_id, 0, 100) if r.stream == "stdout"]
+
+
+async def test_lines_the_store_could_not_take_are_written_once_it_answers(
+    away: tuple[ControlPlane, AwayStore, FakeClock],
+) -> None:
+    """A worker does not send refused lines again: lost, before, with a gap in the numbering
+    (a running job's) or the end refused as no longer running (an ended job's)."""
+    cp, store, clock = away
+    wid, (running, ending) = await placed(cp, 2)
+    lines = [LogLine(time=0, stream="stdout", text=f"a{i}") for i in range(2)]
+    store.down = True
+    answers = await cp.report(
+        wid,
+        [
+            JobReport(job_id=running.id, attempt=0, started=True, lines=lines),
+            ended(ending, lines=2),
+        ],
+    )
+    assert [type(a) for a in answers] == [Unavailable, Unavailable]  # not stored when answered
+    assert cp.tails.unsaved == 4
+    await clock.advance(1.0)  # a retry while it is still away: kept
+    assert cp.tails.unsaved == 4 and await stored_lines(store, running.id) == []
+    store.down = False
+    await clock.advance(10.0)  # the next retry: its write goes to the store's thread
+    await until(lambda: cp.tails.unsaved == 0, 10, what="the kept lines to be written")
+    await until(lambda: not cp.jobs.dirty, 10, what="the kept end to be written")
+    assert await stored_lines(store, running.id) == [(2, "a0"), (3, "a1")]  # 1: "placed on"
+    assert await stored_lines(store, ending.id) == [(2, f"{ending.id} 0"), (3, f"{ending.id} 1")]
+    done = await store.get_job(ending.id)  # its end, kept dirty, written too
+    assert done is not None and done.state == JobState.SUCCEEDED
+    # The running job's next lines number on from the kept ones.
+    more = [LogLine(time=0, stream="stdout", text="b")]
+    assert await cp.report(wid, [JobReport(job_id=running.id, attempt=0, lines=more)]) == [None]
+    assert (await stored_lines(store, running.id))[-1] == (4, "b")
