@@ -48,6 +48,7 @@ from ..contracts import ADMIN_USER, Artifact, CostEntry, Job, JobSpec, JobState
 from ..errors import Conflict, InvalidInput, NotFound, Unavailable
 from ..store import JobQuery, MetadataStore
 from .events import EventLog
+from .outage import WhenBack
 from .provisioning.ledger import AttemptEnd, Ledger
 from .signals import Signals
 from .states import check_transition, check_update
@@ -94,7 +95,7 @@ class JobTable:
         self._signals = Signals(clock)
         self._nodes_done: dict[str, set[str]] = {}  # gang job id -> workers whose node succeeded
         self.dirty: set[str] = set()  # staged changes the store could not take yet
-        self._resync: asyncio.Task[None] | None = None
+        self._resync = WhenBack(lambda: bool(self.dirty), self.resync, clock, "staged job change")
         self._folded: dict[str, list[Change]] = {}  # staged, written with the job's next flush
         # The event seq of each cached job's last announced change: what a follower has seen.
         self._versions: dict[str, int] = {}
@@ -240,8 +241,7 @@ class JobTable:
 
     def close(self) -> None:
         self._signals.fire_all()
-        if self._resync is not None:
-            self._resync.cancel()
+        self._resync.close()
 
     # -- changing: the one commit path -----------------------------------------------------------
 
@@ -362,8 +362,7 @@ class JobTable:
             self._costs = rows + self._costs  # written with the next flush: never lost
             if isinstance(exc, Unavailable):
                 self.dirty.update(j.id for j in jobs)
-                if self._resync is None or self._resync.done():
-                    self._resync = asyncio.create_task(self._resync_loop())
+                self._resync.kick()
             raise
         if rows:
             assert self.ledger is not None
@@ -374,19 +373,6 @@ class JobTable:
         """Write the dirty jobs now (Unavailable while the store is still away)."""
         if self.dirty:
             await self._save([])
-
-    async def _resync_loop(self) -> None:
-        attempt = 0
-        while self.dirty:
-            await self.clock.sleep(min(10.0, 0.2 * 2**attempt))  # retry backoff
-            attempt += 1
-            try:
-                await self.resync()
-            except Unavailable:
-                continue
-            except Exception:  # pragma: no cover - logged, retried
-                log.exception("writing jobs after the store came back failed")
-        log.info("the store answers again: every staged job change is written")
 
     async def commit(
         self,

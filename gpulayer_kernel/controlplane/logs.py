@@ -13,10 +13,10 @@ way first), and a page read from a tail or the store carries about ``PAGE_BYTES`
 less than one record): what falls off a tail is read from the store, a page at a time.
 
 Lines are never lost to a store that is away (``Unavailable``: a restart, a failover): those a
-write could not store are kept, in order and numbered, and written by a retry loop once it
-answers (as the job table does with its dirty jobs). The report that carried them is refused all
-the same (it was not stored when answered), and a worker does not send refused lines again, so
-they are written once. A control plane that stops meanwhile loses them, as it loses dirty jobs.
+write could not store are kept, in order and numbered, and written once it answers (``outage.py``,
+as the job table does with its dirty jobs). The report that carried them is refused all the same
+(it was not stored when answered), and a worker does not send refused lines again, so they are
+written once. A control plane that stops meanwhile loses them, as it loses dirty jobs.
 
 A log is capped (``contracts/limits.py``): a job's own lines at ``JOB_LOG_CAP`` bytes, each session
 cell's at ``CELL_OUTPUT_CAP`` bytes and ``CELL_OUTPUT_LINES`` lines. Workers drop what is past the
@@ -27,8 +27,6 @@ start again when the control plane does.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
@@ -48,6 +46,7 @@ from ..errors import Unavailable
 from ..redact import Redactor
 from ..store import MetadataStore
 from . import trim
+from .outage import WhenBack
 
 MAX_LOG_PAGE = 5_000  # records one page carries at most
 TAIL_BYTES = 4 << 20  # bytes of records one active job's tail keeps in memory
@@ -55,8 +54,6 @@ TAILS_BYTES = 64 << 20  # bytes every tail keeps together: past it the largest g
 PAGE_BYTES = 4 << 20  # bytes of records one page carries (at least one record)
 ENDED_TAILS = 64  # ended jobs whose tails stay for the readers their end woke
 ENDED_BYTES = 8 << 20  # bytes those ended tails keep together
-
-log = logging.getLogger(__name__)
 
 
 class LogTails:
@@ -85,12 +82,11 @@ class LogTails:
         self._kept: dict[tuple[str, int | None], list[int]] = {}
         # Records a write could not store while the store was away, per job, in order.
         self._unsaved: dict[str, list[LogRecord]] = {}
-        self._resync: asyncio.Task[None] | None = None
+        self._resync = WhenBack(lambda: bool(self._unsaved), self.resync, clock, "log line")
 
     def close(self) -> None:
         """Stop retrying kept records (the control plane is closing)."""
-        if self._resync is not None:
-            self._resync.cancel()
+        self._resync.close()
 
     @property
     def unsaved(self) -> int:
@@ -222,8 +218,7 @@ class LogTails:
         except Unavailable:
             # Numbered and in the tail already: kept, and written once the store answers.
             self._unsaved.setdefault(job_id, []).extend(records)
-            if self._resync is None or self._resync.done():
-                self._resync = asyncio.create_task(self._resync_loop())
+            self._resync.kick()
             raise
         self._wake(job_id)
         return seq
@@ -238,19 +233,6 @@ class LogTails:
                 self._unsaved[job_id] = records + self._unsaved.get(job_id, [])
                 raise
             self._wake(job_id)
-
-    async def _resync_loop(self) -> None:
-        attempt = 0
-        while self._unsaved:
-            await self.clock.sleep(min(10.0, 0.2 * 2**attempt))  # as the job table's retries
-            attempt += 1
-            try:
-                await self.resync()
-            except Unavailable:
-                continue
-            except Exception:  # pragma: no cover - logged, retried
-                log.exception("writing log lines after the store came back failed")
-        log.info("the store answers again: every kept log line is written")
 
     async def last_seq(self, job_id: str) -> int:
         """The job's last log seq (from the store once, for a job this process did not open or
