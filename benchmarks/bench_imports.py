@@ -8,8 +8,9 @@ A fresh ``$GPULAYER_HOME`` on a machine whose probe is cached: the command parse
 embedded control plane and its local worker, and submits. Interleaved with a fixed set of
 standard-library imports (the reference), so both see the same load. Printed: each module's least
 own import time over the runs, summed, for ``gpulayer run`` and the reference, the twelve largest
-modules, the same sum for ``gpulayer --help`` (what every command's parser costs), and last the
-ratio of ``gpulayer run``'s to the reference's (lower is better).
+modules, the same sum for ``gpulayer --help`` (what every command's parser costs) and for a Jupyter
+server with GPUlayer's extension (``gpulayer lab``'s imports, where the Jupyter extra is
+installed), and last the ratio of ``gpulayer run``'s to the reference's (lower is better).
 
 It was a timed test until issue 34 (a loaded shared machine failed it): the deterministic half,
 that no heavy module (torch, tornado, the HTTP client, Jupyter) is imported on the way to the
@@ -20,6 +21,7 @@ was the budget where the reference took 66 ms (docs/performance.md, "Issue 14c")
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -37,6 +39,7 @@ from gpulayer_kernel.capabilities.machine import MachineCache, machine_key
 from gpulayer_kernel.contracts import WorkerCapabilities
 
 REFERENCE = "import asyncio, sqlite3, json, logging, email.message, http.client, decimal, tarfile"
+LAB = "import nbformat, jupyter_server.serverapp, gpulayer_kernel.jupyter.extension"
 
 
 def imports(stderr: str, until: str | None = None) -> dict[str, int]:
@@ -72,7 +75,8 @@ def main() -> None:
         key = machine_key(read_drivers(), read_torch_build(), env)
         caps = WorkerCapabilities(host=read_host())
         MachineCache(Path(tmp) / "cache").write(key, caps.model_dump(mode="json"))
-        runs, refs, helps = [], [], []
+        runs, refs, helps, labs = [], [], [], []
+        lab = importlib.util.find_spec("jupyter_server") is not None
         for k in range(args.runs):
             env["GPULAYER_HOME"] = str(Path(tmp) / f"home-{k}")
             argv = [sys.executable, "-X", "importtime", "-m", "gpulayer_kernel.cli", "run"]
@@ -93,6 +97,15 @@ def main() -> None:
                 [*argv[:-1], "--help"], env=env, capture_output=True, text=True, timeout=60
             )
             helps.append(imports(helped.stderr))
+            if lab:
+                served = subprocess.run(
+                    [sys.executable, "-X", "importtime", "-c", LAB],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
+                labs.append(imports(served.stderr))
     best = least(runs)
     spent = sum(best.values()) / 1000
     reference = sum(least(refs).values()) / 1000
@@ -100,6 +113,9 @@ def main() -> None:
     print("largest: " + ", ".join(f"{name} {us / 1000:.1f} ms" for name, us in top))
     print(f"imports before the job is submitted: {spent:.0f} ms; reference {reference:.0f} ms")
     print(f"imports of gpulayer --help: {sum(least(helps).values()) / 1000:.0f} ms")
+    if labs:
+        lab_ms = sum(least(labs).values()) / 1000
+        print(f"imports of a Jupyter server with the extension: {lab_ms:.0f} ms")
     print(f"gpulayer run / reference: {spent / reference:.2f}x (420 / 66 = 6.36x was the budget)")
 
 
