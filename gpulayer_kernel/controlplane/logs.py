@@ -14,9 +14,11 @@ less than one record): what falls off a tail is read from the store, a page at a
 
 Lines are never lost to a store that is away (``Unavailable``: a restart, a failover): those a
 write could not store are kept, in order and numbered, and written once it answers (``outage.py``,
-as the job table does with its dirty jobs). The report that carried them is refused all the same
-(it was not stored when answered), and a worker does not send refused lines again, so they are
-written once. A control plane that stops meanwhile loses them, as it loses dirty jobs.
+as the job table does with its dirty jobs). That covers the control plane's own lines and a
+worker's batched reports: the report is refused all the same (it was not stored when answered),
+and a worker does not send a refused entry's lines again, so they are written once. A worker's
+single log and cell requests are retried on a 503 instead: their lines are not kept (``keep``).
+A control plane that stops meanwhile loses what it kept, as it loses dirty jobs.
 
 A log is capped (``contracts/limits.py``): a job's own lines at ``JOB_LOG_CAP`` bytes, each session
 cell's at ``CELL_OUTPUT_CAP`` bytes and ``CELL_OUTPUT_LINES`` lines. Workers drop what is past the
@@ -190,9 +192,14 @@ class LogTails:
                 out.append(line.model_copy(update={"stream": "system", "text": text, "data": None}))
         return out
 
-    async def append(self, job_id: str, lines: Sequence[LogLine], *, capped: bool = True) -> int:
+    async def append(
+        self, job_id: str, lines: Sequence[LogLine], *, capped: bool = True, keep: bool = True
+    ) -> int:
         """Number, redact and store ``lines``; returns the job's last seq. ``capped``: what is
-        past its log's cap is dropped (the control plane's own lines are not)."""
+        past its log's cap is dropped (the control plane's own lines are not). ``keep``: lines
+        the store could not take (it is away) are kept and written once it answers; False where
+        the sender sends refused lines again (a worker's log and cell requests, retried on a
+        503): kept, they would be stored twice."""
         if capped:
             lines = self._capped(job_id, lines)
         if not lines:
@@ -216,6 +223,8 @@ class LogTails:
         try:
             await self.store.append_logs(job_id, records)
         except Unavailable:
+            if not keep:
+                raise
             # Numbered and in the tail already: kept, and written once the store answers.
             self._unsaved.setdefault(job_id, []).extend(records)
             self._resync.kick()

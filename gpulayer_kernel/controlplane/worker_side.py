@@ -154,7 +154,8 @@ class WorkerCalls:
         attempt: int | None = None,
     ) -> int:
         self._owned(worker_id, job_id, attempt)
-        return await self.tails.append(job_id, lines)
+        # A refused request is sent again (a 503 is retried): nothing to keep for it.
+        return await self.tails.append(job_id, lines, keep=False)
 
     async def report_progress(
         self, worker_id: str, job_id: str, fields: dict[str, Any], attempt: int | None = None

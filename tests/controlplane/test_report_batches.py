@@ -240,3 +240,21 @@ async def test_lines_the_store_could_not_take_are_written_once_it_answers(
     more = [LogLine(time=0, stream="stdout", text="b")]
     assert await cp.report(wid, [JobReport(job_id=running.id, attempt=0, lines=more)]) == [None]
     assert (await stored_lines(store, running.id))[-1] == (4, "b")
+
+
+async def test_lines_a_worker_sends_again_are_not_kept_twice(
+    away: tuple[ControlPlane, AwayStore, FakeClock],
+) -> None:
+    """A worker's single log request (and a cell report) is retried on a 503, lines and all:
+    those are not kept, or they would be stored twice."""
+    cp, store, clock = away
+    wid, (job,) = await placed(cp, 1)
+    lines = [LogLine(time=0, stream="stdout", text="once")]
+    store.down = True
+    with pytest.raises(Unavailable):
+        await cp.append_logs(wid, job.id, lines, 0)
+    assert cp.tails.unsaved == 0
+    store.down = False
+    await cp.append_logs(wid, job.id, lines, 0)  # the worker's retry
+    await clock.advance(30.0)
+    assert [t for _, t in await stored_lines(store, job.id)] == ["once"]

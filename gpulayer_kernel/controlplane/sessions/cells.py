@@ -182,7 +182,10 @@ class SessionCells:
             self.dispatch.cell(worker_id, a)
 
     async def report_cell(self, worker_id: str, job: Job, report: CellReport) -> None:
-        """One worker's end of a cell; the cell ends when every worker of the session said."""
+        """One worker's end of a cell; the cell ends when every worker of the session said.
+
+        Its lines are not kept for a store that is away (``LogTails.append``'s ``keep``): a
+        refused report is sent again, lines and all."""
         s = self._live.get(job.id)
         if s is None:
             return
@@ -204,11 +207,13 @@ class SessionCells:
                 self.dispatch.interrupt(w, s.id)
         if waiting:
             if lines:
-                await self.tails.append(s.id, lines)
+                await self.tails.append(s.id, lines, keep=False)
             return
         # The last output lines and the cell's end share one group commit (one thread hop on
         # a short cell's path, not two); its waiters wake once both are stored.
-        await asyncio.gather(self.tails.append(s.id, lines), self._ended_cell(s, self._end_of(s)))
+        await asyncio.gather(
+            self.tails.append(s.id, lines, keep=False), self._ended_cell(s, self._end_of(s))
+        )
 
     def _end_of(self, s: LiveSession) -> CellRun:
         """The running cell as its workers' reports say it ended."""
@@ -237,7 +242,7 @@ class SessionCells:
     async def _orphan(self, s: LiveSession, report: CellReport, lines: list[LogLine]) -> None:
         """A cell that ran across a control-plane restart: record what its report says."""
         if lines:
-            await self.tails.append(s.id, lines)
+            await self.tails.append(s.id, lines, keep=False)
         s.cells = report.number
         cell = orphan(s.id, report, self.clock.now())
         await self._ended_cell(s, cell)
