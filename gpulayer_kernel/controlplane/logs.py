@@ -121,6 +121,12 @@ class LogTails:
         for key in [k for k in self._kept if k[0] == job_id]:
             del self._kept[key]
 
+    def _drop_tail(self, job_id: str) -> None:
+        tail = self._tails.pop(job_id, None)
+        if tail is not None:
+            self._held -= tail.size
+            trim.freed(tail.size)
+
     def _drop_ended(self, job_id: str) -> None:
         tail = self._ended.pop(job_id, None)
         if tail is not None:
@@ -224,6 +230,10 @@ class LogTails:
             await self.store.append_logs(job_id, records)
         except Unavailable:
             if not keep:
+                # Sent again later: its numbers must be free, and its tail must not show it
+                # twice. The store is the whole truth for this job from here on.
+                self._seq.pop(job_id, None)
+                self._drop_tail(job_id)
                 raise
             # Numbered and in the tail already: kept, and written once the store answers.
             self._unsaved.setdefault(job_id, []).extend(records)

@@ -257,4 +257,7 @@ async def test_lines_a_worker_sends_again_are_not_kept_twice(
     store.down = False
     await cp.append_logs(wid, job.id, lines, 0)  # the worker's retry
     await clock.advance(30.0)
-    assert [t for _, t in await stored_lines(store, job.id)] == ["once"]
+    # Numbered as if the refused try had not been (2: "placed on" is 1), and shown once.
+    assert await stored_lines(store, job.id) == [(2, "once")]
+    page = [(r.seq, r.stream, r.text) for r in (await cp.logs(job.id)).records]
+    assert [(seq, text) for seq, stream, text in page if stream == "stdout"] == [(2, "once")]
