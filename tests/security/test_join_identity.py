@@ -46,9 +46,13 @@ async def test_a_join_token_cannot_take_over_a_worker(api: Api) -> None:
     )
 
     async def placed() -> bool:
-        return (await api.cp.get(job.id)).state == JobState.PLACED
+        # Handed out, not only placed: the job's state changes when its placement is staged,
+        # the worker's record once the placement is written and given to it (a full run read
+        # the record between the two, and the victim's "changed" under the impostor's join).
+        held = [w.running for w in await api.cp.workers() if w.id == victim]
+        return (await api.cp.get(job.id)).state == JobState.PLACED and held == [[job.id]]
 
-    await until(placed, what="the job to be placed on the victim")
+    await until(placed, what="the job to be placed on the victim and handed to it")
     before = next(w for w in await api.cp.workers() if w.id == victim)
     # The join token, asking for the victim's id under the victim's own name: a new worker.
     r = await api.call(
