@@ -14,6 +14,11 @@ rides in the next one, one pipelined ``executemany`` per statement.
 - **Fencing** (``fence``): the leadership module (``ha/leadership.py``) installs a check that runs
   first in every write transaction, so a control plane that lost its leadership (paused, then
   resumed after a standby took over) cannot write: its transaction fails before any row changes.
+  The fence's share lock on the leader row is also what a takeover's bump waits for, so a
+  leader paused *inside* a write transaction would hold failover back for as long as it stays
+  paused: PostgreSQL ends a transaction idle for ``idle_transaction_timeout`` seconds (as it ends
+  the paused leader's lock session, ``ha/leadership.py``). Ours run their statements back to
+  back; one idle that long belongs to a stalled process.
 """
 
 from __future__ import annotations
@@ -72,10 +77,13 @@ class PostgresStore(SqlStore):
 
     LABEL_CLAUSE = "(body::jsonb -> 'spec' -> 'labels' ->> ?) = ?"
 
-    def __init__(self, url: str, *, pool_size: int = 4) -> None:
+    def __init__(
+        self, url: str, *, pool_size: int = 4, idle_transaction_timeout: float = 5.0
+    ) -> None:
         super().__init__()
         self.url = url
         self.pool_size = pool_size
+        self.idle_transaction_timeout = idle_transaction_timeout
         self.fence: Fence | None = None
         self._pool: Any = None
 
@@ -123,6 +131,12 @@ class PostgresStore(SqlStore):
                 timeout=CONNECT_TIMEOUT,
                 # Statements are few and fixed: keep them prepared per connection.
                 statement_cache_size=256,
+                # A stalled process's open transaction must not hold a takeover (docstring).
+                server_settings={
+                    "idle_in_transaction_session_timeout": str(
+                        int(self.idle_transaction_timeout * 1000)
+                    )
+                },
             )
         except asyncpg.InvalidCatalogNameError as exc:
             raise StoreError(
