@@ -12,6 +12,9 @@ session; the pause is theirs going silent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+
+import asyncpg
 
 from gpulayer_kernel.ha.leadership import Leadership
 from gpulayer_kernel.store.postgres import PostgresStore
@@ -41,8 +44,10 @@ async def test_a_leader_paused_inside_a_write_does_not_hold_the_takeover(
         epoch = await asyncio.wait_for(standby.acquire(), 10 * IDLE)
         assert leader.epoch is not None and epoch == leader.epoch + 1
     finally:
-        con.terminate()
-        await store.pool.release(con)
+        # PostgreSQL ended that session: the pool may have taken the connection back already.
+        with contextlib.suppress(asyncpg.InterfaceError):
+            con.terminate()
+            await store.pool.release(con)
         await standby.release()
         await leader.release()
         await store.close()
