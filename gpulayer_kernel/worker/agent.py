@@ -48,7 +48,7 @@ from .reports import Reporter
 from .running import Executor, Steered
 from .sessions.executor import SessionExecutor
 from .transport import AttemptTransport, Transport
-from .warm import WarmRunner, session_preload
+from .warm import WarmRunner, session_preload, warm_sessions
 
 if TYPE_CHECKING:
     from .sessions.kernel import KernelExecutor
@@ -129,6 +129,8 @@ class WorkerAgent:
             log.warning("stopped %d process(es) left by jobs of a crashed worker", len(killed))
         self.info = await self.transport.register(self.registration)
         self.joined.set()
+        if warm_sessions(self.config.warm_sessions, self.registration.capabilities):
+            self.session_runner.prewarm()
         self._loops = [
             asyncio.create_task(self._poll_loop()),
             asyncio.create_task(self._heartbeat_loop()),

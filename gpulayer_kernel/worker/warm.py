@@ -2,12 +2,13 @@
 
 :class:`WarmRunner` is owned by its worker's agent and handed to each executor: it starts the
 fork servers it needs (lazily), replaces one that dies, gives up (warning once) on one that
-cannot start, and stops them with the worker. With a preload (torch where installed) the Python
-jobs that import torch (``needs_torch.py``, judged from their source) get a zygote of their own
-that imports it, while other Python jobs and commands fork from a light one: forking (and later
-unmapping) a torch-loaded process costs ~10-15 ms that they do not need. What each
-zygote imports is chosen here too (``env_preload``, ``session_preload``); a zygote itself is a
-:class:`~.zygote_client.ZygoteClient`.
+cannot start, and stops them with the worker. ``prewarm`` starts one ahead of its first job
+(a GPU worker's sessions' zygote, when the worker starts: ``warm_sessions``). With a preload
+(torch where installed) the Python jobs that import torch (``needs_torch.py``, judged from
+their source) get a zygote of their own that imports it, while other Python jobs and commands
+fork from a light one: forking (and later unmapping) a torch-loaded process costs ~10-15 ms
+that they do not need. What each zygote imports is chosen here too (``env_preload``,
+``session_preload``); a zygote itself is a :class:`~.zygote_client.ZygoteClient`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ..clock import SYSTEM_CLOCK, Clock
+from ..contracts import WorkerCapabilities
 from .config import ExecutorConfig
 from .env import base_env
 from .needs_torch import entry_needs_torch
@@ -28,7 +30,7 @@ from .spares import ZygoteChild
 from .zygote import PRELOAD_ENV, STARTUP_VARS
 from .zygote_client import ZygoteClient, ZygoteUnavailable
 
-__all__ = ["SESSION_PRELOAD_ENV", "WarmRunner", "env_preload", "session_preload"]
+__all__ = ["SESSION_PRELOAD_ENV", "WarmRunner", "env_preload", "session_preload", "warm_sessions"]
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -61,6 +63,16 @@ def session_preload() -> tuple[str, ...]:
     else:
         extra = _installed("torch", "numpy")
     return base + extra
+
+
+def warm_sessions(setting: bool | None, capabilities: WorkerCapabilities) -> bool:
+    """Whether a worker starts its sessions' zygote when it starts (``ExecutorConfig.
+    warm_sessions``): as set, or automatically where it has a GPU that is not simulated, a
+    machine kept for GPU work, whose first kernel should not wait for torch's import (~1.5 s
+    of a core, ~300 MiB held while idle). Elsewhere the zygote starts with the first session."""
+    if setting is not None:
+        return setting
+    return any(d.vendor not in ("sim", "cpu") for d in capabilities.devices)
 
 
 Launch = Callable[[ZygoteClient], Awaitable[ZygoteChild]]
@@ -145,6 +157,18 @@ class WarmRunner:
         start-up for a supervisor); None means "use the cold spawn". Raises ``LaunchFailed``
         when the command cannot be executed."""
         return await self._launch((), lambda c: c.exec(argv, cwd, env))
+
+    def prewarm(self) -> None:
+        """Start the preloading zygote now, in the background (from a running loop): the first
+        job that wants it finds it up. A zygote that cannot start is said when a job asks."""
+        key = self._preload()
+        if key and not self.closed and key not in self._broken and not self.warm():
+            self._start_task(key)
+
+    def warm(self) -> bool:
+        """Whether the preloading zygote (the light one without a preload) serves now."""
+        client = self._clients.get(self._preload())
+        return client is not None and not client.dead and client.ready
 
     async def _usable(self, key: tuple[str, ...]) -> bool:
         """Whether the zygote for ``key`` serves now; starts it in the background if not."""
