@@ -1,13 +1,15 @@
 """Where a command job's milliseconds go: a timeline of one job through the embedded path.
 
-    .venv/bin/python benchmarks/trace_job.py [--jobs 40] [--python]
+    .venv/bin/python benchmarks/trace_job.py [--jobs 40] [--python | --torch]
 
 Runs ``python -c "import time; print(time.time())"`` as a command job (``--python``: the cell
-``import time; time.time()`` as a Python job) through an embedded control plane and its worker,
-``--jobs`` times after a warm-up, and stamps each step with ``time.time()`` (one clock for every
-process): submitted, the assignment at the worker, the job's directory and environment ready, the
-launch answered (pid), the job's first line of its own code (what it prints), its line at the
-worker, its exit seen by the worker, the executor's report, the end in the caller's hands.
+``import time; time.time()`` as a Python job; ``--torch``: a cell that imports torch and sums a
+tensor, as bench_cell.py's torch cell, then prints the time again) through an embedded control
+plane and its worker, ``--jobs`` times after a warm-up, and stamps each step with
+``time.time()`` (one clock for every process): submitted, the assignment at the worker, the
+job's directory and environment ready, the launch answered (pid), the job's first line of its
+own code (what it prints), its line at the worker, its exit seen by the worker, the executor's
+report, the end in the caller's hands.
 Beside it, the bare ``subprocess.run`` of the same command: spawn → first line → exit. Prints the
 median of each step's time since the submit, and the load. The method behind the profile
 in docs/performance.md (issue 35).
@@ -46,7 +48,11 @@ from gpulayer_kernel.worker.executor import ExecutorConfig, JobExecutor
 from gpulayer_kernel.worker.transport import InProcessTransport
 
 ARGV = [sys.executable, "-c", "import time; print(time.time())"]
-CELL_DIGEST, CELL_BUNDLE = bundles.build({"cell.py": b"import time\nprint(time.time())\n1\n"})
+CELLS = {
+    "python": b"import time\nprint(time.time())\n1\n",
+    "torch": b"import time\nprint(time.time())\nimport torch\nfloat(torch.ones(4).sum())\n"
+    b"print(time.time())\n",
+}
 
 stamps: dict[str, float] = {}
 
@@ -116,16 +122,18 @@ def instrument() -> None:
     JobExecutor.run = run_  # type: ignore[method-assign]
 
 
-async def one(cp: ControlPlane, python: bool) -> tuple[dict[str, float], float]:
+async def one(cp: ControlPlane, cell: bytes | None) -> tuple[dict[str, float], float]:
     stamps.clear()
     start = time.time()
-    if python:
-        spec = JobSpec(workload=PythonWorkload(bundle=CELL_DIGEST, entrypoint="cell:cell.py"))
-        page = await cp.run(spec, CELL_BUNDLE, wait=60)
+    if cell is not None:
+        digest, bundle = bundles.build({"cell.py": cell})
+        spec = JobSpec(workload=PythonWorkload(bundle=digest, entrypoint="cell:cell.py"))
+        page = await cp.run(spec, bundle, wait=60)
+        lines = [r.text for r in page.records]
         while not page.job.state.terminal or page.more:
             page = await cp.follow(page.job.id, since=page.next_since, cursor=page.cursor, wait=60)
+            lines += [r.text for r in page.records]
         job = page.job
-        lines = [r.text for r in page.records]
     else:
         job = await cp.submit(JobSpec(workload=CommandWorkload(argv=ARGV)))
         stamp("submitted")
@@ -133,7 +141,11 @@ async def one(cp: ControlPlane, python: bool) -> tuple[dict[str, float], float]:
         lines = [r.text for r in (await cp.logs(job.id)).records if r.stream == "stdout"]
     end = time.time()
     assert job.state == JobState.SUCCEEDED, job
-    stamps["job's own first line"] = float(lines[-1])
+    times = [float(t) for t in lines if t.replace(".", "", 1).isdigit()]
+    assert times, lines
+    stamps["job's own first line"] = times[0]
+    if len(times) > 1:
+        stamps["job's own last line"] = times[-1]
     stamps["end in the caller's hands"] = end
     return dict(stamps), start
 
@@ -144,7 +156,8 @@ def bare() -> tuple[float, float, float]:
     return start, float(out.stdout), time.time()
 
 
-async def main(jobs: int, python: bool) -> None:
+async def main(jobs: int, what: str) -> None:
+    cell = CELLS.get(what)
     print(f"machine: {describe()}; load {open('/proc/loadavg').read().split()[:3]}")
     instrument()
     with tempfile.TemporaryDirectory() as d:
@@ -159,12 +172,12 @@ async def main(jobs: int, python: bool) -> None:
         )
         await agent.start()
         for _ in range(5):
-            await one(cp, python)
+            await one(cp, cell)
             bare()
         steps: dict[str, list[float]] = defaultdict(list)
         totals, bares, bare_first = [], [], []
         for _ in range(jobs):
-            got, start = await one(cp, python)
+            got, start = await one(cp, cell)
             for name, t in got.items():
                 steps[name].append((t - start) * 1000)
             totals.append((got["end in the caller's hands"] - start) * 1000)
@@ -175,7 +188,6 @@ async def main(jobs: int, python: bool) -> None:
         await agent.stop()
         await cp.close()
         await store.close()
-    what = "python" if python else "command"
     print(f"{what} job, {jobs} jobs: median ms since the submit (and since the step before)")
     prev = 0.0
     for name, xs in sorted(steps.items(), key=lambda kv: statistics.median(kv[1])):
@@ -193,6 +205,8 @@ async def main(jobs: int, python: bool) -> None:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=40)
-    p.add_argument("--python", action="store_true")
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--python", action="store_const", const="python", dest="what")
+    kind.add_argument("--torch", action="store_const", const="torch", dest="what")
     a = p.parse_args()
-    asyncio.run(main(a.jobs, a.python))
+    asyncio.run(main(a.jobs, a.what or "command"))

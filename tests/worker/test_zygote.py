@@ -359,6 +359,10 @@ f.write("unclosed")
 def keep(): return f  # a cycle through the namespace
 atexit.register(print, "atexit ran")
 threading.Thread(target=lambda: (time.sleep(0.3), print("thread done", flush=True))).start()
+import weakref
+class Held: pass
+held = Held()
+weakref.finalize(held, print, "finalizer ran")
 """
 
 
@@ -369,11 +373,33 @@ async def test_exit_joins_threads_runs_atexit_and_leaves_files_as_the_cold_path(
     for warm in (True, False):
         agent = await gl_zworker(name=f"w-{warm}", warm_runner=warm)
         done, out, _ = await run({"cell.py": EXIT_CELL}, "cell:cell.py")
-        assert done.state == JobState.SUCCEEDED and out == ["thread done", "atexit ran"]
+        assert done.state == JobState.SUCCEEDED and out[0] == "thread done", out
+        assert sorted(out[1:]) == ["atexit ran", "finalizer ran"], out
         [art] = done.artifacts
         written.append(await gl_cp.get_blob(art.digest))
         await agent.stop()
     assert written[0] == written[1]  # (b"": not even a fresh interpreter flushes that file)
+
+
+async def test_the_zygotes_finalizers_are_not_the_jobs(
+    gl_cp: ControlPlane,
+    gl_zworker: WorkerFactory,
+    run: Run,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A finalizer a preloaded module made runs in neither the zygote's job nor its spares'
+    jobs; the job's own ones do (with the preload, as without)."""
+    probe = "gpulayer_kernel.testing.finalizer_probe"
+    monkeypatch.setenv("GPULAYER_ZYGOTE_PRELOAD", probe)
+    agent = await gl_zworker(name="w-preload")
+    agent.warm_runner.prewarm()
+    await until(agent.warm_runner.warm, 60, what="the preloading zygote to come up")
+    # needs_torch.py reads a cell's imports, run or not: this one forks from the preloading zygote.
+    cell = f"import {probe}\nif False:\n    import torch\n" + EXIT_CELL
+    for _ in range(3):  # the spares, and then a job forked when it comes
+        done, out, _ = await run({"cell.py": cell}, "cell:cell.py")
+        assert done.state == JobState.SUCCEEDED, done
+        assert sorted(out) == ["atexit ran", "finalizer ran", "thread done"], out
 
 
 # -- commands, spawned by the zygote -------------------------------------------------------------
