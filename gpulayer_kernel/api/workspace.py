@@ -125,7 +125,7 @@ class WorkerWorkspacePlanHandler(WorkerRoute):
         kinds=WORKER,
     )
     async def get(self, job_id: str) -> WorkspacePlan:
-        plan = await plane_for(self.cp).plan(await self.cp.get(job_id))
+        plan = await plane_for(self.cp).plan(await self.cp.get(job_id), self.worker_id)
         if plan is None:
             raise _none(job_id)
         return plan

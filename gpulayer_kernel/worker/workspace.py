@@ -34,10 +34,11 @@ class _InProcess:
         from ..workspace.service import plane_for
 
         self.cp = transport.cp
+        self.transport = transport
         self.plane = plane_for(transport.cp)
 
     async def plan(self, job_id: str) -> WorkspacePlan | None:
-        return await self.plane.plan(await self.cp.get(job_id))
+        return await self.plane.plan(await self.cp.get(job_id), self.transport.worker_id)
 
     async def calls(self, job_id: str, wait: float) -> WorkspaceCalls:
         return await self.plane.next_calls(job_id, wait)

@@ -28,6 +28,7 @@ from ..contracts.workspace import (
     WorkspaceCall,
     WorkspaceCalls,
     WorkspacePlan,
+    WorkspaceSource,
     WorkspaceView,
 )
 from ..errors import InvalidInput, NotFound, Unavailable
@@ -61,23 +62,41 @@ class WorkspacePlane:
 
     # -- the decision ------------------------------------------------------------------------------
 
-    async def plan(self, job: Job) -> WorkspacePlan | None:
+    async def plan(self, job: Job, worker_id: str | None = None) -> WorkspacePlan | None:
+        """The plan on the session's first node, or on the node of ``worker_id`` (a multi-node
+        session: only its first node holds a synced copy; another node runs in the notebook's
+        folder where it sees it, else in its own folder, and says so)."""
         source = getattr(job.spec.workload, "workspace", None)
         if source is None:
             return None
+        if job.state not in (JobState.PLACED, JobState.RUNNING) or job.placement is None:
+            return self._plans.get(job.id)
+        nodes = job.placement.nodes
+        first = nodes[0]
+        node = next((n for n in nodes if n.worker_id == worker_id), first)
+        if node is not first:
+            plan = self._decide(source, node.worker_id, node.worker_name)
+            if plan.mode != "synced":
+                return plan
+            return WorkspacePlan(
+                mode="none",
+                reason=f"worker {node.worker_name} does not see {source.folder}, and a "
+                f"multi-node session's synced copy is on its first node ({first.worker_name}) "
+                "only: the code runs in a scratch folder on this node",
+            )
         known = self._plans.get(job.id)
         if known is not None:
             return known
-        if job.state not in (JobState.PLACED, JobState.RUNNING) or job.placement is None:
-            return None
-        node = job.placement.nodes[0]
-        worker = self.cp.registry.get(node.worker_id)
-        shares = worker.shares if worker is not None else None
-        in_process = worker is not None and worker.transport == "inprocess"
-        plan = decide(source, shares, worker=node.worker_name, in_process=in_process)
+        plan = self._decide(source, first.worker_id, first.worker_name)
         self._plans[job.id] = plan
         self._show(job, plan)
         return plan
+
+    def _decide(self, source: WorkspaceSource, worker_id: str, name: str) -> WorkspacePlan:
+        worker = self.cp.registry.get(worker_id)
+        shares = worker.shares if worker is not None else None
+        in_process = worker is not None and worker.transport == "inprocess"
+        return decide(source, shares, worker=name, in_process=in_process)
 
     def _show(self, job: Job, plan: WorkspacePlan, **more: int) -> None:
         source = getattr(job.spec.workload, "workspace", None)

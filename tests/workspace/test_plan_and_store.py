@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from gpulayer_kernel.contracts import Resources, SessionHolder, SessionSpec, WorkerRegistration
 from gpulayer_kernel.contracts.workspace import PathMap, WorkerShares, WorkspaceSource
 from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.errors import BundleError, InvalidInput
+from gpulayer_kernel.pytest_plugin import sim_caps
 from gpulayer_kernel.security.roles import Identity, Role
+from gpulayer_kernel.testing import until
 from gpulayer_kernel.workspace import pack as packs
 from gpulayer_kernel.workspace.plan import decide, parse_share
 from gpulayer_kernel.workspace.service import plane_for
@@ -81,3 +84,44 @@ async def test_a_pack_whose_bytes_do_not_match_is_refused_and_stores_nothing(
     assert not gl_cp.artifacts.has(forged)
     with pytest.raises(BundleError):
         await plane.put_pack(b"not zstd at all", "admin")
+
+
+async def test_a_multi_node_session_is_synced_on_its_first_node_only(gl_cp: ControlPlane) -> None:
+    """Each node asks for its own plan: the first holds the synced copy (its worker answers
+    the host's calls); another node runs in place where it sees the folder, else in scratch,
+    saying why, and never takes the host's calls."""
+    far = WorkerShares(host="far")
+    sees = WorkerShares(host="near", shared=[PathMap(here="/home", there="/mnt/home")])
+    ids = {}
+    for name, shares in (("a1", far), ("a2", far), ("a3", sees)):
+        reg = WorkerRegistration(name=name, capabilities=sim_caps(1), shares=shares)
+        ids[name] = (await gl_cp.register(reg)).id
+    await gl_cp.start_session(
+        SessionSpec(
+            name="two",
+            holder=SessionHolder(client="kernel-a", notebook="train.ipynb"),
+            resources=Resources(gpus=1, nodes=3),
+            workspace=SRC,
+        )
+    )
+
+    async def placed() -> bool:
+        return (await gl_cp.get_session("two")).job.placement is not None
+
+    await until(placed, what="the session to be placed")
+    job = (await gl_cp.get_session("two")).job
+    assert job.placement is not None
+    first, *others = [n.worker_name for n in job.placement.nodes]
+    plane = plane_for(gl_cp)
+    plans = {n: await plane.plan(job, ids[n]) for n in ids}
+    on_first = plans[first]
+    assert on_first is not None and on_first.mode == ("synced" if first != "a3" else "in_place")
+    assert await plane.plan(job) == on_first  # what the session shows: its first node's
+    for name in others:
+        plan = plans[name]
+        assert plan is not None
+        if name == "a3":
+            assert (plan.mode, plan.path) == ("in_place", "/mnt/home/alice/proj")
+        else:
+            assert plan.mode == "none", plan
+            assert f"first node ({first})" in plan.reason and "scratch" in plan.reason
