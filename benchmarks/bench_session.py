@@ -406,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-anchors", action="store_true", help="skip Ray and ipyparallel")
     args = p.parse_args(argv)
+    # What a user's worker does by default is measured: a session zygote that preloads torch
+    # where it is installed. A test run's override (empty, for fast zygotes) would leave the
+    # warm-worker rows waiting for a torch that never comes.
+    os.environ.pop("GPULAYER_SESSION_PRELOAD", None)
     anchors = not (args.no_anchors or args.quick)
     if args.quick:
         args.rounds, args.calls = 2, 10
