@@ -71,7 +71,7 @@ class JobCalls:
         scheduling: SchedulingLoop,
         provisioning: Provisioning,
         audit: AuditLog,
-        put_bundle: Callable[..., Awaitable[str]],
+        upload: Callable[..., Awaitable[tuple[str, Awaitable[None]]]],
     ) -> None:
         self.store = store
         self.users = users
@@ -83,7 +83,7 @@ class JobCalls:
         self.scheduling = scheduling
         self.provisioning = provisioning
         self.audit = audit
-        self.put_bundle = put_bundle  # a run's inline bundle goes where blobs go
+        self.upload = upload  # a run's inline bundle goes where blobs go
 
     async def submit(
         self, spec: JobSpec, *, who: Identity | None = None, claim: Claim | None = None
@@ -100,15 +100,21 @@ class JobCalls:
         who: Identity | None = None,
         added: Callable[[Job], None] | None = None,
         claim: Claim | None = None,
+        uploaded: str | None = None,
     ) -> Job:
         """``submit``, telling ``added`` of the job the moment it exists, before any of its
-        changes can reach the wiring (the sessions part registers its session there)."""
+        changes can reach the wiring (the sessions part registers its session there).
+        ``uploaded``: the bundle this request has just uploaded (its claim queued)."""
         check_role(who, Role.USER, "submit jobs")
         owner = resolved(who).user
         if claim is not None and (earlier := claim.take(spec, owner)) is not None:
             return earlier  # an earlier try of this request made it: not twice
         bundle = getattr(spec.workload, "bundle", None)  # a session ships no code
-        if bundle is not None and not (await self.blobs.has(bundle, who=who)):
+        if (
+            bundle is not None
+            and bundle != uploaded
+            and not (await self.blobs.has(bundle, who=who))
+        ):
             raise NotFound(
                 f"bundle {bundle[:12]}… has not been uploaded",
                 hint="upload it with put_bundle (the client and magic do this for you)",
@@ -227,9 +233,16 @@ class JobCalls:
     ) -> JobFollow:
         """Protocol 1.1: submit (with its bundle, when given) and follow, in one call: a short
         job comes back ended, with its result and log tail."""
+        uploaded: str | None = None
+        claimed: Awaitable[None] | None = None
         if bundle is not None:
-            await self.put_bundle(bundle, check_inline_bundle(spec, bundle), who=who)
-        job = await self.submit(spec, who=who, claim=claim)
+            uploaded, claimed = await self.upload(
+                bundle, check_inline_bundle(spec, bundle), who=who
+            )
+        # The upload's claim and the job's row: one commit (no await comes between them).
+        job = await self.enqueue(spec, who=who, claim=claim, uploaded=uploaded)
+        if claimed is not None:
+            await claimed  # committed with the job (or on its own, after an earlier try's job)
         return await self.follower.page(
             job, lambda: self.jobs.get(job.id), wait=wait, linger=linger, limit=limit
         )
@@ -283,9 +296,17 @@ class BlobCalls:
     async def put_blob(
         self, data: bytes, digest: str | None = None, *, who: Identity | None = None
     ) -> str:
-        stored = await self.blobs.put(data, digest, who=who)
-        self.inline.keep(stored, data)  # a bundle about to be run: handed out with its work
+        stored, claimed = await self.upload(data, digest, who=who)
+        await claimed
         return stored
+
+    async def upload(
+        self, data: bytes, digest: str | None = None, *, who: Identity | None = None
+    ) -> tuple[str, Awaitable[None]]:
+        """``put_blob``, its claim queued for the caller's next write (``Blobs.upload``)."""
+        stored, claimed = await self.blobs.upload(data, digest, who=who)
+        self.inline.keep(stored, data)  # a bundle about to be run: handed out with its work
+        return stored, claimed
 
     async def claim_blob(self, digest: str, *, who: Identity | None = None) -> None:
         """Record that ``who`` uploaded the blob ``digest`` (they may read it and run it)."""

@@ -135,7 +135,7 @@ class Wiring:
             scheduling=self.scheduling,
             provisioning=self.provisioning,
             audit=self.audit,
-            put_bundle=self.blob_calls.put_blob,
+            upload=self.blob_calls.upload,
         )
         self.view_calls = ViewCalls(self.registry, self.jobs, self.event_log)
         self.worker_calls = WorkerCalls(

@@ -233,8 +233,10 @@ class MetadataStore(abc.ABC):
     # -- who may read a blob ---------------------------------------------------------------------
 
     @abc.abstractmethod
-    async def add_blob_owners(self, pairs: Sequence[tuple[str, str]]) -> None:
-        """Record ``(digest, user)`` pairs: that user uploaded the bundle or owns the artifact."""
+    def add_blob_owners(self, pairs: Sequence[tuple[str, str]]) -> Awaitable[None]:
+        """Record ``(digest, user)`` pairs: that user uploaded the bundle or owns the artifact.
+        Queued before this returns, so a write the caller makes next commits with them (a run's
+        upload and its job: one transaction); awaiting the result waits for that commit."""
 
     @abc.abstractmethod
     async def blob_owned(self, digest: str, owner: str) -> bool: ...

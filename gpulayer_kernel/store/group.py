@@ -85,6 +85,17 @@ class GroupCommit(abc.ABC):
             self._flusher = asyncio.create_task(self._flush())
         return fut
 
+    def _ride(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> asyncio.Future[None]:
+        """``_submit`` for a write its caller need not await: it rides with the caller's own next
+        write, whose failure is what the caller learns of, so its error is marked as seen."""
+        if not rows:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        fut = self._submit(sql, rows)
+        fut.add_done_callback(_seen)
+        return fut
+
     def _enqueue(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
         """Queue rows for the next commit so that it ends as running every write in order would.
 
@@ -140,3 +151,8 @@ class GroupCommit(abc.ABC):
         """Let the writes already queued finish (before closing)."""
         if self._flusher is not None:
             await asyncio.gather(self._flusher, return_exceptions=True)
+
+
+def _seen(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()

@@ -16,7 +16,7 @@ import abc
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -359,8 +359,8 @@ class SqlStore(ProvisioningRows, IdempotencyRows, AuditRows, GroupCommit, Metada
         )
         return [QuotaRecord(subject=r[0], max_gpus=r[1], max_queued=r[2]) for r in rows]
 
-    async def add_blob_owners(self, pairs: Sequence[tuple[str, str]]) -> None:
-        await self._write(
+    def add_blob_owners(self, pairs: Sequence[tuple[str, str]]) -> Awaitable[None]:
+        return self._ride(
             "INSERT INTO blob_owners (digest, owner) VALUES (?, ?) ON CONFLICT DO NOTHING",
             list(dict.fromkeys(pairs)),
         )

@@ -51,7 +51,7 @@ class AuditRows:
 
     if TYPE_CHECKING:  # SqlStore's group commit and reads
 
-        def _submit(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> asyncio.Future[None]: ...
+        def _ride(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> asyncio.Future[None]: ...
 
         async def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]: ...
 
@@ -60,9 +60,7 @@ class AuditRows:
         # commit fails the action's own write too, which is what its caller learns of.
         e = entry
         row = (e.seq, e.at, e.actor, e.role, e.action, e.target, json.dumps(e.detail))
-        fut = self._submit(_INSERT, [row])
-        fut.add_done_callback(_retrieve)
-        return fut
+        return self._ride(_INSERT, [row])
 
     async def max_audit_seq(self) -> int:
         rows = await self._fetchall("SELECT MAX(seq) FROM audit_log")
@@ -105,16 +103,8 @@ class AuditRows:
         return entries, int(total[0][0])
 
     def queue_token_use(self, token_id: str, at: float) -> Awaitable[None]:
-        fut = self._submit(_TOUCH, [(token_id, at)])
-        fut.add_done_callback(_retrieve)
-        return fut
+        return self._ride(_TOUCH, [(token_id, at)])
 
     async def token_uses(self) -> dict[str, float]:
         rows = await self._fetchall("SELECT token_id, last_used FROM token_uses")
         return {r[0]: float(r[1]) for r in rows}
-
-
-def _retrieve(fut: asyncio.Future[None]) -> None:
-    """Mark a failed write's error as seen: the action's own write reports the failure."""
-    if not fut.cancelled():
-        fut.exception()

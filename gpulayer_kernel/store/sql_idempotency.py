@@ -48,16 +48,14 @@ class IdempotencyRows:
 
         async def _write(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> None: ...
 
-        def _submit(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> asyncio.Future[None]: ...
+        def _ride(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> asyncio.Future[None]: ...
 
         async def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]: ...
 
     def queue_idempotency(self, record: IdempotencyRecord) -> Awaitable[None]:
         # Queued now, with no await: it rides in the next group commit, ahead of any write queued
         # after it (the job it notes). The caller need not await it; the job's commit is its own.
-        fut = self._submit(_UPSERT, [_row(record)])
-        fut.add_done_callback(_retrieve)
-        return fut
+        return self._ride(_UPSERT, [_row(record)])
 
     async def save_idempotency(self, record: IdempotencyRecord) -> None:
         await self.queue_idempotency(record)
@@ -87,9 +85,3 @@ class IdempotencyRows:
 
     async def purge_idempotency(self, before: float) -> None:
         await self._write("DELETE FROM idempotency_keys WHERE created_at < ?", [(before,)])
-
-
-def _retrieve(fut: asyncio.Future[None]) -> None:
-    """Mark a failed note's error as seen: its request learns of it from the job's own write."""
-    if not fut.cancelled():
-        fut.exception()

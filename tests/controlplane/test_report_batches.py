@@ -29,8 +29,9 @@ from gpulayer_kernel.contracts import (
 from gpulayer_kernel.controlplane import ControlPlane
 from gpulayer_kernel.errors import Conflict, Unavailable
 from gpulayer_kernel.store import LocalArtifactStore, SqliteStore
-from gpulayer_kernel.store.group import Run
 from gpulayer_kernel.testing import FakeClock, until
+
+from .stores import AwayStore
 
 JOBS = 5
 
@@ -176,18 +177,6 @@ async def test_a_batch_the_store_cannot_take_refuses_the_entries_it_carried(
         stored = await store.get_job(j.id)
         assert stored is not None and stored.state == JobState.SUCCEEDED
     assert not cp.jobs.dirty
-
-
-class AwayStore(SqliteStore):
-    """SQLite whose transactions fail while ``down``, every write in them (a restarting or
-    failing-over database, as the store sees it)."""
-
-    down = False
-
-    async def _commit(self, queue: Sequence[Run]) -> None:
-        if self.down:
-            raise Unavailable("the database is away (on purpose)")
-        await super()._commit(queue)
 
 
 @pytest.fixture
