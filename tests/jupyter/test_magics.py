@@ -325,13 +325,13 @@ def test_unchanged_cell_reuses_its_bundle(
 ) -> None:
     session = bridge_mod.get_bridge().ready()
     uploads: list[str] = []
-    real = session.blobs.put  # where every bundle is stored, however it came
+    real = session.blobs.upload  # where every bundle is stored, however it came
 
-    async def counting(data: bytes, digest: str | None = None, **kw: Any) -> str:
+    async def counting(data: bytes, digest: str | None = None, **kw: Any) -> Any:
         uploads.append(digest or "")  # (a small bundle rides with its run: stored there)
         return await real(data, digest, **kw)
 
-    monkeypatch.setattr(session.blobs, "put", counting)
+    monkeypatch.setattr(session.blobs, "upload", counting)
     (tmp_path / "helper.py").write_text("def twice(x):\n    return 2 * x\n")
     body = f"# reuse test {time.time()}\nfrom helper import twice\ntwice(21)\n"
     line = f"--files {tmp_path / 'helper.py'} --out v"
