@@ -28,16 +28,11 @@ class Blobs:
         self.store = store
         self.artifacts = artifacts
 
-    async def put(self, data: bytes, digest: str | None, *, who: Identity | None) -> str:
-        digest, claimed = await self.upload(data, digest, who=who)
-        await claimed
-        return digest
-
     async def upload(
         self, data: bytes, digest: str | None, *, who: Identity | None
     ) -> tuple[str, Awaitable[None]]:
-        """``put``, its uploader's claim queued but not awaited: the write its caller makes next
-        commits with it (a run's bundle and its job: one transaction, not two)."""
+        """Store ``data``, its uploader's claim queued but not awaited: the write its caller makes
+        next commits with it (a run's bundle and its job: one transaction, not two)."""
         check_role(who, Role.USER, "upload")
         if len(data) <= SMALL and self.artifacts.has(known := hash_checked(data, digest)):
             digest = known  # stored already (a cell run again): no thread hop, no write
