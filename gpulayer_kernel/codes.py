@@ -202,6 +202,7 @@ class ErrorCode(StrEnum):
     WORKSPACE_NO_MANIFEST = "workspace_no_manifest"
     WORKSPACE_NONE = "workspace_none"
     WORKSPACE_NOT_SYNCED = "workspace_not_synced"
+    WORKSPACE_NOT_THIS_NODE = "workspace_not_this_node"
     WORKSPACE_TIMEOUT = "workspace_timeout"
     WORKSPACE_TOO_BIG = "workspace_too_big"
     WORKSPACE_UNSAFE_NAME = "workspace_unsafe_name"

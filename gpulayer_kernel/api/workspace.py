@@ -19,7 +19,6 @@ from ..contracts.workspace import (
 from ..errors import NotFound
 from ..security import Role
 from ..security.roles import resolved
-from ..workspace.service import plane_for
 from .mixin import GLMixin
 from .ops import op
 from .params import WAIT
@@ -45,7 +44,7 @@ class SessionWorkspaceHandler(GLMixin):
         role=Role.VIEWER,
     )
     async def get(self, session: str) -> WorkspaceView:
-        view = await plane_for(self.cp).view(session, self.who)
+        view = await self.cp.workspace.view(session, self.who)
         if view is None:
             raise _none(session)
         return view
@@ -64,7 +63,7 @@ class SessionWorkspaceCallsHandler(GLMixin):
         role=Role.USER,
     )
     async def post(self, session: str, body: WorkspaceCall, wait: float) -> WorkspaceAnswer:
-        call = plane_for(self.cp).call(session, body, wait, self.who)
+        call = self.cp.workspace.call(session, body, wait, self.who)
         return await self.long_poll(wait, call)
 
 
@@ -80,7 +79,7 @@ class WorkspaceMissingHandler(GLMixin):
         role=Role.USER,
     )
     async def post(self, body: Digests) -> Digests:
-        return Digests(digests=await plane_for(self.cp).missing(list(body.digests), self.who))
+        return Digests(digests=await self.cp.workspace.missing(list(body.digests), self.who))
 
 
 class WorkspaceObjectsHandler(GLMixin):
@@ -95,7 +94,7 @@ class WorkspaceObjectsHandler(GLMixin):
         role=Role.USER,
     )
     async def post(self, data: bytes) -> None:
-        await plane_for(self.cp).put_pack(data, resolved(self.who).user)
+        await self.cp.workspace.put_pack(data, resolved(self.who).user)
 
 
 class WorkspaceReadHandler(GLMixin):
@@ -109,7 +108,7 @@ class WorkspaceReadHandler(GLMixin):
         role=Role.USER,
     )
     async def post(self, body: Digests) -> bytes:
-        return await plane_for(self.cp).read_pack(list(body.digests), resolved(self.who).user)
+        return await self.cp.workspace.read_pack(list(body.digests), resolved(self.who).user)
 
 
 # -- worker routes -------------------------------------------------------------------------------
@@ -125,7 +124,7 @@ class WorkerWorkspacePlanHandler(WorkerRoute):
         kinds=WORKER,
     )
     async def get(self, job_id: str) -> WorkspacePlan:
-        plan = await plane_for(self.cp).plan(await self.cp.get(job_id), self.worker_id)
+        plan = await self.cp.workspace.plan(await self.cp.get(job_id), self.worker_id)
         if plan is None:
             raise _none(job_id)
         return plan
@@ -141,11 +140,13 @@ class WorkerWorkspaceCallsHandler(WorkerRoute):
         kinds=WORKER,
     )
     async def get(self, job_id: str, wait: float) -> WorkspaceCalls:
-        return await self.long_poll(wait, plane_for(self.cp).next_calls(job_id, wait))
+        return await self.long_poll(
+            wait, self.cp.workspace.next_calls(job_id, self.worker_id, wait)
+        )
 
     @op("the answer to one call", body=WorkspaceAnswer, answer=None, status=204, kinds=WORKER)
     async def post(self, job_id: str, body: WorkspaceAnswer) -> None:
-        await plane_for(self.cp).answer(job_id, body)
+        await self.cp.workspace.answer(job_id, self.worker_id, body)
 
 
 class WorkerWorkspaceObjectsHandler(WorkerRoute):
@@ -160,7 +161,7 @@ class WorkerWorkspaceObjectsHandler(WorkerRoute):
         kinds=WORKER,
     )
     async def post(self, job_id: str, data: bytes) -> None:
-        plane = plane_for(self.cp)
+        plane = self.cp.workspace
         await plane.put_pack(data, await plane.owner_of(job_id))
 
 
@@ -174,7 +175,7 @@ class WorkerWorkspaceReadHandler(WorkerRoute):
         kinds=WORKER,
     )
     async def post(self, job_id: str, body: Digests) -> bytes:
-        plane = plane_for(self.cp)
+        plane = self.cp.workspace
         return await plane.read_pack(list(body.digests), await plane.owner_of(job_id))
 
 

@@ -27,9 +27,7 @@ class CpWorkspaceLink:
     """Direct calls into a ControlPlane on this loop, as ``who``."""
 
     def __init__(self, cp: ControlPlane, who: Identity | None = None) -> None:
-        from ..workspace.service import plane_for
-
-        self.plane = plane_for(cp)
+        self.plane = cp.workspace
         self.who = who
 
     async def view(self, session_id: str) -> WorkspaceView | None:

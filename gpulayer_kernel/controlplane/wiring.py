@@ -15,6 +15,7 @@ from ..redact import Redactor
 from ..security.users import UserService
 from ..security.vault import MEMORY_KEYS, KeySource
 from ..store import ArtifactStore, MetadataStore
+from ..workspace.service import WorkspacePlane
 from .admin_side import AdminCalls
 from .audit import AuditLog
 from .blobs import Blobs
@@ -117,6 +118,9 @@ class Wiring:
             store, self.jobs, self.dispatch, self.tails, self.event_log, self.redactor, clock=clock
         )
         self.kernels = KernelRelay(self.jobs, self.dispatch, self.sessions, clock=clock)
+        self.workspace = WorkspacePlane(
+            self.jobs, self.sessions, self.registry, artifacts, store
+        )  # ADR 0022
         self.registry.on_change = self.scheduling.kick  # a worker under suspicion, or back
         self.audit = AuditLog(store, clock=clock)  # who did what (ADR 0020)
         self.metrics = Metrics(self)  # its own registry: several control planes share a process
@@ -205,6 +209,8 @@ class Wiring:
             self.sessions.job_changed(change)
             if after.state != before.state:
                 self.kernels.job_changed(after.id, after.state.terminal)
+            if after.state.terminal:
+                self.workspace.forget(after.id)
         self.provisioning.job_changed(after)
         if after.state == before.state or not (
             after.state.terminal or after.state == JobState.QUEUED

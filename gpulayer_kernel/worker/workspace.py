@@ -11,6 +11,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from ..client.calls import Req
 from ..contracts import JobAssignment
 from ..contracts.workspace import (
     Digests,
@@ -20,10 +23,12 @@ from ..contracts.workspace import (
     WorkspacePlan,
 )
 from ..errors import NotFound
+from ..wire.http import Wire
 from ..workspace.jobs import JobWorkspace
 from ..workspace.plan import host_id, parse_share
 from ..workspace.remote import WorkerLink, WorkerWorkspace
 from .config import ExecutorConfig
+from .http import HttpTransport
 from .transport import AttemptTransport, InProcessTransport, Transport
 
 SHARED_ENV = "GPULAYER_SHARED_PATHS"  # "HERE=THERE:HERE2=THERE2", as --shared-path
@@ -31,20 +36,24 @@ SHARED_ENV = "GPULAYER_SHARED_PATHS"  # "HERE=THERE:HERE2=THERE2", as --shared-p
 
 class _InProcess:
     def __init__(self, transport: InProcessTransport) -> None:
-        from ..workspace.service import plane_for
-
         self.cp = transport.cp
         self.transport = transport
-        self.plane = plane_for(transport.cp)
+        self.plane = transport.cp.workspace
 
     async def plan(self, job_id: str) -> WorkspacePlan | None:
         return await self.plane.plan(await self.cp.get(job_id), self.transport.worker_id)
 
+    @property
+    def worker_id(self) -> str:
+        wid = self.transport.worker_id
+        assert wid is not None, "a worker holds attempts only once it has joined"
+        return wid
+
     async def calls(self, job_id: str, wait: float) -> WorkspaceCalls:
-        return await self.plane.next_calls(job_id, wait)
+        return await self.plane.next_calls(job_id, self.worker_id, wait)
 
     async def answer(self, job_id: str, answer: WorkspaceAnswer) -> None:
-        await self.plane.answer(job_id, answer)
+        await self.plane.answer(job_id, self.worker_id, answer)
 
     async def read_pack(self, job_id: str, digests: list[str]) -> bytes:
         return await self.plane.read_pack(digests, await self.plane.owner_of(job_id))
@@ -54,50 +63,50 @@ class _InProcess:
 
 
 class _Http:
-    def __init__(self, transport: Any) -> None:
-        self.t = transport
+    """The worker routes on its transport's wire (``wire/http.py``: failover, TLS, its session
+    token, the error mapping)."""
+
+    def __init__(self, wire: Wire) -> None:
+        self.wire = wire
+
+    async def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        return await self.wire.send(Req(method, f"/worker/jobs/{path}", **kw))
 
     async def plan(self, job_id: str) -> WorkspacePlan | None:
         try:
-            resp = await self.t._request("GET", f"/worker/jobs/{job_id}/workspace/plan")
+            resp = await self._send("GET", f"{job_id}/workspace/plan")
         except NotFound:
             return None
         return WorkspacePlan.model_validate_json(resp.content)
 
     async def calls(self, job_id: str, wait: float) -> WorkspaceCalls:
-        resp = await self.t._request(
-            "GET",
-            f"/worker/jobs/{job_id}/workspace/calls",
-            params={"wait": str(wait)},
-            timeout=wait + 30,
+        resp = await self._send(
+            "GET", f"{job_id}/workspace/calls", params=[("wait", str(wait))], timeout=wait + 30
         )
         return WorkspaceCalls.model_validate_json(resp.content)
 
     async def answer(self, job_id: str, answer: WorkspaceAnswer) -> None:
-        await self.t._request(
-            "POST", f"/worker/jobs/{job_id}/workspace/calls", body=answer.model_dump_json()
-        )
+        await self._send("POST", f"{job_id}/workspace/calls", json=answer.model_dump_json())
 
     async def read_pack(self, job_id: str, digests: list[str]) -> bytes:
-        resp = await self.t._request(
+        resp = await self._send(
             "POST",
-            f"/worker/jobs/{job_id}/workspace/objects/read",
-            body=Digests(digests=digests).model_dump_json(),
+            f"{job_id}/workspace/objects/read",
+            json=Digests(digests=digests).model_dump_json(),
             timeout=600.0,
         )
         return bytes(resp.content)
 
     async def put_pack(self, job_id: str, blob: bytes) -> None:
-        await self.t._request(
-            "POST", f"/worker/jobs/{job_id}/workspace/objects", content=blob, timeout=600.0
-        )
+        await self._send("POST", f"{job_id}/workspace/objects", content=blob, timeout=600.0)
 
 
 def link_for(transport: Transport) -> WorkerLink:
     inner = transport.inner if isinstance(transport, AttemptTransport) else transport
     if isinstance(inner, InProcessTransport):
         return _InProcess(inner)
-    return _Http(inner)
+    assert isinstance(inner, HttpTransport), type(inner).__name__
+    return _Http(inner.wire)
 
 
 def workspace_for(job_id: str, transport: Transport, scratch: Path) -> WorkerWorkspace:

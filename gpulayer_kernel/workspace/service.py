@@ -11,13 +11,17 @@
   again after a restart or a lost answer is the same call.
 
 It holds nothing durable but the objects: a restarted control plane starts with empty lanes,
-the host sends its call again and the worker, which kept its answer, answers it again.
+the host sends its call again and the worker, which kept its answer, answers it again. A
+session's lane and plan are dropped when it ends (``forget``, from the wiring's job change).
+
+Only the worker of the session's first node holds the synced copy, so only it may take the
+lane's calls and answer them (``check_node``): another node's worker
+of a multi-node session is refused (403 ``workspace_not_this_node``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -31,13 +35,16 @@ from ..contracts.workspace import (
     WorkspaceSource,
     WorkspaceView,
 )
-from ..errors import InvalidInput, NotFound, Unavailable
+from ..errors import Forbidden, InvalidInput, NotFound, Unavailable
 from ..security.roles import Identity, check_act, resolved
 from . import pack as packs
 from .plan import decide
 
 if TYPE_CHECKING:
-    from ..controlplane import ControlPlane
+    from ..controlplane.jobs import JobTable
+    from ..controlplane.sessions.table import SessionTable
+    from ..controlplane.workers import WorkerRegistry
+    from ..store import ArtifactStore, MetadataStore
 
 KEPT = 256  # answers remembered per lane (a call sent again is answered from here)
 MAX_PACK = 256 << 20  # content one pack may unpack to
@@ -52,10 +59,22 @@ class Lane:
 
 
 class WorkspacePlane:
-    """Every session's workspace lane and view; a part of one ControlPlane (``plane_for``)."""
+    """Every session's workspace lane and view; a part of the control plane (built in
+    ``controlplane/wiring.py`` as ``cp.workspace``)."""
 
-    def __init__(self, cp: ControlPlane) -> None:
-        self.cp = cp
+    def __init__(
+        self,
+        jobs: JobTable,
+        sessions: SessionTable,
+        registry: WorkerRegistry,
+        artifacts: ArtifactStore,
+        store: MetadataStore,
+    ) -> None:
+        self.jobs = jobs
+        self.sessions = sessions
+        self.registry = registry
+        self.artifacts = artifacts
+        self.store = store
         self._lanes: dict[str, Lane] = {}
         self._owned: dict[str, set[str]] = {}  # user -> digests known to be theirs
         self._plans: dict[str, WorkspacePlan] = {}
@@ -93,7 +112,7 @@ class WorkspacePlane:
         return plan
 
     def _decide(self, source: WorkspaceSource, worker_id: str, name: str) -> WorkspacePlan:
-        worker = self.cp.registry.get(worker_id)
+        worker = self.registry.get(worker_id)
         shares = worker.shares if worker is not None else None
         in_process = worker is not None and worker.transport == "inprocess"
         return decide(source, shares, worker=name, in_process=in_process)
@@ -107,7 +126,7 @@ class WorkspacePlane:
             reason=plan.reason,
             **more,
         )
-        self.cp.sessions.set_workspace(job.id, view)
+        self.sessions.set_workspace(job.id, view)
 
     async def view(self, ref: str, who: Identity | None) -> WorkspaceView | None:
         """The session's workspace as the host sees it (its plan decided once it runs)."""
@@ -124,9 +143,9 @@ class WorkspacePlane:
         )
 
     async def _job(self, ref: str, who: Identity | None) -> Job:
-        info = await self.cp.get_session(ref, who=who)
-        check_act(who, info.job.owner, f"session {info.name}")
-        return info.job
+        s, job = await self.sessions.find(ref, who)
+        check_act(who, job.owner, f"session {s.name}")
+        return job
 
     # -- objects ---------------------------------------------------------------------------------
 
@@ -140,7 +159,7 @@ class WorkspacePlane:
         for d in dict.fromkeys(digests):
             if d in owned:
                 continue
-            if self.cp.artifacts.has(d) and await self.cp.store.blob_owned(d, user):
+            if self.artifacts.has(d) and await self.store.blob_owned(d, user):
                 owned.add(d)
                 continue
             out.append(d)
@@ -149,8 +168,8 @@ class WorkspacePlane:
     async def put_pack(self, blob: bytes, user: str) -> int:
         """Store a pack's objects (each verified) for ``user``; how many."""
         objs = await asyncio.to_thread(lambda: list(packs.unpack(blob, MAX_PACK)))
-        await asyncio.to_thread(self.cp.artifacts.put_many, objs)
-        await self.cp.store.add_blob_owners([(d, user) for d, _ in objs])
+        await asyncio.to_thread(self.artifacts.put_many, objs)
+        await self.store.add_blob_owners([(d, user) for d, _ in objs])
         self._owned.setdefault(user, set()).update(d for d, _ in objs)
         return len(objs)
 
@@ -158,12 +177,26 @@ class WorkspacePlane:
         """The pack of those of ``digests`` that are ``user``'s (others: left out, as absent)."""
         mine = set(digests) - set(await self._missing(digests, user))
         objs = await asyncio.to_thread(
-            lambda: [(d, self.cp.artifacts.get(d)) for d in digests if d in mine]
+            lambda: [(d, self.artifacts.get(d)) for d in digests if d in mine]
         )
         return await asyncio.to_thread(packs.pack, objs)
 
     async def owner_of(self, job_id: str) -> str:
-        return (await self.cp.get(job_id)).owner
+        """Whose objects a worker of ``job_id`` reads and writes (every node of a one-shot job
+        syncs its own copy; that the job was given to the worker is the worker routes' check)."""
+        return (await self.jobs.get(job_id)).owner
+
+    async def check_node(self, job_id: str, worker_id: str) -> None:
+        """``worker_id`` may take the session's lane: it runs the first node, the one with the
+        synced copy; another node's worker is refused."""
+        job = await self.jobs.get(job_id)
+        if job.placement is not None and job.placement.nodes[0].worker_id != worker_id:
+            raise Forbidden(
+                f"session {job_id}'s workspace is on its first node "
+                f"({job.placement.nodes[0].worker_name}), not on this worker's",
+                hint="a multi-node session's other nodes run without a synced copy",
+                code="workspace_not_this_node",
+            )
 
     # -- the lane ----------------------------------------------------------------------------------
 
@@ -194,7 +227,7 @@ class WorkspacePlane:
         deadline = asyncio.get_running_loop().time() + max(0.0, wait)
         while call.id not in lane.answers:
             left = deadline - asyncio.get_running_loop().time()
-            current = await self.cp.get(job.id)
+            current = await self.jobs.get(job.id)
             if current.state.terminal:
                 raise NotFound(
                     f"session {ref} has ended; its workspace with it",
@@ -222,8 +255,9 @@ class WorkspacePlane:
             )
         return answer
 
-    async def next_calls(self, job_id: str, wait: float) -> WorkspaceCalls:
+    async def next_calls(self, job_id: str, worker_id: str, wait: float) -> WorkspaceCalls:
         """(The worker.) Calls not answered yet; long-polls ``wait`` seconds for one."""
+        await self.check_node(job_id, worker_id)
         lane = self._lane(job_id)
         if not lane.calls:
             lane.news.clear()
@@ -233,7 +267,8 @@ class WorkspacePlane:
                 pass
         return WorkspaceCalls(calls=list(lane.calls.values()))
 
-    async def answer(self, job_id: str, answer: WorkspaceAnswer) -> None:
+    async def answer(self, job_id: str, worker_id: str, answer: WorkspaceAnswer) -> None:
+        await self.check_node(job_id, worker_id)
         lane = self._lane(job_id)
         lane.calls.pop(answer.id, None)
         lane.answers[answer.id] = answer
@@ -244,14 +279,3 @@ class WorkspacePlane:
     def forget(self, job_id: str) -> None:
         self._lanes.pop(job_id, None)
         self._plans.pop(job_id, None)
-
-
-_PLANES: weakref.WeakKeyDictionary[ControlPlane, WorkspacePlane] = weakref.WeakKeyDictionary()
-
-
-def plane_for(cp: ControlPlane) -> WorkspacePlane:
-    """The control plane's workspace part, made on first use (it holds nothing durable)."""
-    plane = _PLANES.get(cp)
-    if plane is None:
-        plane = _PLANES[cp] = WorkspacePlane(cp)
-    return plane

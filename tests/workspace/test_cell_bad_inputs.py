@@ -32,7 +32,6 @@ from gpulayer_kernel.security.roles import resolved
 from gpulayer_kernel.testing import ServeProcess, WorkerProcess, wait_until
 from gpulayer_kernel.workspace import pack as packs
 from gpulayer_kernel.workspace.cellsync import CellFolder, bring_back
-from gpulayer_kernel.workspace.service import plane_for
 
 from .conftest import notebook_folder
 from .test_cell_workspace import close, kernel_in, own, plain, served
@@ -250,7 +249,7 @@ async def test_write_back_names_from_a_worker_never_leave_the_folder(
     folder.mkdir()
     data = b"not yours\n"
     digest = hashlib.sha256(data).hexdigest()
-    await plane_for(gl_cp).put_pack(packs.pack([(digest, data)]), resolved(None).user)
+    await gl_cp.workspace.put_pack(packs.pack([(digest, data)]), resolved(None).user)
     outputs = [
         FileEntry(path=p, size=len(data), digest=digest)
         for p in ("../escaped.txt", "/etc/evil", "fine.txt")

@@ -9,15 +9,19 @@ from pathlib import Path
 import pytest
 
 from gpulayer_kernel.contracts import Resources, SessionHolder, SessionSpec, WorkerRegistration
-from gpulayer_kernel.contracts.workspace import PathMap, WorkerShares, WorkspaceSource
+from gpulayer_kernel.contracts.workspace import (
+    PathMap,
+    WorkerShares,
+    WorkspaceAnswer,
+    WorkspaceSource,
+)
 from gpulayer_kernel.controlplane import ControlPlane
-from gpulayer_kernel.errors import BundleError, InvalidInput
+from gpulayer_kernel.errors import BundleError, Forbidden, InvalidInput
 from gpulayer_kernel.pytest_plugin import sim_caps
 from gpulayer_kernel.security.roles import Identity, Role
 from gpulayer_kernel.testing import until
 from gpulayer_kernel.workspace import pack as packs
 from gpulayer_kernel.workspace.plan import decide, parse_share
-from gpulayer_kernel.workspace.service import plane_for
 
 SRC = WorkspaceSource(folder="/home/alice/proj", host="laptop")
 
@@ -58,7 +62,7 @@ async def test_a_digest_alone_never_gives_another_users_file(gl_cp: ControlPlane
     for name in ("alice", "bob"):
         await gl_cp.users.add(name, Role.USER)
     alice, bob = Identity("alice", Role.USER), Identity("bob", Role.USER)
-    plane = plane_for(gl_cp)
+    plane = gl_cp.workspace
     secret = b"alice's private notes"
     digest = hashlib.sha256(secret).hexdigest()
     assert await plane.missing([digest], alice) == [digest]
@@ -76,7 +80,7 @@ async def test_a_digest_alone_never_gives_another_users_file(gl_cp: ControlPlane
 async def test_a_pack_whose_bytes_do_not_match_is_refused_and_stores_nothing(
     gl_cp: ControlPlane, tmp_path: Path
 ) -> None:
-    plane = plane_for(gl_cp)
+    plane = gl_cp.workspace
     forged = "0" * 64
     with pytest.raises(BundleError) as err:
         await plane.put_pack(packs.pack([(forged, b"not that")]), "admin")
@@ -112,7 +116,7 @@ async def test_a_multi_node_session_is_synced_on_its_first_node_only(gl_cp: Cont
     job = (await gl_cp.get_session("two")).job
     assert job.placement is not None
     first, *others = [n.worker_name for n in job.placement.nodes]
-    plane = plane_for(gl_cp)
+    plane = gl_cp.workspace
     plans = {n: await plane.plan(job, ids[n]) for n in ids}
     on_first = plans[first]
     assert on_first is not None and on_first.mode == ("synced" if first != "a3" else "in_place")
@@ -125,3 +129,41 @@ async def test_a_multi_node_session_is_synced_on_its_first_node_only(gl_cp: Cont
         else:
             assert plan.mode == "none", plan
             assert f"first node ({first})" in plan.reason and "scratch" in plan.reason
+    # only the first node's worker may take and answer the host's calls
+    assert (await plane.next_calls(job.id, ids[first], 0)).calls == []
+    answer = WorkspaceAnswer(id="c1", ok=True)
+    for name in others:
+        for attempt in (
+            plane.next_calls(job.id, ids[name], 0),
+            plane.answer(job.id, ids[name], answer),
+        ):
+            with pytest.raises(Forbidden) as err:
+                await attempt
+            assert err.value.code == "workspace_not_this_node"
+            assert f"first node ({first})" in err.value.message
+
+
+async def test_an_ended_session_leaves_no_lane_or_plan_behind(gl_cp: ControlPlane) -> None:
+    """The lane and the plan are in memory per session: its end drops them, so a server that
+    runs sessions for months does not grow by one of each per session."""
+    reg = WorkerRegistration(name="far", capabilities=sim_caps(1), shares=WorkerShares(host="x"))
+    wid = (await gl_cp.register(reg)).id
+    holder = SessionHolder(client="kernel-a", notebook="t.ipynb")
+    spec = SessionSpec(name="s", holder=holder, resources=Resources(gpus=1), workspace=SRC)
+    await gl_cp.start_session(spec)
+
+    async def placed() -> bool:
+        return (await gl_cp.get_session("s")).job.placement is not None
+
+    await until(placed, what="the session to be placed")
+    job = (await gl_cp.get_session("s")).job
+    plane = gl_cp.workspace
+    assert (await plane.plan(job, wid)) is not None
+    await plane.answer(job.id, wid, WorkspaceAnswer(id="c1", ok=True))
+    assert job.id in plane._lanes and job.id in plane._plans
+    await gl_cp.stop_session("s")
+
+    async def gone() -> bool:
+        return job.id not in plane._lanes and job.id not in plane._plans
+
+    await until(gone, what="the ended session's lane and plan to be dropped")
