@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from ..store import ArtifactStore, MetadataStore
 
 KEPT = 256  # answers remembered per lane (a call sent again is answered from here)
+OWNED_KEPT = 200_000  # digests remembered as a user's (a cache of the store's answer)
 MAX_PACK = 256 << 20  # content one pack may unpack to
 
 
@@ -154,23 +155,30 @@ class WorkspacePlane:
         return await self._missing(digests, user)
 
     async def _missing(self, digests: list[str], user: str) -> list[str]:
-        owned = self._owned.setdefault(user, set())
         out = []
         for d in dict.fromkeys(digests):
-            if d in owned:
+            if d in self._known(user):
                 continue
             if self.artifacts.has(d) and await self.store.blob_owned(d, user):
-                owned.add(d)
+                self._known(user).add(d)
                 continue
             out.append(d)
         return out
+
+    def _known(self, user: str) -> set[str]:
+        """The digests known to be ``user``'s; a cache, started afresh past ``OWNED_KEPT`` (the
+        store answers again) so a user with millions of files does not grow the server."""
+        owned = self._owned.setdefault(user, set())
+        if len(owned) > OWNED_KEPT:
+            owned.clear()
+        return owned
 
     async def put_pack(self, blob: bytes, user: str) -> int:
         """Store a pack's objects (each verified) for ``user``; how many."""
         objs = await asyncio.to_thread(lambda: list(packs.unpack(blob, MAX_PACK)))
         await asyncio.to_thread(self.artifacts.put_many, objs)
         await self.store.add_blob_owners([(d, user) for d, _ in objs])
-        self._owned.setdefault(user, set()).update(d for d, _ in objs)
+        self._known(user).update(d for d, _ in objs)
         return len(objs)
 
     async def read_pack(self, digests: list[str], user: str) -> bytes:

@@ -21,6 +21,7 @@ from gpulayer_kernel.pytest_plugin import sim_caps
 from gpulayer_kernel.security.roles import Identity, Role
 from gpulayer_kernel.testing import until
 from gpulayer_kernel.workspace import pack as packs
+from gpulayer_kernel.workspace import service
 from gpulayer_kernel.workspace.plan import decide, parse_share
 
 SRC = WorkspaceSource(folder="/home/alice/proj", host="laptop")
@@ -167,3 +168,17 @@ async def test_an_ended_session_leaves_no_lane_or_plan_behind(gl_cp: ControlPlan
         return job.id not in plane._lanes and job.id not in plane._plans
 
     await until(gone, what="the ended session's lane and plan to be dropped")
+
+
+async def test_the_cache_of_a_users_files_stays_bounded_and_answers_the_same(
+    gl_cp: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "OWNED_KEPT", 3)
+    plane = gl_cp.workspace
+    files = [f"file {i}".encode() for i in range(10)]
+    digests = [hashlib.sha256(b).hexdigest() for b in files]
+    for digest, data in zip(digests, files, strict=True):
+        await plane.put_pack(packs.pack([(digest, data)]), "admin")
+        assert len(plane._owned["admin"]) <= 4
+    assert await plane.missing(digests, None) == []  # the store answers what the cache forgot
+    assert len(plane._owned["admin"]) <= 4
