@@ -7,13 +7,18 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Iterator
+from functools import cache
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
-L = pytest.importorskip("lightning")
+if find_spec("lightning") is None:
+    # Found, not imported: Lightning takes ~2 s to import, in every xdist worker that collects
+    # this file; only the worker that runs these tests imports it (``lit``).
+    pytest.skip("needs lightning (the dev extra)", allow_module_level=True)
 
 import torch.nn.functional as F  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
@@ -35,25 +40,37 @@ def net(hidden: int) -> torch.nn.Module:
     )
 
 
-class Lit(L.LightningModule):
-    def __init__(self, hidden: int = 32) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        self.net = net(hidden)
+@cache
+def lit_class() -> Any:
+    """The LightningModule twin of ``Ours`` (Lightning imported here, on first use)."""
+    import lightning as L
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)  # type: ignore[no-any-return]
+    class Lit(L.LightningModule):
+        def __init__(self, hidden: int = 32) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+            self.net = net(hidden)
 
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        return F.cross_entropy(self(x), y)
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x)  # type: ignore[no-any-return]
 
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = batch
-        self.log("val_loss", F.cross_entropy(self(x), y))
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return F.cross_entropy(self(x), y)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            x, y = batch
+            self.log("val_loss", F.cross_entropy(self(x), y))
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Lit
+
+
+@pytest.fixture
+def lit() -> Any:
+    return lit_class()
 
 
 class Ours(Module):
@@ -89,6 +106,8 @@ def _lightning_quiet() -> Iterator[None]:
 
 
 def lightning_trainer(root: Path, **options: Any) -> Any:
+    import lightning as L
+
     return L.Trainer(
         default_root_dir=str(root),
         accelerator="cpu",
@@ -101,17 +120,17 @@ def lightning_trainer(root: Path, **options: Any) -> Any:
 
 
 def test_a_lightning_checkpoint_loads_into_the_same_gpulayer_module(
-    single_process: Path, loader: DataLoader[Any]
+    single_process: Path, loader: DataLoader[Any], lit: Any
 ) -> None:
     torch.manual_seed(0)
-    lit = Lit(hidden=32)
+    model = lit(hidden=32)
     trainer = lightning_trainer(single_process, max_steps=3, enable_checkpointing=False)
-    trainer.fit(lit, loader)
+    trainer.fit(model, loader)
     trainer.save_checkpoint(single_process / "lit.ckpt")
 
     ours = Ours(hidden=32)
     ours.load_state_dict(from_lightning(single_process / "lit.ckpt"))  # weights_only=True
-    for key, value in lit.state_dict().items():
+    for key, value in model.state_dict().items():
         assert torch.equal(ours.state_dict()[key], value), key
     # and training goes on from those weights with the Trainer
     result = Trainer(max_steps=2, log_every=1, loggers=[]).fit(ours, loader)
@@ -119,7 +138,7 @@ def test_a_lightning_checkpoint_loads_into_the_same_gpulayer_module(
 
 
 def test_a_gpulayer_checkpoint_saved_for_lightning_loads_there(
-    single_process: Path, loader: DataLoader[Any]
+    single_process: Path, loader: DataLoader[Any], lit: Any
 ) -> None:
     torch.manual_seed(0)
     ours = Ours(hidden=16)
@@ -129,20 +148,20 @@ def test_a_gpulayer_checkpoint_saved_for_lightning_loads_there(
     )
     assert torch.load(path, weights_only=True)["global_step"] == 4
 
-    lit = Lit.load_from_checkpoint(path)
-    assert lit.hparams.hidden == 16
+    loaded = lit.load_from_checkpoint(path)
+    assert loaded.hparams.hidden == 16
     for key, value in ours.state_dict().items():
-        assert torch.equal(lit.state_dict()[key], value), key
-    [metrics] = lightning_trainer(single_process).validate(Lit(hidden=16), loader, ckpt_path=path)
+        assert torch.equal(loaded.state_dict()[key], value), key
+    [metrics] = lightning_trainer(single_process).validate(lit(hidden=16), loader, ckpt_path=path)
     x, y = next(iter(DataLoader(loader.dataset, batch_size=64)))
     expected = F.cross_entropy(ours(x), y).item()
     assert metrics["val_loss"] == pytest.approx(expected, rel=1e-5)
 
 
-def test_a_module_saves_directly_and_bad_files_are_named(single_process: Path) -> None:
+def test_a_module_saves_directly_and_bad_files_are_named(single_process: Path, lit: Any) -> None:
     torch.manual_seed(0)
     ours = Ours()
-    Lit.load_from_checkpoint(to_lightning(ours, single_process / "direct.ckpt"))
+    lit.load_from_checkpoint(to_lightning(ours, single_process / "direct.ckpt"))
     with pytest.raises(CheckpointInvalid, match="no checkpoint at"):
         from_lightning(single_process / "missing.ckpt")
     torch.save({"model": ours.state_dict()}, single_process / "not-lightning.pt")
