@@ -70,5 +70,41 @@ export default tseslint.config(
       ]
     }
   },
+  // The cell widget (an anywidget ESM, bundled on its own): the API's requester and the
+  // model's words, never JupyterLab (an anywidget gets none of its services) or the panel.
+  {
+    files: ['labextension/src/widget/**/*.ts'],
+    rules: {
+      'no-restricted-imports': [
+        'error',
+        {
+          paths: [
+            {
+              name: '../api',
+              message:
+                "import ../api/requester (not the panel's ServerConnection)"
+            }
+          ],
+          patterns: [
+            {
+              group: ['@jupyterlab/*', '@lumino/*', 'react', 'react-dom'],
+              message:
+                'the cell widget runs outside JupyterLab: no Lab packages'
+            },
+            {
+              group: [
+                '../api/*',
+                '!../api/requester',
+                '../views',
+                '../views/*'
+              ],
+              message:
+                "import ../api/requester (not the panel's ServerConnection) and no views"
+            }
+          ]
+        }
+      ]
+    }
+  },
   prettierRecommended
 );

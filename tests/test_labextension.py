@@ -33,8 +33,9 @@ def _jlpm() -> str:
     return found
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PATH": os.pathsep.join([VENV_BIN, os.environ.get("PATH", "")])}
+def _run(*args: str, **more_env: str) -> subprocess.CompletedProcess[str]:
+    path = os.pathsep.join([VENV_BIN, os.environ.get("PATH", "")])
+    env = {**os.environ, "PATH": path, **more_env}
     return subprocess.run(
         [_jlpm(), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
@@ -58,6 +59,19 @@ def test_typescript_unit_tests(node_modules: None) -> None:
     r = _run("test")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout
+
+
+@pytest.mark.slow
+def test_the_cell_widget_is_what_its_typescript_sources_build(
+    node_modules: None, tmp_path: Path
+) -> None:
+    """gpulayer_kernel/jupyter/widget.js is kept in the repository (the widget works without
+    Node.js); it must be exactly what ``jlpm build:widget`` makes of labextension/src/widget/."""
+    built = tmp_path / "widget.js"
+    r = _run("build:widget", WIDGET_OUT=str(built))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    committed = ROOT / "gpulayer_kernel" / "jupyter" / "widget.js"
+    assert built.read_text() == committed.read_text(), "run `jlpm build:widget` and commit it"
 
 
 def test_the_built_panel_ships_in_the_package() -> None:

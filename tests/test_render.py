@@ -101,9 +101,10 @@ def test_duration(seconds: float | None, text: str) -> None:
 def test_the_widget_writes_durations_as_python_does() -> None:
     widget = Path(__file__).parents[1] / "gpulayer_kernel" / "jupyter" / "widget.js"
     script = (
-        f"import {{ fmt }} from {json.dumps(widget.as_uri())};\n"
+        f"import {{ formatDuration }} from {json.dumps(widget.as_uri())};\n"
         f"const examples = {json.dumps(EXAMPLES)};\n"
-        "console.log(JSON.stringify(examples.map(([s]) => fmt(s === null ? NaN : s))));\n"
+        "const words = examples.map(([s]) => formatDuration(s === null ? NaN : s));\n"
+        "console.log(JSON.stringify(words));\n"
     )
     out = subprocess.run(
         ["node", "--input-type=module"],

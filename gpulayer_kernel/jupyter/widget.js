@@ -1,127 +1,164 @@
-// The GPUlayer job widget (anywidget ESM). Python sends facts already rendered to text
-// (gpulayer_kernel/render.py); this file only lays them out, keeps the log lines and chart
-// points, ticks the elapsed time, and wires the cancel button (see widget.py for why it talks
-// to the Jupyter server directly while the cell blocks). `uPlot` is defined above this file:
-// widget.py bundles uPlot's browser build in front of it (vendor/), so nothing is fetched.
+// Built from labextension/src/widget/ by jlpm build:widget: edit the sources, not this file.
+var __defProp = Object.defineProperty;
+var __defNormalProp = (obj, key, value) => key in obj ? __defProp(obj, key, { enumerable: true, configurable: true, writable: true, value }) : obj[key] = value;
+var __publicField = (obj, key, value) => __defNormalProp(obj, typeof key !== "symbol" ? key + "" : key, value);
 
-const MAX_LINES = 5000; // kept in the page per job; older lines are dropped from the view
-const MAX_POINTS = 5000; // chart points kept in the page per job
-const COLORS = ["#1f6feb", "#cf222e", "#1a7f37", "#a07000", "#8250df", "#0a7b83", "#6e7781"];
-// Log lines per job id. Keyed by the id, not the model: anywidget hands initialize() and each
-// render() a different proxy of the same model.
-const stores = new Map();
-
-function store(model) {
-  const key = model.get("job_id");
-  let s = stores.get(key);
-  if (!s) {
-    s = {
-      lines: [...(model.get("log_tail") || [])],
-      points: [...(model.get("chart") || [])],
-      listeners: new Set(),
-      charts: new Set(),
-    };
-    stores.set(key, s);
+// labextension/src/api/clock.ts
+var ServerClock = class {
+  constructor() {
+    /** Seconds to add to the browser's clock to get the server's. */
+    __publicField(this, "offset", 0);
   }
-  return s;
-}
-
-function pageConfig() {
-  const el = document.getElementById("jupyter-config-data");
-  if (!el) return null;
-  try {
-    return JSON.parse(el.textContent || "{}");
-  } catch (e) {
-    return null;
-  }
-}
-
-function cookie(name) {
-  const m = document.cookie.match("\\b" + name + "=([^;]*)\\b");
-  return m ? m[1] : "";
-}
-
-// POST to the Jupyter server that served this page; false when there is none or it refused.
-async function post(path) {
-  const config = pageConfig();
-  if (!config || typeof config.baseUrl !== "string") return false;
-  const headers = { "X-XSRFToken": cookie("_xsrf") };
-  if (config.token) headers["Authorization"] = "token " + config.token;
-  try {
-    const r = await fetch(config.baseUrl + path, {
-      method: "POST",
-      headers,
-      credentials: "same-origin",
-    });
-    return r.ok;
-  } catch (e) {
-    return false;
-  }
-}
-
-// The Lab panel's formatDuration and Python's render.duration, rule for rule: "4s", "3m 05s",
-// "2h 10m", "3d 4h" (labextension/test/durations.json holds the examples all three are tested on).
-export function fmt(seconds) {
-  if (!Number.isFinite(seconds)) return "\u2013";
-  const s = Math.max(0, Math.floor(seconds));
-  if (s < 60) return s + "s";
-  const m = Math.floor(s / 60);
-  if (m < 60) return m + "m " + String(s % 60).padStart(2, "0") + "s";
-  const h = Math.floor(m / 60);
-  if (h < 24) return h + "h " + String(m % 60).padStart(2, "0") + "m";
-  return Math.floor(h / 24) + "d " + (h % 24) + "h";
-}
-
-function el(tag, cls, parent) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (parent) parent.appendChild(e);
-  return e;
-}
-
-function initialize({ model }) {
-  const s = store(model);
-  model.on("msg:custom", (msg) => {
-    if (msg && msg.type === "points") {
-      s.points.push(...msg.points);
-      if (s.points.length > MAX_POINTS) s.points.splice(0, s.points.length - MAX_POINTS);
-      for (const f of s.charts) f();
+  observe(dateHeader, localMs = Date.now()) {
+    if (!dateHeader) {
       return;
     }
-    if (!msg || msg.type !== "logs") return;
-    s.lines.push(...msg.lines);
-    if (s.lines.length > MAX_LINES) s.lines.splice(0, s.lines.length - MAX_LINES);
-    for (const f of s.listeners) f(msg.lines);
-  });
-  model.on("change:log_tail", () => {
-    s.lines = [...(model.get("log_tail") || [])];
-    for (const f of s.listeners) f(null);
-  });
-  model.on("change:chart", () => {
-    const saved = model.get("chart") || [];
-    if (saved.length >= s.points.length) s.points = [...saved];
-    for (const f of s.charts) f();
-  });
+    const serverMs = Date.parse(dateHeader);
+    if (Number.isNaN(serverMs)) {
+      return;
+    }
+    const offset = (serverMs - localMs) / 1e3;
+    this.offset = Math.abs(offset) > 1.5 ? offset : 0;
+  }
+  /** Now, in server seconds since the epoch (what every `*_at` field uses). */
+  now(localMs = Date.now()) {
+    return localMs / 1e3 + this.offset;
+  }
+};
+
+// labextension/src/api/errors.ts
+var APIError = class extends Error {
+  constructor(status, code, message, hint = "") {
+    super(message);
+    __publicField(this, "status", status);
+    __publicField(this, "code", code);
+    __publicField(this, "hint", hint);
+    this.name = "APIError";
+  }
+  /** The server (or the control plane in it) could not be reached or is not serving. */
+  get unreachable() {
+    return this.status === 0 || this.status === 502 || this.status === 503;
+  }
+};
+function errorFromAnswer(status, data, text2) {
+  if (data && typeof data === "object") {
+    const d = data;
+    if (typeof d.message === "string") {
+      return new APIError(
+        status,
+        typeof d.code === "string" ? d.code : `http_${status}`,
+        d.message,
+        typeof d.hint === "string" ? d.hint : ""
+      );
+    }
+  }
+  if (status === 404) {
+    return new APIError(
+      status,
+      "not_installed",
+      "the GPUlayer server extension is not enabled in this Jupyter server",
+      "run `jupyter server extension enable gpulayer_kernel.jupyter` and restart it"
+    );
+  }
+  const snippet = text2.replace(/<[^>]*>/g, " ").trim().slice(0, 200);
+  return new APIError(
+    status,
+    `http_${status}`,
+    snippet || `HTTP ${status}`,
+    ""
+  );
 }
 
-// The live chart: one line per metric against the step; losses on the left axis, the others
-// (accuracies, scores) on a right one, so both stay readable. Rebuilt when a metric appears.
+// labextension/src/api/requester.ts
+var API_PATH = "gpulayer/api/v1";
+function joinUrl(base, path) {
+  return `${base.replace(/\/+$/, "")}/${path.replace(/^\/+/, "")}`;
+}
+function requester(transport, clock = new ServerClock()) {
+  return async (path, options = {}) => {
+    const url = joinUrl(joinUrl(transport.baseUrl, API_PATH), path);
+    const init = { method: options.method ?? "GET" };
+    if (options.signal) {
+      init.signal = options.signal;
+    }
+    if (options.body !== void 0) {
+      init.body = JSON.stringify(options.body);
+      init.headers = { "Content-Type": "application/json" };
+    }
+    let response;
+    try {
+      response = await transport.send(url, init);
+    } catch (error) {
+      if (options.signal?.aborted) {
+        throw error;
+      }
+      throw new APIError(
+        0,
+        "unreachable",
+        "the Jupyter server does not answer",
+        "it may have stopped or restarted; the panel keeps retrying"
+      );
+    }
+    clock.observe(response.headers.get("Date"));
+    const text2 = await response.text();
+    let data = null;
+    try {
+      data = text2 ? JSON.parse(text2) : null;
+    } catch {
+      data = null;
+    }
+    if (!response.ok) {
+      throw errorFromAnswer(response.status, data, text2);
+    }
+    return data;
+  };
+}
+
+// labextension/src/model/format.ts
+function formatDuration(seconds) {
+  if (!Number.isFinite(seconds)) {
+    return "–";
+  }
+  const s = Math.max(0, Math.floor(seconds));
+  if (s < 60) {
+    return `${s}s`;
+  }
+  const m = Math.floor(s / 60);
+  if (m < 60) {
+    return `${m}m ${String(s % 60).padStart(2, "0")}s`;
+  }
+  const h = Math.floor(m / 60);
+  if (h < 24) {
+    return `${h}h ${String(m % 60).padStart(2, "0")}m`;
+  }
+  return `${Math.floor(h / 24)}d ${h % 24}h`;
+}
+
+// labextension/src/widget/chart.ts
+var COLORS = [
+  "#1f6feb",
+  "#cf222e",
+  "#1a7f37",
+  "#a07000",
+  "#8250df",
+  "#0a7b83",
+  "#6e7781"
+];
+var HEIGHT = 180;
 function liveChart(box, s) {
   let plot = null;
   let names = [];
   let pending = false;
-
   function columns() {
     const xs = s.points.map((p) => p[0]);
-    return [xs, ...names.map((n) => s.points.map((p) => (n in p[1] ? p[1][n] : null)))];
+    return [xs, ...names.map((n) => s.points.map((p) => p[1][n] ?? null))];
   }
-
   function width() {
-    return Math.max(240, Math.min(box.parentElement.clientWidth || 600, 900) - 16);
+    const room = box.parentElement?.clientWidth || 600;
+    return Math.max(240, Math.min(room, 900) - 16);
   }
-
   function build() {
-    if (plot) plot.destroy();
+    plot?.destroy();
     const losses = names.filter((n) => n.includes("loss"));
     const right = names.length > losses.length && losses.length > 0;
     const series = [{ label: "step" }];
@@ -132,39 +169,51 @@ function liveChart(box, s) {
         stroke: COLORS[i % COLORS.length],
         width: 1.5,
         spanGaps: true,
-        points: { show: s.points.length < 40 },
+        points: { show: s.points.length < 40 }
       });
     });
-    // Axes are drawn on the canvas: take the theme's colours from its CSS variables.
     const css = getComputedStyle(box);
     const fg = css.getPropertyValue("--jp-ui-font-color1").trim() || "#333";
-    const grid = { stroke: css.getPropertyValue("--jp-border-color2").trim() || "#ddd", width: 1 };
+    const grid = {
+      stroke: css.getPropertyValue("--jp-border-color2").trim() || "#ddd",
+      width: 1
+    };
     const axes = [
       { label: "step", stroke: fg, grid },
-      { scale: "y", label: right ? "loss" : "", stroke: fg, grid },
+      { scale: "y", label: right ? "loss" : "", stroke: fg, grid }
     ];
-    if (right) axes.push({ scale: "y2", side: 1, stroke: fg, grid: { show: false } });
+    if (right) {
+      axes.push({ scale: "y2", side: 1, stroke: fg, grid: { show: false } });
+    }
     plot = new uPlot(
       {
         width: width(),
-        height: 180,
+        height: HEIGHT,
         series,
         axes,
         scales: { x: { time: false } },
         legend: { live: true },
-        cursor: { drag: { x: true, y: false } },
+        cursor: { drag: { x: true, y: false } }
       },
       columns(),
-      box,
+      box
     );
   }
-
   function redraw() {
     pending = false;
     const seen = [];
-    for (const p of s.points) for (const n of Object.keys(p[1])) if (!seen.includes(n)) seen.push(n);
-    box.style.display = s.points.length >= 2 && seen.length ? "" : "none";
-    if (box.style.display === "none") return;
+    for (const p of s.points) {
+      for (const n of Object.keys(p[1])) {
+        if (!seen.includes(n)) {
+          seen.push(n);
+        }
+      }
+    }
+    const shown = s.points.length >= 2 && seen.length > 0;
+    box.style.display = shown ? "" : "none";
+    if (!shown) {
+      return;
+    }
     if (!plot || seen.length !== names.length) {
       names = seen;
       build();
@@ -172,27 +221,158 @@ function liveChart(box, s) {
       plot.setData(columns());
     }
   }
-
-  // Points can arrive many times a second; draw at most once per animation frame.
   function schedule() {
     if (!pending) {
       pending = true;
       requestAnimationFrame(redraw);
     }
   }
-
-  const resize = new ResizeObserver(() => plot && plot.setSize({ width: width(), height: 180 }));
-  resize.observe(box.parentElement);
+  const resize = new ResizeObserver(
+    () => plot?.setSize({ width: width(), height: HEIGHT })
+  );
+  if (box.parentElement) {
+    resize.observe(box.parentElement);
+  }
   s.charts.add(schedule);
   redraw();
   return () => {
     s.charts.delete(schedule);
     resize.disconnect();
-    if (plot) plot.destroy();
+    plot?.destroy();
   };
 }
 
-function render({ model, el: root }) {
+// labextension/src/widget/page.ts
+function pageConfig() {
+  const el2 = document.getElementById("jupyter-config-data");
+  if (!el2) {
+    return null;
+  }
+  try {
+    return JSON.parse(el2.textContent || "{}");
+  } catch {
+    return null;
+  }
+}
+function cookie(name) {
+  const m = document.cookie.match("\\b" + name + "=([^;]*)\\b");
+  return m?.[1] ?? "";
+}
+function pageTransport() {
+  const config = pageConfig();
+  if (!config || typeof config.baseUrl !== "string") {
+    return null;
+  }
+  const token = typeof config.token === "string" ? config.token : "";
+  return {
+    baseUrl: config.baseUrl,
+    send: (url, init) => {
+      const headers = new Headers(init.headers);
+      headers.set("X-XSRFToken", cookie("_xsrf"));
+      if (token) {
+        headers.set("Authorization", `token ${token}`);
+      }
+      return fetch(url, { ...init, headers, credentials: "same-origin" });
+    }
+  };
+}
+
+// labextension/src/widget/store.ts
+var MAX_LINES = 5e3;
+var MAX_POINTS = 5e3;
+var stores = /* @__PURE__ */ new Map();
+function store(model) {
+  const key = String(model.get("job_id"));
+  let s = stores.get(key);
+  if (!s) {
+    s = {
+      lines: [...model.get("log_tail") ?? []],
+      points: [...model.get("chart") ?? []],
+      listeners: /* @__PURE__ */ new Set(),
+      charts: /* @__PURE__ */ new Set()
+    };
+    stores.set(key, s);
+  }
+  return s;
+}
+function keepLast(items, max) {
+  if (items.length > max) {
+    items.splice(0, items.length - max);
+  }
+}
+
+// labextension/src/widget/index.ts
+function text(model, name) {
+  const v = model.get(name);
+  return typeof v === "string" ? v : "";
+}
+function num(model, name) {
+  const v = model.get(name);
+  return typeof v === "number" ? v : NaN;
+}
+function el(tag, cls, parent) {
+  const e = document.createElement(tag);
+  if (cls) {
+    e.className = cls;
+  }
+  parent.appendChild(e);
+  return e;
+}
+function initialize({ model }) {
+  const s = store(model);
+  model.on("msg:custom", (msg) => {
+    if (msg?.type === "points" && msg.points) {
+      s.points.push(...msg.points);
+      keepLast(s.points, MAX_POINTS);
+      s.charts.forEach((f) => f());
+    } else if (msg?.type === "logs" && msg.lines) {
+      const lines = msg.lines;
+      s.lines.push(...lines);
+      keepLast(s.lines, MAX_LINES);
+      s.listeners.forEach((f) => f(lines));
+    }
+  });
+  model.on("change:log_tail", () => {
+    s.lines = [...model.get("log_tail") ?? []];
+    s.listeners.forEach((f) => f(null));
+  });
+  model.on("change:chart", () => {
+    const saved = model.get("chart") ?? [];
+    if (saved.length >= s.points.length) {
+      s.points = [...saved];
+    }
+    s.charts.forEach((f) => f());
+  });
+}
+async function cancelFromPage(model) {
+  const transport = pageTransport();
+  if (!transport) {
+    return null;
+  }
+  const cancelPath = text(model, "cancel_path");
+  if (cancelPath) {
+    try {
+      await requester(transport)(cancelPath, { method: "POST" });
+      return "cancel requested";
+    } catch {
+    }
+  }
+  const kernel = text(model, "kernel_id");
+  if (kernel) {
+    const url = `${transport.baseUrl.replace(/\/+$/, "")}/api/kernels/${kernel}/interrupt`;
+    try {
+      if ((await transport.send(url, { method: "POST" })).ok) {
+        return "interrupting the kernel: the job is being cancelled";
+      }
+    } catch {
+    }
+  }
+  return null;
+}
+function render({
+  model,
+  el: root
+}) {
   const s = store(model);
   const box = el("div", "gpulayer-job", root);
   const head = el("div", "gl-head", box);
@@ -215,134 +395,129 @@ function render({ model, el: root }) {
   const filter = el("select", "", filterRow);
   const pre = el("pre", "gl-logs", box);
   const note = el("div", "gl-note", box);
-
   let since = performance.now();
   let rank = "all";
-
-  function lineText(line) {
-    const [stream, r, text] = line;
-    const prefix = r === null || r === undefined ? "" : "[rank " + r + "] ";
-    return (stream === "system" ? "gpulayer: " : "") + prefix + text;
+  function say(words) {
+    note.textContent = words;
+    note.style.display = words ? "" : "none";
   }
-
-  function visible(line) {
-    return rank === "all" || String(line[1]) === rank;
+  function lineText([stream, r, words]) {
+    const prefix = r === null || r === void 0 ? "" : `[rank ${r}] `;
+    return (stream === "system" ? "gpulayer: " : "") + prefix + words;
   }
-
   function appendLines(lines) {
     const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
     for (const line of lines) {
-      if (!visible(line)) continue;
-      const span = el("span", "gl-" + line[0], pre);
-      span.textContent = lineText(line) + "\n";
+      if (rank === "all" || String(line[1]) === rank) {
+        el("span", `gl-${line[0]}`, pre).textContent = lineText(line) + "\n";
+      }
     }
-    while (pre.childNodes.length > MAX_LINES) pre.removeChild(pre.firstChild);
+    while (pre.childNodes.length > MAX_LINES && pre.firstChild) {
+      pre.removeChild(pre.firstChild);
+    }
     pre.style.display = pre.childNodes.length ? "" : "none";
-    if (atBottom) pre.scrollTop = pre.scrollHeight;
+    if (atBottom) {
+      pre.scrollTop = pre.scrollHeight;
+    }
   }
-
   function redrawLogs() {
     pre.textContent = "";
     appendLines(s.lines);
   }
-
   function onLines(lines) {
-    if (lines === null) redrawLogs();
-    else appendLines(lines);
+    if (lines === null) {
+      redrawLogs();
+    } else {
+      appendLines(lines);
+    }
   }
   s.listeners.add(onLines);
-
   function tick() {
-    const e = model.get("elapsed");
-    if (e < 0) {
+    const elapsed = num(model, "elapsed");
+    if (!(elapsed >= 0)) {
       clock.textContent = "";
       return;
     }
-    const extra = model.get("running") ? (performance.now() - since) / 1000 : 0;
-    clock.textContent = fmt(e + extra);
+    const extra = model.get("running") ? (performance.now() - since) / 1e3 : 0;
+    clock.textContent = formatDuration(elapsed + extra);
   }
-
   function update() {
-    const state = model.get("state");
+    const state = text(model, "state");
     badge.textContent = state;
-    badge.className = "gl-state gl-state-" + state;
-    title.textContent = model.get("name") + " · " + model.get("job_id");
-    const p = model.get("placement");
-    place.textContent = p ? "on " + p : "";
+    badge.className = `gl-state gl-state-${state}`;
+    title.textContent = `${text(model, "name")} · ${text(model, "job_id")}`;
+    const p = text(model, "placement");
+    place.textContent = p ? `on ${p}` : "";
     place.style.display = p ? "" : "none";
-    const why = model.get("pending");
-    // The sentence says per reason whether waiting helps; add it only where it does not.
-    const said = why && /waiting (helps|won't help)/.test(why);
+    const why = text(model, "pending");
+    const said = /waiting (helps|won't help)/.test(why);
     const helps = model.get("waiting_helps") ? " (waiting helps)" : " (waiting won't help)";
-    pending.textContent = why ? "waiting: " + why + (said ? "" : helps) : "";
+    pending.textContent = why ? `waiting: ${why}${said ? "" : helps}` : "";
     pending.style.display = why ? "" : "none";
-    cost.textContent = model.get("cost");
+    cost.textContent = text(model, "cost");
     cost.title = "charged so far, ≈ estimated for the attempt in progress";
-    const tried = model.get("attempts") || [];
+    const tried = model.get("attempts") ?? [];
     attempts.textContent = "";
-    for (const line of tried) el("li", "", attempts).textContent = line;
+    for (const line of tried) {
+      el("li", "", attempts).textContent = line;
+    }
     attempts.style.display = tried.length ? "" : "none";
-    const frac = model.get("progress");
-    const ptext = model.get("progress_text");
+    const frac = num(model, "progress");
+    const ptext = text(model, "progress_text");
     prog.style.display = ptext ? "" : "none";
-    if (frac >= 0) bar.value = frac;
-    else bar.removeAttribute("value");
+    if (frac >= 0) {
+      bar.value = frac;
+    } else {
+      bar.removeAttribute("value");
+    }
     bar.style.display = frac >= 0 ? "" : "none";
     progText.textContent = ptext;
-    const n = model.get("ranks");
+    const n = num(model, "ranks") || 0;
     filterRow.style.display = n > 1 ? "" : "none";
     if (filter.options.length !== n + 1) {
       filter.textContent = "";
-      for (const v of ["all", ...Array.from({ length: n }, (_, i) => String(i))]) {
+      for (const v of [
+        "all",
+        ...Array.from({ length: n }, (_, i) => String(i))
+      ]) {
         const o = el("option", "", filter);
         o.value = v;
         o.textContent = v;
       }
       filter.value = rank;
     }
-    const terminal = model.get("terminal");
-    button.style.display = terminal ? "none" : "";
-    const msg = model.get("message");
-    const outcome = model.get("outcome");
-    note.textContent = [msg, outcome].filter(Boolean).join(" — ");
-    note.style.display = note.textContent ? "" : "none";
+    button.style.display = model.get("terminal") ? "none" : "";
+    say(
+      [text(model, "message"), text(model, "outcome")].filter(Boolean).join(" — ")
+    );
     since = performance.now();
     tick();
   }
-
   filter.addEventListener("change", () => {
     rank = filter.value;
     redrawLogs();
   });
-
-  button.addEventListener("click", async () => {
+  button.addEventListener("click", () => {
     button.disabled = true;
     button.textContent = "Cancelling…";
     if (!model.get("blocking")) {
       model.send({ type: "cancel" });
       return;
     }
-    const url = model.get("cancel_url");
-    if (url && (await post(url))) {
-      note.textContent = "cancel requested";
-      note.style.display = "";
-      return;
-    }
-    const kid = model.get("kernel_id");
-    if (kid && (await post("api/kernels/" + kid + "/interrupt"))) {
-      note.textContent = "interrupting the kernel: the job is being cancelled";
-      note.style.display = "";
-      return;
-    }
-    note.textContent =
-      "This page cannot reach the Jupyter server: interrupt the kernel (■) to cancel the job.";
-    note.style.display = "";
-    button.disabled = false;
-    button.textContent = "Cancel";
+    void cancelFromPage(model).then((words) => {
+      if (words) {
+        say(words);
+        return;
+      }
+      say(
+        "This page cannot reach the Jupyter server: interrupt the kernel (■) to cancel the job."
+      );
+      button.disabled = false;
+      button.textContent = "Cancel";
+    });
   });
-
   model.on("change", update);
-  const timer = setInterval(tick, 1000);
+  const timer = setInterval(tick, 1e3);
   update();
   redrawLogs();
   const stopChart = liveChart(chartBox, s);
@@ -353,5 +528,8 @@ function render({ model, el: root }) {
     model.off("change", update);
   };
 }
-
-export default { initialize, render };
+var index_default = { initialize, render };
+export {
+  index_default as default,
+  formatDuration
+};

@@ -2,15 +2,18 @@
 
 Python keeps the facts in synced traits, already rendered to text by ``render`` (so a placement or
 a progress line reads the same in the widget, the text view and the reprs); ``widget.js`` only lays
-them out. Log lines travel as custom messages (appends, not a resent list) and the last
-``TAIL`` lines are also kept in ``log_tail`` so a saved notebook or a reloaded page shows them.
+them out. ``widget.js`` is built from ``labextension/src/widget/`` (TypeScript, with the panel's
+duration format and requester) by ``jlpm build:widget``; ``tests/test_labextension.py`` checks that
+the file here is what the sources build. Log lines travel as custom messages (appends, not a
+resent list) and the last ``TAIL`` lines are also kept in ``log_tail`` so a saved notebook or a
+reloaded page shows them.
 
 Cancelling while the cell blocks: the kernel runs the cell, so it cannot read the button's comm
 message until the cell ends. The button therefore talks to the Jupyter server from the page:
 
 * a served control plane (the GPUlayer server extension hosts one in the Jupyter server) → ``POST
-  {base}gpulayer/api/v1/jobs/{id}/cancel`` with the page's XSRF cookie; the cell sees the job
-  cancelled and ends with ``JobCancelled``;
+  {base}gpulayer/api/v1/jobs/{id}/cancel`` through the panel's requester (the page's XSRF cookie);
+  the cell sees the job cancelled and ends with ``JobCancelled``;
 * an embedded control plane (in the kernel), or when that route answers 404 → ``POST
   {base}api/kernels/{id}/interrupt``: the magic gets ``KeyboardInterrupt``, cancels the job and
   waits for its processes to stop;
@@ -23,7 +26,7 @@ kernel instead.
 The live chart: each progress report with a new ``step`` becomes a point of the loss and the other
 metrics (``render.chart_point``), sent as a custom message (appends, like log lines) and kept, the
 last ``CHART_POINTS``, in ``chart`` for a saved notebook. uPlot (MIT, ~50 kB, vendored in
-``vendor/``) draws it; it is bundled into the widget's ESM, so no CDN and no network is needed.
+``vendor/``) draws it; it is put in front of the widget's ESM, so no CDN and no network is needed.
 """
 
 from __future__ import annotations
@@ -74,14 +77,15 @@ def kernel_id() -> str:
 
 
 def rest_cancel_path(bridge: Bridge, job_id: str) -> str:
-    """The page-relative cancel route to try first, or "" when it cannot be this job's.
+    """The cancel route to try first, relative to the API the page's Jupyter server mounts, or
+    "" when it cannot be this job's.
 
     A served control plane may be the one the page's Jupyter server hosts (the extension mounts
     the API under ``{base}gpulayer/api/v1``). The page tries it; a 404 (no extension there, or
     another control plane that does not know this job) makes it interrupt the kernel instead.
     An embedded control plane lives in this kernel: no server can reach it.
     """
-    return "" if bridge.embedded else f"gpulayer/api/v1/jobs/{job_id}/cancel"
+    return "" if bridge.embedded else f"jobs/{job_id}/cancel"
 
 
 class JobWidget(anywidget.AnyWidget):
@@ -106,7 +110,7 @@ class JobWidget(anywidget.AnyWidget):
     outcome = traitlets.Unicode("").tag(sync=True)
     log_tail = traitlets.List(traitlets.List()).tag(sync=True)
     blocking = traitlets.Bool(False).tag(sync=True)
-    cancel_url = traitlets.Unicode("").tag(sync=True)
+    cancel_path = traitlets.Unicode("").tag(sync=True)  # under the API's path (rest_cancel_path)
     kernel_id = traitlets.Unicode("").tag(sync=True)
     message = traitlets.Unicode("").tag(sync=True)
     chart = traitlets.List(traitlets.List()).tag(sync=True)  # [[step, {metric: value}], ...]
@@ -118,7 +122,7 @@ class JobWidget(anywidget.AnyWidget):
             job_id=job.id,
             name=job.spec.name,
             blocking=blocking,
-            cancel_url=rest_cancel_path(bridge, job.id),
+            cancel_path=rest_cancel_path(bridge, job.id),
             kernel_id=kernel_id(),
             **kwargs,
         )

@@ -4,7 +4,8 @@ The control plane lives in the Jupyter server (the extension); the notebook's ke
 over its loopback listener, and the session's ranks run on the extension's local worker (two
 simulated GPUs). State is kept across cells, a matplotlib figure appears in the cell, an
 interrupt stops the running cell and keeps the state, and the panel shows the session with its
-holder and idle clock, and stops it.
+holder and idle clock, and stops it. Beside it, in the same Lab: a one-shot cell's Cancel button
+(the cell widget, built with the panel's requester) cancels its job through the extension.
 """
 
 from __future__ import annotations
@@ -113,6 +114,52 @@ def test_a_session_from_a_notebook_keeps_state_plots_survives_an_interrupt_and_s
         expect(row).to_have_count(0, timeout=30 * SECOND)
     except BaseException:
         shot(page, "panel-session-FAILED")
+        raise
+    finally:
+        page.context.close()
+
+
+def test_a_one_shot_cells_cancel_button_cancels_through_the_extensions_route(
+    browser: Any, lab: Lab
+) -> None:
+    """The control plane is the extension's, so the widget's Cancel button asks the Jupyter
+    server's GPUlayer route (the panel's requester, the page's XSRF cookie) while the cell
+    blocks: the job is cancelled and the cell ends with ``JobCancelled``, no interrupt."""
+    nb = notebook()
+    nb["cells"] = nb["cells"][:1]
+    nb["cells"][0]["source"] = "%load_ext gpulayer_kernel"
+    nb["cells"].append(
+        {
+            "cell_type": "code",
+            "metadata": {},
+            "outputs": [],
+            "execution_count": None,
+            "source": "%%gpulayer --name sleepy\nimport time\nprint('up', flush=True)\n"
+            "time.sleep(600)",
+        }
+    )
+    (lab.root / "cancel.ipynb").write_text(json.dumps(nb))
+    page = open_lab(browser, lab, "cancel-notebook", width=1400, height=900)
+    try:
+        page.evaluate(
+            "window.jupyterapp.commands.execute('docmanager:open', {path: 'cancel.ipynb'})"
+            ".then(() => null)"
+        )
+        page.wait_for_function(
+            "() => document.body.innerText.includes('| Idle')", timeout=90 * SECOND
+        )
+        page.locator(".jp-Notebook .jp-Cell").nth(0).click()
+        run_next(page)
+        run_next(page)
+        job = output(page, 1).locator(".gpulayer-job")
+        expect(job.locator(".gl-logs")).to_contain_text("up", timeout=90 * SECOND)
+        job.locator(".gl-cancel").click()
+        expect(job.locator(".gl-note")).to_contain_text("cancel requested", timeout=30 * SECOND)
+        expect(job.locator(".gl-state")).to_have_text("cancelled", timeout=60 * SECOND)
+        expect(output(page, 1)).to_contain_text("JobCancelled", timeout=60 * SECOND)
+        assert "KeyboardInterrupt" not in output(page, 1).inner_text()
+    except BaseException:
+        shot(page, "widget-cancel-FAILED")
         raise
     finally:
         page.context.close()

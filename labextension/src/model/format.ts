@@ -10,7 +10,8 @@ import type {
   JobState,
   JsonValue
 } from '../api';
-import { HIDDEN_JOB } from '../api';
+// From its own module: the cell widget bundles this file, without the panel's HTTP calls.
+import { HIDDEN_JOB } from '../api/contracts';
 
 /** "now", "4s", "3m 05s", "2h 10m", "3d 4h": compact, for narrow sidebars. */
 export function formatDuration(seconds: number): string {
