@@ -15,8 +15,8 @@ the host sends its call again and the worker, which kept its answer, answers it 
 session's lane and plan are dropped when it ends (``forget``, from the wiring's job change).
 
 Only the worker of the session's first node holds the synced copy, so only it may take the
-lane's calls and answer them (``check_node``): another node's worker
-of a multi-node session is refused (403 ``workspace_not_this_node``).
+lane's calls and answer them (``check_node``): the worker of a multi-node session's other node
+is refused (403 ``workspace_not_this_node``).
 """
 
 from __future__ import annotations
