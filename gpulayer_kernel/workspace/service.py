@@ -46,7 +46,9 @@ if TYPE_CHECKING:
     from ..controlplane.workers import WorkerRegistry
     from ..store import ArtifactStore, MetadataStore
 
-KEPT = 256  # answers remembered per lane (a call sent again is answered from here)
+# Per lane: calls waiting for the worker, and answers remembered (a call sent again is
+# answered from here).
+KEPT = 256
 OWNED_KEPT = 200_000  # digests remembered as a user's (a cache of the store's answer)
 MAX_PACK = 256 << 20  # content one pack may unpack to
 
@@ -231,6 +233,8 @@ class WorkspacePlane:
         lane = self._lane(job.id)
         if call.id not in lane.answers and call.id not in lane.calls:
             lane.calls[call.id] = call
+            while len(lane.calls) > KEPT:  # a worker that takes none: the oldest waits longest
+                lane.calls.popitem(last=False)  # its host sends it again after its wait
             lane.news.set()
         deadline = asyncio.get_running_loop().time() + max(0.0, wait)
         while call.id not in lane.answers:

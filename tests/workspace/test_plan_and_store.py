@@ -8,15 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from gpulayer_kernel.contracts import Resources, SessionHolder, SessionSpec, WorkerRegistration
+from gpulayer_kernel.contracts import (
+    Job,
+    Resources,
+    SessionHolder,
+    SessionSpec,
+    WorkerRegistration,
+)
 from gpulayer_kernel.contracts.workspace import (
     PathMap,
     WorkerShares,
     WorkspaceAnswer,
+    WorkspaceCall,
     WorkspaceSource,
 )
 from gpulayer_kernel.controlplane import ControlPlane
-from gpulayer_kernel.errors import BundleError, Forbidden, InvalidInput
+from gpulayer_kernel.errors import BundleError, Forbidden, InvalidInput, Unavailable
 from gpulayer_kernel.pytest_plugin import sim_caps
 from gpulayer_kernel.security.roles import Identity, Role
 from gpulayer_kernel.testing import until
@@ -144,20 +151,26 @@ async def test_a_multi_node_session_is_synced_on_its_first_node_only(gl_cp: Cont
             assert f"first node ({first})" in err.value.message
 
 
+async def synced_session(cp: ControlPlane) -> tuple[Job, str]:
+    """A running session with a synced workspace (its worker is on another host); its job and
+    its worker's id."""
+    reg = WorkerRegistration(name="far", capabilities=sim_caps(1), shares=WorkerShares(host="x"))
+    wid = (await cp.register(reg)).id
+    holder = SessionHolder(client="kernel-a", notebook="t.ipynb")
+    spec = SessionSpec(name="s", holder=holder, resources=Resources(gpus=1), workspace=SRC)
+    await cp.start_session(spec)
+
+    async def placed() -> bool:
+        return (await cp.get_session("s")).job.placement is not None
+
+    await until(placed, what="the session to be placed")
+    return (await cp.get_session("s")).job, wid
+
+
 async def test_an_ended_session_leaves_no_lane_or_plan_behind(gl_cp: ControlPlane) -> None:
     """The lane and the plan are in memory per session: its end drops them, so a server that
     runs sessions for months does not grow by one of each per session."""
-    reg = WorkerRegistration(name="far", capabilities=sim_caps(1), shares=WorkerShares(host="x"))
-    wid = (await gl_cp.register(reg)).id
-    holder = SessionHolder(client="kernel-a", notebook="t.ipynb")
-    spec = SessionSpec(name="s", holder=holder, resources=Resources(gpus=1), workspace=SRC)
-    await gl_cp.start_session(spec)
-
-    async def placed() -> bool:
-        return (await gl_cp.get_session("s")).job.placement is not None
-
-    await until(placed, what="the session to be placed")
-    job = (await gl_cp.get_session("s")).job
+    job, wid = await synced_session(gl_cp)
     plane = gl_cp.workspace
     assert (await plane.plan(job, wid)) is not None
     await plane.answer(job.id, wid, WorkspaceAnswer(id="c1", ok=True))
@@ -168,6 +181,20 @@ async def test_an_ended_session_leaves_no_lane_or_plan_behind(gl_cp: ControlPlan
         return job.id not in plane._lanes and job.id not in plane._plans
 
     await until(gone, what="the ended session's lane and plan to be dropped")
+
+
+async def test_a_lane_whose_worker_takes_nothing_holds_at_most_kept_calls(
+    gl_cp: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "KEPT", 3)
+    job, wid = await synced_session(gl_cp)
+    plane = gl_cp.workspace
+    for i in range(8):
+        with pytest.raises(Unavailable) as err:
+            await plane.call("s", WorkspaceCall(id=f"c{i}", op="collect"), 0, None)
+        assert err.value.code == "workspace_timeout"
+    calls = (await plane.next_calls(job.id, wid, 0)).calls
+    assert [c.id for c in calls] == ["c5", "c6", "c7"]  # the newest; the others are sent again
 
 
 async def test_the_cache_of_a_users_files_stays_bounded_and_answers_the_same(
