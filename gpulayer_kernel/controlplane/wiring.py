@@ -209,8 +209,9 @@ class Wiring:
             self.sessions.job_changed(change)
             if after.state != before.state:
                 self.kernels.job_changed(after.id, after.state.terminal)
-            if after.state.terminal:
-                self.workspace.forget(after.id)
+                if after.state.terminal or after.state == JobState.QUEUED:
+                    # ended, or back in the queue: its next placement decides its plan anew
+                    self.workspace.forget(after.id)
         self.provisioning.job_changed(after)
         if after.state == before.state or not (
             after.state.terminal or after.state == JobState.QUEUED

@@ -183,6 +183,32 @@ async def test_an_ended_session_leaves_no_lane_or_plan_behind(gl_cp: ControlPlan
     await until(gone, what="the ended session's lane and plan to be dropped")
 
 
+async def test_a_session_moved_before_it_started_gets_its_new_workers_plan(
+    gl_cp: ControlPlane,
+) -> None:
+    """Placed on a worker on another host (synced), that worker lost before the session
+    started: back in the queue, then placed on a worker that sees the folder (in place). The
+    plan is its new worker's, not the one decided for the first."""
+    job, wid = await synced_session(gl_cp)
+    plane = gl_cp.workspace
+    first = await plane.plan(job, wid)
+    assert first is not None and first.mode == "synced"
+    sees = WorkerShares(host="near", shared=[PathMap(here="/home", there="/mnt/home")])
+    reg = WorkerRegistration(name="near", capabilities=sim_caps(1), shares=sees)
+    near = (await gl_cp.register(reg)).id
+    await gl_cp.remove_worker(wid, force=True)  # placed, not started: back to the queue
+
+    async def moved() -> bool:
+        placement = (await gl_cp.get_session("s")).job.placement
+        return placement is not None and placement.nodes[0].worker_id == near
+
+    await until(moved, what="the session to be placed on the worker that sees the folder")
+    job = (await gl_cp.get_session("s")).job
+    plan = await plane.plan(job, near)
+    assert plan is not None and (plan.mode, plan.path) == ("in_place", "/mnt/home/alice/proj")
+    assert await plane.plan(job) == plan
+
+
 async def test_a_lane_whose_worker_takes_nothing_holds_at_most_kept_calls(
     gl_cp: ControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
