@@ -197,13 +197,15 @@ class WorkspacePlane:
         return (await self.jobs.get(job_id)).owner
 
     async def check_node(self, job_id: str, worker_id: str) -> None:
-        """``worker_id`` may take the session's lane: it runs the first node, the one with the
-        synced copy; another node's worker is refused."""
+        """``worker_id`` may take the session's lane: it runs the first node of the session's
+        current placement, the one with the synced copy. Another node's worker is refused, and
+        so is a worker of an earlier placement (the session back in the queue)."""
         job = await self.jobs.get(job_id)
-        if job.placement is not None and job.placement.nodes[0].worker_id != worker_id:
+        first = job.placement.nodes[0] if job.placement is not None else None
+        if first is None or first.worker_id != worker_id:
+            where = f"its first node ({first.worker_name})" if first else "no worker now"
             raise Forbidden(
-                f"session {job_id}'s workspace is on its first node "
-                f"({job.placement.nodes[0].worker_name}), not on this worker's",
+                f"session {job_id}'s workspace is on {where}, not on this worker",
                 hint="a multi-node session's other nodes run without a synced copy",
                 code="workspace_not_this_node",
             )

@@ -207,6 +207,8 @@ async def test_a_session_moved_before_it_started_gets_its_new_workers_plan(
     plan = await plane.plan(job, near)
     assert plan is not None and (plan.mode, plan.path) == ("in_place", "/mnt/home/alice/proj")
     assert await plane.plan(job) == plan
+    with pytest.raises(Forbidden):  # the worker of the earlier placement takes no calls
+        await plane.next_calls(job.id, wid, 0)
 
 
 async def test_a_lane_whose_worker_takes_nothing_holds_at_most_kept_calls(
