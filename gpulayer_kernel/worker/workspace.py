@@ -9,11 +9,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from ..client.calls import Req
 from ..contracts import JobAssignment
 from ..contracts.workspace import (
     Digests,
@@ -23,13 +20,16 @@ from ..contracts.workspace import (
     WorkspacePlan,
 )
 from ..errors import NotFound
-from ..wire.http import Wire
 from ..workspace.jobs import JobWorkspace
 from ..workspace.plan import host_id, parse_share
 from ..workspace.remote import WorkerLink, WorkerWorkspace
 from .config import ExecutorConfig
-from .http import HttpTransport
 from .transport import AttemptTransport, InProcessTransport, Transport
+
+if TYPE_CHECKING:  # httpx only where a worker talks HTTP: an embedded `gpulayer run` never does
+    import httpx
+
+    from ..wire.http import Wire
 
 SHARED_ENV = "GPULAYER_SHARED_PATHS"  # "HERE=THERE:HERE2=THERE2", as --shared-path
 
@@ -70,6 +70,8 @@ class _Http:
         self.wire = wire
 
     async def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        from ..client.calls import Req
+
         return await self.wire.send(Req(method, f"/worker/jobs/{path}", **kw))
 
     async def plan(self, job_id: str) -> WorkspacePlan | None:
@@ -105,6 +107,8 @@ def link_for(transport: Transport) -> WorkerLink:
     inner = transport.inner if isinstance(transport, AttemptTransport) else transport
     if isinstance(inner, InProcessTransport):
         return _InProcess(inner)
+    from .http import HttpTransport
+
     assert isinstance(inner, HttpTransport), type(inner).__name__
     return _Http(inner.wire)
 
