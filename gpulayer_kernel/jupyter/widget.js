@@ -359,7 +359,7 @@ async function cancelFromPage(model) {
   }
   const kernel = text(model, "kernel_id");
   if (kernel) {
-    const url = `${transport.baseUrl.replace(/\/+$/, "")}/api/kernels/${kernel}/interrupt`;
+    const url = joinUrl(transport.baseUrl, `api/kernels/${kernel}/interrupt`);
     try {
       if ((await transport.send(url, { method: "POST" })).ok) {
         return "interrupting the kernel: the job is being cancelled";

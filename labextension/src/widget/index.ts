@@ -6,7 +6,7 @@
  * calls the API through the panel's requester (see widget.py for why it talks to the Jupyter
  * server directly while the cell blocks).
  */
-import { requester } from '../api/requester';
+import { joinUrl, requester } from '../api/requester';
 import { formatDuration } from '../model/format';
 import { liveChart } from './chart';
 import { pageTransport } from './page';
@@ -96,7 +96,7 @@ async function cancelFromPage(model: IWidgetModel): Promise<string | null> {
   }
   const kernel = text(model, 'kernel_id');
   if (kernel) {
-    const url = `${transport.baseUrl.replace(/\/+$/, '')}/api/kernels/${kernel}/interrupt`;
+    const url = joinUrl(transport.baseUrl, `api/kernels/${kernel}/interrupt`);
     try {
       if ((await transport.send(url, { method: 'POST' })).ok) {
         return 'interrupting the kernel: the job is being cancelled';
