@@ -18,7 +18,8 @@ as the job table does with its dirty jobs). That covers the control plane's own 
 worker's batched reports: the report is refused all the same (it was not stored when answered),
 and a worker does not send a refused entry's lines again, so they are written once. A worker's
 single log and cell requests are retried on a 503 instead: their lines are not kept (``keep``).
-A control plane that stops meanwhile loses what it kept, as it loses dirty jobs.
+A control plane that closes meanwhile gives them, and its dirty jobs, one last try and warns of
+what is lost (``Wiring._last_writes``).
 
 A log is capped (``contracts/limits.py``): a job's own lines at ``JOB_LOG_CAP`` bytes, each session
 cell's at ``CELL_OUTPUT_CAP`` bytes and ``CELL_OUTPUT_LINES`` lines. Workers drop what is past the

@@ -8,9 +8,14 @@ each given only the parts it uses.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import JobState, WorkerState
 from ..contracts.limits import HEARTBEAT_TIMEOUT
+from ..errors import GPUlayerError
 from ..redact import Redactor
 from ..security.users import UserService
 from ..security.vault import MEMORY_KEYS, KeySource
@@ -39,6 +44,9 @@ from .sessions.table import SessionTable
 from .usage import DEFAULT_HALF_LIFE, UsageMeter
 from .worker_side import WorkerCalls
 from .workers import SUSPECT_GRACE, WorkerRegistry
+
+log = logging.getLogger("gpulayer.controlplane")
+LAST_TRY = 5.0  # seconds a closing control plane gives the writes an outage kept
 
 
 class Wiring:
@@ -191,6 +199,7 @@ class Wiring:
         self.scheduling.start()
 
     async def close(self) -> None:
+        await self._last_writes()
         self.scheduling.close()
         self.sessions.close()
         await self.provisioning.close()
@@ -199,6 +208,12 @@ class Wiring:
         self.tails.close()
         self.dispatch.close()
         self.event_log.close()
+
+    async def _last_writes(self) -> None:
+        """What a store outage kept (job changes, log lines; ADR 0008) gets one last try when
+        the control plane closes, then a warning names what is lost, instead of nothing."""
+        await _last_try("job changes", lambda: len(self.jobs.dirty), self.jobs.resync)
+        await _last_try("log lines", lambda: self.tails.unsaved, self.tails.resync)
 
     def _job_changed(self, change: Change) -> None:
         """Wiring: what other parts do when a job changes (called by the job table's commit)."""
@@ -240,3 +255,17 @@ class Wiring:
         """The reaper's round: gangs without rendezvous, unconfirmed cancels, budgets."""
         await self.outcomes.overdue()
         await self.provisioning.budgets.watch()
+
+
+async def _last_try(
+    what: str, kept: Callable[[], int], write: Callable[[], Awaitable[None]]
+) -> None:
+    if not kept():
+        return
+    try:
+        await asyncio.wait_for(write(), LAST_TRY)
+    except (GPUlayerError, TimeoutError) as exc:
+        why = exc.message if isinstance(exc, GPUlayerError) else f"no answer in {LAST_TRY:g}s"
+        log.warning(
+            "closing with %d %s the store has not taken (%s): they are lost", kept(), what, why
+        )

@@ -9,6 +9,7 @@ writes it is given and can be made unreachable (a fake over the real thing, no m
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -250,3 +251,43 @@ async def test_lines_a_worker_sends_again_are_not_kept_twice(
     assert await stored_lines(store, job.id) == [(2, "once")]
     page = [(r.seq, r.stream, r.text) for r in (await cp.logs(job.id)).records]
     assert [(seq, text) for seq, stream, text in page if stream == "stdout"] == [(2, "once")]
+
+
+async def test_a_closing_control_plane_writes_what_the_outage_kept(
+    away: tuple[ControlPlane, AwayStore, FakeClock],
+) -> None:
+    """The store came back, but the retry loop's next try is seconds away when the control
+    plane is stopped: its close writes the kept lines and the kept end, not drops them."""
+    cp, store, clock = away
+    wid, (running, ending) = await placed(cp, 2)
+    lines = [LogLine(time=0, stream="stdout", text=f"a{i}") for i in range(2)]
+    store.down = True
+    await cp.report(
+        wid,
+        [
+            JobReport(job_id=running.id, attempt=0, started=True, lines=lines),
+            ended(ending, lines=2),
+        ],
+    )
+    assert cp.tails.unsaved == 4 and ending.id in cp.jobs.dirty
+    store.down = False  # back, and no retry has run yet (the clock has not moved)
+    await cp.close()
+    assert await stored_lines(store, running.id) == [(2, "a0"), (3, "a1")]
+    done = await store.get_job(ending.id)
+    assert done is not None and done.state == JobState.SUCCEEDED
+
+
+async def test_a_control_plane_closing_during_an_outage_says_what_is_lost(
+    away: tuple[ControlPlane, AwayStore, FakeClock], caplog: pytest.LogCaptureFixture
+) -> None:
+    cp, store, clock = away
+    wid, (running,) = await placed(cp, 1)
+    lines = [LogLine(time=0, stream="stdout", text=f"a{i}") for i in range(3)]
+    store.down = True
+    await cp.report(wid, [JobReport(job_id=running.id, attempt=0, started=True, lines=lines)])
+    assert cp.tails.unsaved == 3
+    with caplog.at_level(logging.WARNING, logger="gpulayer.controlplane"):
+        await cp.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert any("closing with 3 log lines the store has not taken" in m for m in said), said
+    assert any("they are lost" in m and "job changes" in m for m in said), said
