@@ -280,6 +280,7 @@ function pageTransport() {
 // labextension/src/widget/store.ts
 var MAX_LINES = 5e3;
 var MAX_POINTS = 5e3;
+var MAX_UNSEEN_JOBS = 100;
 var stores = /* @__PURE__ */ new Map();
 function store(model) {
   const key = String(model.get("job_id"));
@@ -292,8 +293,17 @@ function store(model) {
       charts: /* @__PURE__ */ new Set()
     };
     stores.set(key, s);
+    forgetUnseen();
   }
   return s;
+}
+function forgetUnseen() {
+  const unseen = [...stores].filter(
+    ([, s]) => s.listeners.size === 0 && s.charts.size === 0
+  );
+  for (const [key] of unseen.slice(0, unseen.length - MAX_UNSEEN_JOBS)) {
+    stores.delete(key);
+  }
 }
 function keepLast(items, max) {
   if (items.length > max) {
@@ -319,8 +329,8 @@ function el(tag, cls, parent) {
   return e;
 }
 function initialize({ model }) {
-  const s = store(model);
   model.on("msg:custom", (msg) => {
+    const s = store(model);
     if (msg?.type === "points" && msg.points) {
       s.points.push(...msg.points);
       keepLast(s.points, MAX_POINTS);
@@ -333,10 +343,12 @@ function initialize({ model }) {
     }
   });
   model.on("change:log_tail", () => {
+    const s = store(model);
     s.lines = [...model.get("log_tail") ?? []];
     s.listeners.forEach((f) => f(null));
   });
   model.on("change:chart", () => {
+    const s = store(model);
     const saved = model.get("chart") ?? [];
     if (saved.length >= s.points.length) {
       s.points = [...saved];

@@ -52,8 +52,10 @@ interface IMessage {
 }
 
 function initialize({ model }: { model: IWidgetModel }): void {
-  const s = store(model);
+  // Each message looks its job's store up again: a store no view drew may have been dropped
+  // (store.ts), and the next view starts a new one.
   model.on('msg:custom', (msg: IMessage | null) => {
+    const s = store(model);
     if (msg?.type === 'points' && msg.points) {
       s.points.push(...msg.points);
       keepLast(s.points, MAX_POINTS);
@@ -66,10 +68,12 @@ function initialize({ model }: { model: IWidgetModel }): void {
     }
   });
   model.on('change:log_tail', () => {
+    const s = store(model);
     s.lines = [...((model.get('log_tail') as LogLine[] | null) ?? [])];
     s.listeners.forEach(f => f(null));
   });
   model.on('change:chart', () => {
+    const s = store(model);
     const saved = (model.get('chart') as Point[] | null) ?? [];
     if (saved.length >= s.points.length) {
       s.points = [...saved];

@@ -19,6 +19,9 @@ export interface IWidgetModel {
 
 export const MAX_LINES = 5000; // kept in the page per job; older lines leave the view
 export const MAX_POINTS = 5000; // chart points kept in the page per job
+// Jobs whose lines the page keeps once no view shows them (a long notebook's old cells): past
+// this, the oldest unseen go (a view drawn again starts from its saved `log_tail`).
+export const MAX_UNSEEN_JOBS = 100;
 
 export interface IJobStore {
   lines: LogLine[];
@@ -41,8 +44,24 @@ export function store(model: IWidgetModel): IJobStore {
       charts: new Set()
     };
     stores.set(key, s);
+    forgetUnseen();
   }
   return s;
+}
+
+/** Drops the oldest stores no view draws, past `MAX_UNSEEN_JOBS` of them. */
+function forgetUnseen(): void {
+  const unseen = [...stores].filter(
+    ([, s]) => s.listeners.size === 0 && s.charts.size === 0
+  );
+  for (const [key] of unseen.slice(0, unseen.length - MAX_UNSEEN_JOBS)) {
+    stores.delete(key);
+  }
+}
+
+/** How many jobs the page keeps lines for (tests). */
+export function storedJobs(): number {
+  return stores.size;
 }
 
 /** Keeps the last `max` items of `items`, in place. */
