@@ -1,5 +1,3 @@
-# Over 500 lines: a pass's life (when it starts, where it runs, how its plan lands) is one
-# state machine; split across modules, its in-flight rules would be read in pieces.
 """The scheduling loop: when to run the pure scheduler, what to feed it, and applying its plan.
 
 A pass runs soon after anything that could change a placement (``kick``); several changes in one
@@ -19,9 +17,10 @@ The scheduler has no clock, so when the next waiting gang job becomes old enough
 devices, a timer on the control plane's clock runs a pass for it.
 
 One bad worker must not stop the cluster: a pass that raises is run again per worker to find the
-workers whose data makes it fail; those are set aside (``WorkerInfo.unschedulable``, with the
-error) and the pass goes on without them. Workers under suspicion or set aside stay in the
-snapshot, held back (``WorkerView.hold``), so reports count them.
+workers whose data makes it fail (``scheduler/culprits.py``, pure); those are set aside
+(``WorkerInfo.unschedulable``, with the error) and the pass goes on without them. Workers under
+suspicion or set aside stay in the snapshot, held back (``WorkerView.hold``), so reports count
+them.
 
 Fair share and quotas (``scheduler/share.py``) need three facts from outside the pure scheduler:
 each user's recent use (``UsageMeter``), the GPU quotas and each user's group (``UserService``);
@@ -45,7 +44,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 
 from ..clock import SYSTEM_CLOCK, Clock, Timer
 from ..contracts import (
@@ -71,6 +69,8 @@ from ..scheduler import (
     schedule,
     with_sessions,
 )
+from ..scheduler.culprits import culprits
+from ..scheduler.explain import waits_for_gpus, with_holds
 from ..scheduler.views import Views
 from ..security.users import UserService
 from ..store import MetadataStore
@@ -319,10 +319,10 @@ class SchedulingLoop:
                 await self.logs.system(job_id, sentence)
                 await self.jobs.commit(job_id, JobState.FAILED, reason=sentence)
                 continue
-            if _waits_for_gpus(job, report):
+            if waits_for_gpus(job, report):
                 if holds is None:
                     holds = self.session_holds()
-                report = _with_holds(report, holds, now, seen)
+                report = with_holds(report, holds, now, seen)
             # A change of queue position alone is not announced: every finish would otherwise
             # emit one event per waiting job. Readers of the job see the current position.
             changed = job.pending is None or _reasons(job.pending) != _reasons(report)
@@ -336,10 +336,10 @@ class SchedulingLoop:
             try:
                 return await self._schedule(snapshot), snapshot
             except Exception as exc:
-                culprits = _culprits(snapshot)
-                if not culprits:
+                bad = culprits(snapshot)
+                if not bad:
                     raise
-                for worker, why in culprits:
+                for worker, why in bad:
                     log.error(
                         "worker %s set aside: a scheduling pass failed on it: %s", worker.name, why
                     )
@@ -452,32 +452,6 @@ def _view(
     )
 
 
-def _culprits(snapshot: Snapshot) -> list[tuple[WorkerView, str]]:
-    """The workers on whose data a pass raises: each is tried alone (cheaply without the queue
-    first), with a fresh cache. Empty when no single worker explains the failure (nor when
-    every one does, and the pass fails without workers too: the queue is at fault then)."""
-
-    def fails(workers: tuple[WorkerView, ...], pending: tuple[JobRequest, ...]) -> str | None:
-        trial = replace(snapshot, workers=workers, pending=pending, reservations={})
-        try:
-            schedule(trial, SchedulerCache())
-        except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"[:300] or type(exc).__name__
-        return None
-
-    for pending in ((), snapshot.pending):
-        found = []
-        for w in snapshot.workers:
-            why = fails((w,), pending)
-            if why is not None:
-                found.append((w, why))
-        if found and len(found) == len(snapshot.workers) and fails((), pending) is not None:
-            return []
-        if found:
-            return found
-    return []
-
-
 def _describe(p: Placement | None) -> str:
     assert p is not None
     parts = []
@@ -510,30 +484,3 @@ def _reasons(report: PlacementReport) -> tuple[object, ...]:
 def _log_task_error(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("scheduling pass failed", exc_info=task.exception())
-
-
-def _waits_for_gpus(job: Job, report: PlacementReport) -> bool:
-    """Whether a waiting job waits for GPUs that are taken (a session may be holding them)."""
-    if job.spec.resources.gpus == 0 or not report.candidates:
-        return False
-    return any(rc.code in (Reason.GPUS_BUSY, Reason.NOT_ENOUGH_NODES) for rc in report.exhausted)
-
-
-def _with_holds(
-    report: PlacementReport,
-    holds: list[SessionHold],
-    now: float,
-    seen: dict[int, list[SessionHold]],
-) -> PlacementReport:
-    """The report naming the sessions that hold GPUs on its candidate workers, if any do.
-
-    ``seen``: the holds found per candidate list in this pass. The jobs of one shape share their
-    report's list (``scheduler.explain.finish``), and a list may name every worker: 20,000
-    waiting jobs each walking 5,000 candidates was a pass of seconds."""
-    if not holds:
-        return report
-    mine = seen.get(id(report.candidates))
-    if mine is None:
-        names = set(report.candidates)
-        mine = seen[id(report.candidates)] = [h for h in holds if h.worker in names]
-    return with_sessions(report, mine, now) if mine else report

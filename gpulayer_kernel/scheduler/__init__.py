@@ -2,7 +2,8 @@
 
 Stages (see README.md beside this file): ``feasible`` → ``rank`` → ``plan`` → ``reports`` →
 ``explain``; ``model`` holds the input and output values, ``cache`` what passes remember
-(``SchedulerCache``), ``testing`` builds snapshots for tests.
+(``SchedulerCache``), ``culprits`` finds the workers a failing pass fails on, ``testing`` builds
+snapshots for tests.
 """
 
 from __future__ import annotations

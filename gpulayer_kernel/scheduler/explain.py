@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 
 from ..capabilities.kinds import format_bytes
 from ..contracts import (
+    Job,
     PlacementReport,
     Reason,
     ReasonCount,
@@ -424,3 +425,30 @@ def never_sentence(report: PlacementReport, r: Resources) -> str:
 def _verb(rc: ReasonCount) -> str:
     one, many = ("is", "are") if rc.code in _COPULA else ("has", "have")
     return one if rc.workers == 1 else many
+
+
+def waits_for_gpus(job: Job, report: PlacementReport) -> bool:
+    """Whether a waiting job waits for GPUs that are taken (a session may be holding them)."""
+    if job.spec.resources.gpus == 0 or not report.candidates:
+        return False
+    return any(rc.code in (Reason.GPUS_BUSY, Reason.NOT_ENOUGH_NODES) for rc in report.exhausted)
+
+
+def with_holds(
+    report: PlacementReport,
+    holds: list[SessionHold],
+    now: float,
+    seen: dict[int, list[SessionHold]],
+) -> PlacementReport:
+    """The report naming the sessions that hold GPUs on its candidate workers, if any do.
+
+    ``seen``: the holds found per candidate list in this pass. The jobs of one shape share their
+    report's list (``scheduler.explain.finish``), and a list may name every worker: 20,000
+    waiting jobs each walking 5,000 candidates was a pass of seconds."""
+    if not holds:
+        return report
+    mine = seen.get(id(report.candidates))
+    if mine is None:
+        names = set(report.candidates)
+        mine = seen[id(report.candidates)] = [h for h in holds if h.worker in names]
+    return with_sessions(report, mine, now) if mine else report
