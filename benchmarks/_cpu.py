@@ -140,3 +140,24 @@ class BlockCpu:
 
     def per_call_ms(self, way: str) -> float:
         return 1000.0 * self.seconds.get(way, 0.0) / max(self.calls.get(way, 0), 1)
+
+
+def wait_quiet(
+    roots: Mapping[str, int], *, share: float = 0.05, window: float = 0.5, timeout: float = 30.0
+) -> float:
+    """Wait until the trees under ``roots`` use under ``share`` of a core over ``window``
+    seconds (a worker's zygote importing torch in the background would otherwise take the
+    measured rounds' CPU): seconds waited, ``timeout`` at most."""
+    import time
+
+    start = time.monotonic()
+    meter = TreeCpu(roots)
+    before = meter.sample()
+    while time.monotonic() - start < timeout:
+        time.sleep(window)
+        after = meter.sample()
+        used = sum(after[k] - before[k] for k in roots)
+        if used < share * window:
+            break
+        before = after
+    return time.monotonic() - start

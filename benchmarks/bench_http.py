@@ -11,7 +11,9 @@
     Prints medians and the median of the per-round ratios (http/bare, embedded/bare).
     Then a trivial *Python* job (a cell ``print(1); 1 + 1``: its result and its log line in
     hand), the way a script calls GPUlayer with protocol 1.1 (``run``: submit and follow in one
-    call, the bundle inline), served and embedded, in the same rounds as the anchors:
+    call, the bundle inline), served (the client and the worker on their tunnels; the same
+    plane with the client over HTTP; a second served plane with everything over HTTP, its
+    worker ``--no-tunnel``) and embedded, in the same rounds as the anchors:
     ipyparallel's ``apply_sync`` on one engine and a Ray task (``--no-anchors`` or ``--quick``
     skips them). Targets: served Python job <= 4 ms, embedded <= 2 ms.
 (b) Throughput: jobs/s through submit -> assign -> started -> finished against ``gpulayer serve``
@@ -54,7 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from _cpu import TreeCpu, describe_cpu, self_cpu_seconds  # benchmarks/_cpu.py
+from _cpu import TreeCpu, describe_cpu, self_cpu_seconds, wait_quiet  # benchmarks/_cpu.py
 from _machine import describe  # benchmarks/_machine.py (scripts run from benchmarks/)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -234,21 +236,40 @@ def bare() -> float:
 async def latency(rounds: int, tmp: Path, others: Anchors) -> None:
     spec = JobSpec(name="trivial", workload=CommandWorkload(argv=TRIVIAL))
     me = os.getpid()
-    with ServeProcess(tmp / "serve-home") as server:
+    # A second served plane whose worker sends everything over HTTP (``--no-tunnel``): the
+    # worker tunnel's gain, side by side (ADR 0003).
+    with ServeProcess(tmp / "serve-home") as server, ServeProcess(tmp / "serve-h") as plain:
         join = server.create_token("join")
         worker = WorkerProcess(
             server.url, join, name="bench-w", simulate_gpus=1, home=tmp / "worker"
         )
-        with worker:
+        untunneled = WorkerProcess(
+            plain.url,
+            plain.create_token("join"),
+            name="bench-h",
+            simulate_gpus=1,
+            home=tmp / "worker-h",
+            args=("--no-tunnel",),
+        )
+        with worker, untunneled:
             had = child_pids(me)
             emb = Embedded(tmp / "embedded-home", local_worker=True, simulate_gpus=1)
             await emb.start()
             try:
-                async with AsyncClient(server.url, server.admin_token) as client:
+                # http-py: the client and the worker on their tunnels; http-py-c: the same
+                # plane, the client over HTTP (the client tunnel's gain); http-py-h: the plain
+                # plane, everything over HTTP.
+                async with (
+                    AsyncClient(server.url, server.admin_token) as client,
+                    AsyncClient(server.url, server.admin_token, tunnel=False) as http_client,
+                    AsyncClient(plain.url, plain.admin_token, tunnel=False) as plain_client,
+                ):
                     ways = {
                         "http": lambda: round_trip(client, spec),
                         "embedded": lambda: round_trip(emb.cp, spec),
                         "http-py": lambda: python_trip(client),
+                        "http-py-c": lambda: python_trip(http_client),
+                        "http-py-h": lambda: python_trip(plain_client),
                         "embedded-py": lambda: python_trip(emb.cp),
                     }
                     # Whose CPU each way spends, besides this process's own: the server and
@@ -256,6 +277,8 @@ async def latency(rounds: int, tmp: Path, others: Anchors) -> None:
                     # zygote and jobs); the anchors' own processes.
                     roots: dict[str, dict[str, int]] = {
                         "http-py": {"server": server.pid, "worker": worker.pid},
+                        "http-py-c": {"server": server.pid, "worker": worker.pid},
+                        "http-py-h": {"server": plain.pid, "worker": untunneled.pid},
                     }
                     for name, pids in others.roots.items():
                         roots[name] = {f"{name}{p}": p for p in pids}
@@ -282,6 +305,12 @@ async def latency(rounds: int, tmp: Path, others: Anchors) -> None:
                             await one(name)
                     # The embedded host's children, once the warm-up has started them all.
                     roots["embedded-py"] = {f"c{p}": p for p in child_pids(me) - had}
+                    # Each worker's zygotes (one imports torch, ~2 s of a core) are up before
+                    # the first measured round, or their start is measured with it.
+                    waited = wait_quiet(
+                        {"w": worker.pid, "h": untunneled.pid, **roots["embedded-py"]}
+                    )
+                    print(f"(a) waited {waited:.1f} s for the workers' zygotes to settle")
                     times: dict[str, list[float]] = {name: [] for name in order}
                     for i in range(rounds):
                         k = i % len(order)
@@ -290,7 +319,7 @@ async def latency(rounds: int, tmp: Path, others: Anchors) -> None:
             finally:
                 await emb.stop()
     ms = {k: [1000 * v for v in vs] for k, vs in times.items()}
-    for name in ("bare", "embedded", "http", "embedded-py", "http-py"):
+    for name in ("bare", "embedded", "http", "embedded-py", "http-py", "http-py-c", "http-py-h"):
         print(
             f"(a) {name:<9} median {statistics.median(ms[name]):6.1f} ms  "
             f"({spread(ms[name])} ms, {rounds} rounds)"
@@ -304,6 +333,14 @@ async def latency(rounds: int, tmp: Path, others: Anchors) -> None:
         print(
             f"(a) Python job, {name.removesuffix('-py')}: median {p50:.2f} ms "
             f"({spread(ms[name])} ms; target <= {target:g} ms: {met})"
+        )
+    for other, words in (
+        ("http-py-c", "client tunnel / client over HTTP"),
+        ("http-py-h", "both tunnels / HTTP only"),
+    ):
+        ratios = [a / b for a, b in zip(times["http-py"], times[other], strict=True)]
+        print(
+            f"(a) served Python job, {words}: {statistics.median(ratios):.2f}x  ({spread(ratios)})"
         )
     for anchor in (n for n in ("ipyparallel", "ray") if n in times):
         print(f"(a) {anchor} anchor: median {statistics.median(ms[anchor]):.2f} ms")
@@ -336,6 +373,7 @@ class Shared(NamedTuple):
     ready: Any  # submitters connected and waiting for ``go``
     go: Any  # multiprocessing.Event
     stop: Any
+    tunnel: bool  # the fake workers send on the worker tunnel (``--tunnel``), as real ones do
 
 
 def _worker_proc(url: str, join: str, first: int, count: int, shared: Shared) -> None:
@@ -356,7 +394,7 @@ async def _fake_workers(url: str, join: str, first: int, count: int, shared: Sha
 
 
 async def fake_worker(url: str, join: str, i: int, shared: Shared, stop: asyncio.Event) -> None:
-    t = HttpTransport(url, join)
+    t = HttpTransport(url, join, tunnel=shared.tunnel)
     # As the agent reports (protocol 1.1): a short job's start and end in one entry, the
     # entries of every job ending meanwhile in one request.
     reporter = Reporter(t.report)
@@ -441,6 +479,7 @@ async def throughput(
     serve_args: tuple[str, ...] = (),
     serve_env: dict[str, str] | None = None,
     label: str = "",
+    tunnel: bool = False,
 ) -> tuple[float, dict[str, float]]:
     """Jobs/s and CPU ms per job (server, workers, submitters, this process, total)."""
     ctx = multiprocessing.get_context("spawn")
@@ -451,6 +490,7 @@ async def throughput(
         ctx.Value("q", 0),
         ctx.Event(),
         ctx.Event(),
+        tunnel,
     )
     home = tmp / f"tp-home-{label or 'default'}-{time.monotonic_ns()}"
     with ServeProcess(home, heartbeat_timeout=120, args=serve_args, env=serve_env) as server:
@@ -505,8 +545,9 @@ async def throughput(
     cpu["total"] = sum(cpu.values())
     rate = n / (t1 - t0)
     print(
-        f"(b){label} {n} jobs in {t1 - t0:.2f}s: {rate:.0f} jobs/s; {workers} no-op HTTP workers "
-        f"in {len(procs['workers'])} processes, {submitters} submitter processes ({batch} a "
+        f"(b){label} {n} jobs in {t1 - t0:.2f}s: {rate:.0f} jobs/s; {workers} no-op "
+        f"{'tunnelled' if tunnel else 'HTTP'} workers in {len(procs['workers'])} processes, "
+        f"{submitters} submitter processes ({batch} a "
         f"batch, {inflight} in flight)"
     )
     print(
@@ -577,6 +618,12 @@ async def main() -> None:
     p.add_argument("--no-anchors", action="store_true", help="skip ipyparallel and Ray")
     p.add_argument("--no-latency", action="store_true", help="throughput only")
     p.add_argument(
+        "--tunnel",
+        action="store_true",
+        help="(b)'s fake workers send on the worker tunnel, as `gpulayer worker` does (default: "
+        "each request over HTTP, as the figures before the tunnel were taken)",
+    )
+    p.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -608,6 +655,7 @@ async def main() -> None:
             submitters=args.submitters,
             worker_procs=args.worker_procs,
             batch=args.batch,
+            tunnel=args.tunnel,
         )
         if args.profile_server:
             prof = tmp / "serve.prof"

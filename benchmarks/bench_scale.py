@@ -4,8 +4,9 @@
 
 For each worker count: one ``gpulayer serve`` (SQLite, or ``--db postgres``: a real PostgreSQL
 started here), and that many simulated workers, 8 GPUs each (``--gpus``), held by a few processes
-(``--procs``) over real HTTP: each joins, long-polls its work, holds each job ``--hold`` seconds
-and reports it done (protocol 1.1's batched reports), as ``gpulayer worker`` does. ``--jobs``
+(``--procs``) over real HTTP (``--tunnel``: on the worker tunnel, ADR 0003): each joins,
+long-polls its work, holds each job ``--hold`` seconds and reports it done (protocol 1.1's
+batched reports), as ``gpulayer worker`` does. ``--jobs``
 jobs of one GPU wait in the queue (submitted in batches first). Then, for ``--seconds``:
 
 - **submit**: single ``POST /jobs`` from this process, spaced ``--gap`` apart: p50 and p99;
@@ -81,13 +82,13 @@ def caps(gpus: int) -> WorkerCapabilities:
 
 
 def _workers_proc(url: str, join: str, first: int, count: int, gpus: int, hold: float,
-                  shared: Shared) -> None:  # fmt: skip
+                  shared: Shared, tunnel: bool) -> None:  # fmt: skip
     raise_fd_limit()
-    asyncio.run(_workers(url, join, first, count, gpus, hold, shared))
+    asyncio.run(_workers(url, join, first, count, gpus, hold, shared, tunnel))
 
 
 async def _workers(url: str, join: str, first: int, count: int, gpus: int, hold: float,
-                   shared: Shared) -> None:  # fmt: skip
+                   shared: Shared, tunnel: bool) -> None:  # fmt: skip
     stop = asyncio.Event()
 
     async def watch() -> None:
@@ -99,14 +100,18 @@ async def _workers(url: str, join: str, first: int, count: int, gpus: int, hold:
     # Joins in waves: 5,000 at once would be a join storm no real fleet makes.
     sem = asyncio.Semaphore(64)
     await asyncio.gather(
-        *(fake_worker(url, join, first + i, gpus, hold, shared, stop, sem) for i in range(count))
+        *(
+            fake_worker(url, join, first + i, gpus, hold, shared, stop, sem, tunnel)
+            for i in range(count)
+        )
     )
     watcher.cancel()
 
 
 async def fake_worker(url: str, join: str, i: int, gpus: int, hold: float, shared: Shared,
-                      stop: asyncio.Event, sem: asyncio.Semaphore) -> None:  # fmt: skip
-    t = HttpTransport(url, join, timeout=120.0)
+                      stop: asyncio.Event, sem: asyncio.Semaphore,
+                      tunnel: bool) -> None:  # fmt: skip
+    t = HttpTransport(url, join, timeout=120.0, tunnel=tunnel)
     reporter = Reporter(t.report)
     freed: list[float] = []  # when each of this worker's GPUs was freed, oldest first
     running: set[asyncio.Task[None]] = set()
@@ -228,7 +233,7 @@ async def one_count(args: argparse.Namespace, workers: int, tmp: Path) -> dict[s
             for k in range(args.procs):
                 n = min(per, workers - k * per)
                 if n > 0:
-                    a = (server.url, join, k * per, n, args.gpus, args.hold, shared)
+                    a = (server.url, join, k * per, n, args.gpus, args.hold, shared, args.tunnel)
                     procs.append(ctx.Process(target=_workers_proc, args=a))
             for p in procs:
                 p.start()
@@ -330,9 +335,18 @@ async def main() -> None:
     p.add_argument("--seconds", type=float, default=60.0, help="the measured window")
     p.add_argument("--gap", type=float, default=0.05, help="seconds between probe submits")
     p.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
+    p.add_argument(
+        "--tunnel",
+        action="store_true",
+        help="the simulated workers send their requests on the worker tunnel (as `gpulayer "
+        "worker` does by default), not each over HTTP",
+    )
     args = p.parse_args()
     raise_fd_limit()
-    print(f"machine: {describe()}; load {os.getloadavg()[0]:.2f}; store {args.db}")
+    print(
+        f"machine: {describe()}; load {os.getloadavg()[0]:.2f}; store {args.db}; "
+        f"workers on {'the tunnel' if args.tunnel else 'HTTP'}"
+    )
     results = []
     with tempfile.TemporaryDirectory(prefix="gl-bench-scale-") as tmp:
         for n in (int(x) for x in args.workers.split(",")):

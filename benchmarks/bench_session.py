@@ -11,8 +11,10 @@ Interleaved rounds (BENCHMARKING.md), each measured as its user sees it:
    cell: ``%%gpulayer`` / ``x += 1; x`` in a session, beside the kernel's own ``x = 1`` cell (its
    floor) and ipyparallel's ``%%px --block`` on one engine:
    * embedded: the control plane lives in the kernel;
-   * through the server extension: the kernel talks over HTTP to a Jupyter server running the
-     GPUlayer extension (as in JupyterLab), whose local worker holds the session;
+   * through the server extension: the kernel talks to the loopback listener of a Jupyter
+     server running the GPUlayer extension (as in JupyterLab), whose local worker holds the
+     session; its calls on the client tunnel, and a second kernel's over HTTP
+     (``GPULAYER_NO_TUNNEL=1``);
    * a two-rank session (simulated GPUs, gloo), embedded.
 3. **Session start to first result** with torch imported in the cell: on a fresh worker (its
    first session, while its session zygote still imports torch), then on a warm worker (that
@@ -173,6 +175,7 @@ def ray_actor() -> tuple[Callable[[], Any], Callable[[], None]]:
 
 
 def python_api(rounds: int, calls: int, anchors: bool) -> None:
+    from gpulayer_kernel.controlplane.sessions import cells as session_cells
     from gpulayer_kernel.jupyter.bridge import Bridge, Target
     from gpulayer_kernel.sessions import start_session
 
@@ -189,6 +192,9 @@ def python_api(rounds: int, calls: int, anchors: bool) -> None:
     ray_roots = {f"ray{i}": p for i, p in enumerate(children_of(me) - before)}
     cpu = BlockCpu()
     ours, theirs, ratios = [], [], []
+    rides: list[float] = []  # one commit a cell, and the same rounds with two (``gl_apart``)
+    apart: list[float] = []
+    riding = session_cells.END_WITHIN
     try:
         for _ in range(3):
             session.run("x += 1; x")
@@ -202,6 +208,25 @@ def python_api(rounds: int, calls: int, anchors: bool) -> None:
                 wall = (time.perf_counter() - start) / calls
                 cpu.after("gl", gl_roots, at, calls)
                 return wall
+
+            def gl_apart() -> float:
+                """The same with each cell's end in a commit of its own (before issue 35's
+                thirteenth pass), for the before/after ratio in one run."""
+                session_cells.END_WITHIN = None
+                try:
+                    start = time.perf_counter()
+                    for _ in range(calls):
+                        session.run("x += 1; x")
+                    return (time.perf_counter() - start) / calls
+                finally:
+                    session_cells.END_WITHIN = riding
+
+            if i % 2:
+                apart.append(gl_apart())
+                rides.append(gl())
+            else:
+                rides.append(gl())
+                apart.append(gl_apart())
 
             def ray_round() -> float:
                 assert ray_call is not None
@@ -229,6 +254,11 @@ def python_api(rounds: int, calls: int, anchors: bool) -> None:
             f"Python API, session call:   p50 {median_ms(ours):.3f} ms, "
             f"{cpu.per_call_ms('gl'):.2f} ms CPU (this process + the session's processes)"
         )
+        gain = statistics.median(r / a for r, a in zip(rides, apart, strict=True))
+        print(
+            f"  each end in its own commit: p50 {median_ms(apart):.3f} ms; one commit a cell "
+            f"/ two: {gain:.2f}x"
+        )
         if theirs:
             print(
                 f"Ray actor method call:      p50 {median_ms(theirs):.3f} ms, "
@@ -249,19 +279,29 @@ def python_api(rounds: int, calls: int, anchors: bool) -> None:
 
 def kernel_cells(rounds: int, anchors: bool, root: Path) -> float:
     """The kernel section; returns the embedded session cell / %%px ratio (or / floor)."""
-    results: dict[str, list[float]] = {"floor": [], "session": [], "served": [], "two": []}
+    results: dict[str, list[float]] = {
+        "floor": [],
+        "session": [],
+        "served": [],
+        "served-h": [],
+        "two": [],
+    }
     px: list[float] = []
     ratios: list[float] = []
     embedded = Kernel(root / "k1", {"GPULAYER_SIMULATE_GPUS": "2"})
     with jupyter_server(root) as served_env:
         served = Kernel(root / "k2", served_env)
+        # The same server's kernel with its calls over HTTP: the client tunnel's gain.
+        plain = Kernel(root / "k3", {**served_env, "GPULAYER_NO_TUNNEL": "1"})
         try:
-            for k in (embedded, served):
+            for k in (embedded, served, plain):
                 k.run("%load_ext gpulayer_kernel")
             embedded.run("%gpulayer session start --name one")
             embedded.run("%%gpulayer\nx = 0")
             served.run("%gpulayer session start --name served")
             served.run("%%gpulayer\nx = 0")
+            plain.run("%gpulayer session start --name plain")
+            plain.run("%%gpulayer\nx = 0")
             embedded.run("%gpulayer session start --name two --gpus 2")
             embedded.run("%%gpulayer --session two\nx = 0")
             kernel = embedded.km.provisioner.pid
@@ -283,8 +323,10 @@ def kernel_cells(rounds: int, anchors: bool, root: Path) -> float:
                 embedded.run(FLOOR)
                 embedded.run(CELL)
                 served.run(CELL)
+                plain.run(CELL)
             for i in range(rounds):
-                order = ["floor", "session", "served", "two"] + (["px"] if anchors else [])
+                order = ["floor", "session", "served", "served-h", "two"]
+                order += ["px"] if anchors else []
                 if i % 2:
                     order.reverse()
                 got: dict[str, float] = {}
@@ -296,11 +338,13 @@ def kernel_cells(rounds: int, anchors: bool, root: Path) -> float:
                         got[what] = embedded.run("%%gpulayer --session one\nx += 1; x")
                     elif what == "served":
                         got[what] = served.run("%%gpulayer --session served\nx += 1; x")
+                    elif what == "served-h":
+                        got[what] = plain.run("%%gpulayer --session plain\nx += 1; x")
                     elif what == "two":
                         got[what] = embedded.run("%%gpulayer --session two\nx += 1; x")
                     else:
                         got[what] = embedded.run(PX)
-                    if what != "served":  # the served kernel's server: not measured here
+                    if not what.startswith("served"):  # their server: not measured here
                         cpu.after(what, roots.get(what, {}), at, alone=[kernel])
                 for key, value in got.items():
                     (px if key == "px" else results[key]).append(value)
@@ -314,6 +358,7 @@ def kernel_cells(rounds: int, anchors: bool, root: Path) -> float:
             for key, label, target in (
                 ("session", "session cell, embedded:        ", 2.0),
                 ("served", "session cell, server extension:", 3.0),
+                ("served-h", "  the same, its calls over HTTP:", 3.0),
                 ("two", "two-rank session cell, embedded:", 10.0),
             ):
                 value = median_ms(results[key])
@@ -324,6 +369,11 @@ def kernel_cells(rounds: int, anchors: bool, root: Path) -> float:
                     f"{label}   p50 {value:.2f} ms{used} (+{added:.2f} ms over the floor; "
                     f"target +{target:g} ms: {met})"
                 )
+            tunnelled = [a / b for a, b in zip(results["served"], results["served-h"], strict=True)]
+            print(
+                f"session cell, server extension, client tunnel / HTTP: "
+                f"{statistics.median(tunnelled):.2f}x (per-round ratio)"
+            )
             if anchors:
                 print(
                     f"ipyparallel %%px --block, 1 engine: p50 {median_ms(px):.2f} ms, "
@@ -333,7 +383,7 @@ def kernel_cells(rounds: int, anchors: bool, root: Path) -> float:
             if anchors:  # the engine and controller are processes of their own
                 with contextlib.suppress(Exception):
                     embedded.run("rc.cluster.stop_cluster_sync()", timeout=60)
-            for k in (embedded, served):
+            for k in (embedded, served, plain):
                 with contextlib.suppress(Exception):
                     k.run("%gpulayer session stop", timeout=60)
                 k.close()

@@ -116,6 +116,7 @@ class ErrorCode(StrEnum):
     NOT_FOUND = "not_found"
     NOT_JSON = "not_json"
     NOT_LEADER = "not_leader"
+    NOT_OVER_TUNNEL = "not_over_tunnel"
     NOT_RUNNING = "not_running"
     NOT_TRANSFERABLE = "not_transferable"
     NOT_UP = "not_up"

@@ -10,6 +10,7 @@ itself: which outcomes are sent again, with one URL and with several.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -18,11 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpulayer_kernel.client.clients import Client
+from gpulayer_kernel.client.clients import AsyncClient, Client
 from gpulayer_kernel.contracts import CommandWorkload, Job, JobSpec
 from gpulayer_kernel.errors import GPUlayerError
 from gpulayer_kernel.ha.failover import Servers
-from gpulayer_kernel.testing import wait_until
+from gpulayer_kernel.testing import until, wait_until
 from gpulayer_kernel.testing.processes import ServeProcess
 
 
@@ -73,18 +74,23 @@ def test_submits_through_repeated_kill_9_make_exactly_one_job_each(tmp_path: Pat
             for t in threads:
                 t.join(60)
         assert not errors, errors
-        with server.client() as c:
-            stored = c.list(limit=10_000)
-        by_name: dict[str, list[str]] = {}
-        for job in stored:
-            by_name.setdefault(job.spec.name, []).append(job.id)
-        twice = {name: ids for name, ids in by_name.items() if len(ids) > 1}
-        assert not twice, f"made twice: {twice}"
-        assert len(answered) > 20  # the loop really ran across the kills
-        # Every answered call's job is stored, and is the one the store holds for its spec
-        # (a job stored but never answered can only be of the calls cut off by `stop`).
-        assert {n: [i] for n, i in answered.items()} == {n: by_name[n] for n in answered}
-        assert len(stored) - len(answered) <= 3 * len(threads)
+        one_job_each(server, answered, len(threads))
+
+
+def one_job_each(server: ServeProcess, answered: dict[str, str], callers: int) -> None:
+    """The store holds exactly one job a submitted spec, the one its call was answered with."""
+    with server.client() as c:
+        stored = c.list(limit=10_000)
+    by_name: dict[str, list[str]] = {}
+    for job in stored:
+        by_name.setdefault(job.spec.name, []).append(job.id)
+    twice = {name: ids for name, ids in by_name.items() if len(ids) > 1}
+    assert not twice, f"made twice: {twice}"
+    assert len(answered) > 20  # the loop really ran across the kills
+    # Every answered call's job is stored, and is the one the store holds for its spec
+    # (a job stored but never answered can only be of the calls cut off by `stop`).
+    assert {n: [i] for n, i in answered.items()} == {n: by_name[n] for n in answered}
+    assert len(stored) - len(answered) <= 3 * callers
 
 
 def test_a_lone_server_that_is_down_is_retried_for_a_bounded_time(tmp_path: Path) -> None:
@@ -133,3 +139,60 @@ def test_which_outcomes_send_a_request_again(
     urls: str, method: str, keyed: bool, outcome: BaseException | httpx.Response, again: bool
 ) -> None:
     assert Servers(urls).moves_on(method, outcome, keyed=keyed) is again
+
+
+@pytest.mark.slow
+async def test_tunnelled_submits_through_repeated_kill_9_make_exactly_one_job_each(
+    tmp_path: Path,
+) -> None:
+    """The same with ``AsyncClient``s on the client tunnel: a kill cuts the tunnel with requests
+    on it (``httpx.ReadError``, as a dropped HTTP connection), the keyed ones are sent again
+    (over HTTP while the tunnel is down), and each client's tunnel opens again once the server
+    is back."""
+    rng = random.Random(29)
+    with ServeProcess(tmp_path / "home") as server:
+        answered: dict[str, str] = {}
+        errors: list[BaseException] = []
+        stop = asyncio.Event()
+        clients = [AsyncClient(server.url, server.admin_token) for _ in range(3)]
+
+        async def submitter(me: int, c: AsyncClient) -> None:
+            n = 0
+            while not stop.is_set():
+                try:
+                    if me == 0:
+                        names = [f"b{me}-{n}-{i}" for i in range(3)]
+                        jobs = await c.submit_many([spec(x) for x in names])
+                        for x, j in zip(names, jobs, strict=True):
+                            assert isinstance(j, Job), j
+                            answered[x] = j.id
+                    elif me == 1:
+                        answered[f"r{me}-{n}"] = (await c.run(spec(f"r{me}-{n}"))).job.id
+                    else:
+                        answered[f"s{me}-{n}"] = (await c.submit(spec(f"s{me}-{n}"))).id
+                except BaseException as exc:
+                    errors.append(exc)
+                    return
+                n += 1
+
+        def on_tunnel() -> int:
+            return sum(t.answered for c in clients for t in c.wire._tunnels.values())
+
+        tasks = [asyncio.ensure_future(submitter(i, c)) for i, c in enumerate(clients)]
+        try:
+            for _ in range(4):
+                await asyncio.sleep(rng.uniform(0.3, 0.9))
+                await asyncio.to_thread(server.restart, kill=True)
+            after, tunnelled = len(answered), on_tunnel()
+            await until(
+                lambda: (len(answered) >= after + 6 and on_tunnel() > tunnelled) or errors,
+                60,
+                what="answers on the tunnels again",
+            )
+        finally:
+            stop.set()
+            await asyncio.wait(tasks, timeout=60)
+            for c in clients:
+                await c.aclose()
+        assert not errors, errors
+        one_job_each(server, answered, len(clients))

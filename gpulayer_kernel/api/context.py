@@ -64,3 +64,5 @@ class ApiContext:
             self.requests_done.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.requests_done.wait(), max(0.0, deadline - loop.time()))
+        if self.keys.writing:  # follow routes' statuses, written as their answers went
+            await asyncio.wait(self.keys.writing, timeout=max(0.0, deadline - loop.time()))

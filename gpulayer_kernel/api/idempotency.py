@@ -21,10 +21,11 @@ Idempotency-Key HTTP Header Field") runs through ``run_keyed``, the one place th
    ``idempotency_key_unresolved``.
    An older record is forgotten: the key is new.
 4. Otherwise the handler runs under a ``Claim``; ``once`` routes store the record first.
-5. Its answer (2xx or 4xx) is stored before it is sent. A 5xx (unavailable, shutting down) is
-   not an answer to keep: a record without jobs is forgotten (the retry runs anew), except on
-   ``once`` routes, whose work may be done. A keyed long-poll outlives its client (a retry
-   waits for its answer instead of leaving its outcome unknown).
+5. Its answer (2xx or 4xx) is stored before it is sent; a ``follow`` route's 2xx as it is
+   sent (its record already names the job or cell it made, which is all a retry reads). A 5xx
+   (unavailable, shutting down) is not an answer to keep: a record without jobs is forgotten
+   (the retry runs anew), except on ``once`` routes, whose work may be done. A keyed long-poll
+   outlives its client (a retry waits for its answer instead of leaving its outcome unknown).
 
 Records are purged at most every ``PURGE_EVERY`` seconds, by the keyed requests themselves.
 """
@@ -35,6 +36,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -43,6 +45,8 @@ from ..controlplane.idempotency import Claim, split_refs
 from ..errors import Conflict, InvalidInput
 from ..store import IdempotencyRecord, MetadataStore
 from .errors import error_answer
+
+log = logging.getLogger("gpulayer.api")
 
 HEADER = "Idempotency-Key"
 REPLAYED = "Idempotency-Replayed"
@@ -75,6 +79,8 @@ class Keys:
 
     running: dict[tuple[str, str], _Running] = field(default_factory=dict)
     purged_at: float = float("-inf")
+    # A follow route's 2xx status, written as its answer goes (5. in the module docstring).
+    writing: set[asyncio.Task[None]] = field(default_factory=set)
 
 
 def check_key(raw: str) -> str:
@@ -143,16 +149,19 @@ async def run_keyed(
     while (running := keys.running.get(slot)) is not None:
         if running.fingerprint != fp:
             raise _reused(key)
-        await running.done.wait()  # the first try's answer is stored by then
+        # The first try's answer is stored by then (a follow route's record names its job or
+        # cell, which is what this one then follows).
+        await running.done.wait()
     mine = keys.running[slot] = _Running(fp)  # before any await: the next one waits for us
     try:
-        return await _run(store, mode, key, owner, fp, now(), window, call)
+        return await _run(keys, store, mode, key, owner, fp, now(), window, call)
     finally:
         del keys.running[slot]
         mine.done.set()
 
 
 async def _run(
+    keys: Keys,
     store: MetadataStore,
     mode: Mode,
     key: str,
@@ -193,13 +202,31 @@ async def _run(
             # during its long-poll): its record stays, and a retry is told so, never run twice.
             await store.delete_idempotency(owner, key)
         raise
-    # A follow route's answer is never replayed (a retry follows its job or cell as it is now):
-    # keep its status, not its body (a cell's page can be megabytes of output).
-    kept = b"" if mode == "follow" and answer.status < 300 else answer.body
-    await _keep(store, claim, answer.status, kept)
-    return dataclasses.replace(answer, replayed=rec is not None)  # an earlier try made it
+    answer = dataclasses.replace(answer, replayed=rec is not None)  # an earlier try made it
+    if mode == "follow" and answer.status < 300 and claim.record.jobs:
+        # A follow route's answer is never replayed: a retry follows the job or cell its record
+        # names (stored in that job's or cell's own commit) as it is now, whether or not this
+        # status is stored yet. So it is written as the answer goes, not before it (a
+        # commit off every served cell's and `run`'s path), and without its body (a cell's page
+        # can be megabytes of output).
+        task = asyncio.ensure_future(_keep(store, claim, answer.status, b""))
+        keys.writing.add(task)
+        task.add_done_callback(_kept(keys))
+        return answer
+    await _keep(store, claim, answer.status, answer.body)
+    return answer
 
 
 async def _keep(store: MetadataStore, claim: Claim, status: int, body: bytes) -> None:
     record = dataclasses.replace(claim.record, status=status, answer=body.decode())
     await store.save_idempotency(record)
+
+
+def _kept(keys: Keys) -> Callable[[asyncio.Task[None]], None]:
+    def done(task: asyncio.Task[None]) -> None:
+        keys.writing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # Lost, the record still names its job or cell: a retry does what it would have.
+            log.info("a follow route's status was not stored: %s", task.exception())
+
+    return done

@@ -51,6 +51,7 @@ from .context import ApiContext
 from .errors import error_answer
 from .longpoll import shutting_down
 from .params import route_pattern
+from .tunnel import ClientTunnel, Tunnel, WorkerTunnel  # streams too: closed with them
 
 log = logging.getLogger("gpulayer.api")
 
@@ -279,10 +280,15 @@ STREAMS: tuple[type[_KernelStream], ...] = (KernelHostStream, KernelWorkerStream
 def stream_handlers(
     prefix: str, ctx: ApiContext, *, host: bool
 ) -> list[tuple[str, type[tornado.web.RequestHandler], dict[str, Any]]]:
-    """The stream routes a host mounts: the worker's always, the Jupyter host's with ``host``
-    (``gpulayer serve``: inside Jupyter the provisioner reaches its control plane in-process)."""
+    """The stream routes a host mounts: the worker's (its kernels' streams and its tunnel,
+    ``tunnel.py``) always, the Jupyter host's and the clients' tunnel with ``host`` (``gpulayer
+    serve``: inside Jupyter the provisioner reaches its control plane in-process, and the user
+    routes answer to Jupyter's own login, which a tunnel's bearer check is not)."""
     mounted = STREAMS if host else (KernelWorkerStream,)
-    return [(route_pattern(prefix, h.route), h, {"ctx": ctx}) for h in mounted]
+    tunnels: tuple[type[Tunnel], ...] = (WorkerTunnel, ClientTunnel) if host else (WorkerTunnel,)
+    return [(route_pattern(prefix, h.route), h, {"ctx": ctx}) for h in mounted] + [
+        (route_pattern(prefix, t.route), t, {"ctx": ctx, "prefix": prefix}) for t in tunnels
+    ]
 
 
 async def close_streams(ctx: ApiContext) -> None:

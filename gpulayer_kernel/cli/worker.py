@@ -78,6 +78,12 @@ def add_parsers(sub: Any) -> None:
         help="CA that signed the server's certificate ($GPULAYER_CA_CERT)",
     )
     worker.add_argument(
+        "--no-tunnel",
+        action="store_true",
+        help="send every request over HTTP, never on the worker tunnel (a WebSocket the worker "
+        "opens to the control plane for its small requests; it falls back to HTTP on its own)",
+    )
+    worker.add_argument(
         "--check",
         action="store_true",
         help="only check that the server answers and accepts the join token (enrols nothing, "
@@ -132,7 +138,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     )
     work = Path(args.work_dir) if args.work_dir else home_dir() / f"worker-{name}"
     work.mkdir(parents=True, exist_ok=True)
-    transport = HttpTransport(args.server, token, ca_cert=args.ca_cert)
+    transport = HttpTransport(args.server, token, ca_cert=args.ca_cert, tunnel=not args.no_tunnel)
     agent = WorkerAgent(
         transport,
         reg,

@@ -25,6 +25,7 @@ under 1 ms). Long waits (``wait``, ``logs``, ``events``) are split into server-s
 from __future__ import annotations
 
 import builtins
+import os
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
@@ -53,17 +54,38 @@ from .sessions import AsyncSessionCalls, SessionCallsSync
 T = TypeVar("T")
 
 
+NO_TUNNEL_ENV = "GPULAYER_NO_TUNNEL"
+
+
 class AsyncClient(AsyncProvisioning, AsyncSessionCalls, AsyncAdmin):
     """The asyncio client; ``async with AsyncClient(url, token) as c: ...``."""
 
     def __init__(
-        self, url: str, token: str = "", *, ca_cert: str | None = None, timeout: float = 30.0
+        self,
+        url: str,
+        token: str = "",
+        *,
+        ca_cert: str | None = None,
+        timeout: float = 30.0,
+        tunnel: bool | None = None,
     ) -> None:
+        """``tunnel``: from its second request on, send the small ones on one WebSocket where
+        the server has the client tunnel (``gpulayer serve``; ``wire/tunnel.py``); by default
+        yes, unless ``GPULAYER_NO_TUNNEL=1`` (a proxy that takes the upgrade and then stalls)."""
+        if tunnel is None:
+            tunnel = os.environ.get(NO_TUNNEL_ENV, "") not in ("1", "true", "yes")
         self.url = url
         self._calls = Calls()
         # GPUlayer's one HTTP client (wire/http.py): failover, pools, TLS, token, errors; the
         # calls note the server's protocol from each answer.
-        self.wire = Wire(url, token or None, ca_cert=ca_cert, timeout=timeout, check_peer=False)
+        self.wire = Wire(
+            url,
+            token or None,
+            ca_cert=ca_cert,
+            timeout=timeout,
+            check_peer=False,
+            tunnel="client" if tunnel else None,
+        )
         self.wire.heard = self._calls.heard
 
     @property

@@ -180,8 +180,11 @@ class WorkerCalls:
         self, worker_id: str, reports: Sequence[JobReport]
     ) -> builtins.list[GPUlayerError | None]:
         """Protocol 1.1: several attempts' reports at once (started, lines, progress, end: a
-        short job's start is written with its end); each entry's refusal, or None."""
-        self.registry.require(worker_id)
+        short job's start is written with its end); each entry's refusal, or None.
+
+        A report is a sign of life: a worker busy shipping a flood of log lines on a loaded
+        machine is alive whether or not its heartbeat is late (``registry.reported``)."""
+        self.registry.reported(worker_id)
         return await self.reports.apply(worker_id, reports)
 
     async def report_cell(self, worker_id: str, job_id: str, report: CellReport) -> None:

@@ -220,6 +220,17 @@ class WorkerRegistry:
             self._save_soon(worker_id)
         return w
 
+    def reported(self, worker_id: str) -> WorkerInfo:
+        """A report from the worker: it is alive (its heartbeat timeout starts over), in memory
+        only. Unlike a heartbeat or a poll it clears no mark: a stopping worker reports its jobs'
+        ends after its long-poll closed, and must not be handed work again for it."""
+        w = self.require(worker_id)
+        now = self.clock.now()
+        if 0 <= now - w.last_heartbeat < HEARTBEAT_RESOLUTION:
+            return w
+        w = self._workers[worker_id] = w.model_copy(update={"last_heartbeat": now})
+        return w
+
     def dead_peer(self, worker_ids: Iterable[str], but: str) -> str | None:
         """Words naming the first of ``worker_ids`` (other than ``but``) that looks dead, for a
         gang's reason: "worker w2 was lost (its connection closed ...)"; None if none does."""

@@ -34,7 +34,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -62,6 +62,14 @@ def split_urls(urls: str | Sequence[str]) -> list[str]:
 
 def _same(a: str, b: str) -> bool:
     return a.rstrip("/").removesuffix("/api/v1") == b.rstrip("/").removesuffix("/api/v1")
+
+
+class Sends(Protocol):
+    """What ``send`` sends through: an ``httpx.AsyncClient``, or a worker's tunnel before it
+    (``request(method, path, timeout=..., **kwargs)``, as httpx's)."""
+
+    @property
+    def request(self) -> Callable[..., Awaitable[httpx.Response]]: ...
 
 
 class Servers:
@@ -141,7 +149,7 @@ class Servers:
 
 async def send(
     servers: Servers,
-    pool: Callable[[], httpx.AsyncClient],
+    pool: Callable[[], Sends],
     method: str,
     path: str,
     *,

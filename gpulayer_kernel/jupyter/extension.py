@@ -58,7 +58,7 @@ from ..errors import GPUlayerError, Unavailable
 from ..home import HOME_ENV
 from ..kernels.host import local_plane
 from ..security import Identity, Role, TokenKind, TokenService
-from .pending import forget_failed_starts
+from .pending import forget_failed_starts, settle_restarts
 from .proxy import Upstream, proxy_handlers
 
 log = logging.getLogger("gpulayer.jupyter")
@@ -425,7 +425,9 @@ class GPUlayer(ExtensionApp):
 
     async def stop_extension(self) -> None:
         # Jupyter stops extensions before it shuts its kernels down: the last chance to keep
-        # that shutdown from failing on a kernel whose start failed (``forget_failed_starts``).
-        forget_failed_starts(getattr(self.serverapp, "kernel_manager", None), self.log)
+        # that shutdown from failing on a kernel being restarted, or whose start failed.
+        kernels = getattr(self.serverapp, "kernel_manager", None)
+        await settle_restarts(kernels, self.log)
         if self.host is not None:
             await self.host.stop()
+        forget_failed_starts(kernels, self.log)

@@ -49,9 +49,10 @@ class Upstream:
     """The served control plane's URLs and token, and one kept-alive client per URL."""
 
     def __init__(self, urls: str, token: str) -> None:
-        # GPUlayer's one HTTP client (wire/http.py): failover, pools, the token. Every answer is
-        # handed back as it came (``PASSED``), errors included: the panel reads their JSON.
-        self.wire = Wire(urls, token or None, timeout=TIMEOUT, check_peer=False)
+        # GPUlayer's one HTTP client (wire/http.py): failover, pools, the token, the client
+        # tunnel for the panel's polls. Every answer is handed back as it came (``PASSED``),
+        # errors included: the panel reads their JSON.
+        self.wire = Wire(urls, token or None, timeout=TIMEOUT, check_peer=False, tunnel="client")
         self._calls: set[asyncio.Task[Any]] = set()
         self.closing = False
 

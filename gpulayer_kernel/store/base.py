@@ -176,7 +176,10 @@ class MetadataStore(abc.ABC):
     # sessions (ADR 0019): their state beside their job, and each cell run in them
 
     @abc.abstractmethod
-    async def save_cells(self, cells: Sequence[CellRun]) -> None: ...
+    async def save_cells(self, cells: Sequence[CellRun], *, within: float | None = None) -> None:
+        """Upsert cells. ``within``: the caller can wait for this write; it rides with the next
+        write's transaction, or commits on its own that many seconds from now at the latest
+        (None: in the next transaction, as every other write)."""
 
     @abc.abstractmethod
     async def get_cell(self, session_id: str, number: int) -> CellRun | None: ...

@@ -55,6 +55,7 @@ class GroupCommit(abc.ABC):
         self._queue: list[Run] = []  # writes waiting for the next commit, in order (``_enqueue``)
         self._waiters: list[asyncio.Future[None]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._later: asyncio.TimerHandle | None = None  # commits what ``_submit_within`` queued
         self.commits = 0  # transactions committed (tests count them: N writers, one commit)
         # Seconds each transaction took (the control plane's metrics histogram); one
         # perf_counter pair a group, not a write.
@@ -76,14 +77,37 @@ class GroupCommit(abc.ABC):
     def _submit(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> asyncio.Future[None]:
         """Queue rows; the future is done once the transaction that carries them is committed
         (``_write`` without its coroutine, for the hottest callers: one frame less a write)."""
+        fut = self._queued(sql, rows)
+        self._kick()
+        return fut
+
+    def _submit_within(
+        self, sql: str, rows: Sequence[tuple[Any, ...]], within: float
+    ) -> asyncio.Future[None]:
+        """Queue rows for the transaction the next write starts, or one of their own ``within``
+        seconds from now, whichever comes first: for a write whose caller can wait, while the
+        next one, which comes within milliseconds on a busy path, cannot (a session cell's end,
+        answered from memory, rides with the next cell's start: one commit a cell, not two)."""
+        fut = self._queued(sql, rows)
+        if self._flusher is None and self._later is None:
+            self._later = asyncio.get_running_loop().call_later(within, self._kick)
+        return fut
+
+    def _queued(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> asyncio.Future[None]:
         self._enqueue(sql, rows)
         # A future per writer, not one per group: a cancelled writer cancels only its own wait
         # (the write itself still lands), and it costs no more than a shared one (measured).
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush())
         return fut
+
+    def _kick(self) -> None:
+        """Commit what is queued now: start the flusher unless it runs (it takes the queue)."""
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
+        if self._flusher is None and self._queue:
+            self._flusher = asyncio.create_task(self._flush())
 
     def _ride(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> asyncio.Future[None]:
         """``_submit`` for a write its caller need not await: it rides with the caller's own next
@@ -148,7 +172,8 @@ class GroupCommit(abc.ABC):
             self._flusher = None
 
     async def _drain(self) -> None:
-        """Let the writes already queued finish (before closing)."""
+        """Let the writes already queued finish (before closing), those queued for later too."""
+        self._kick()
         if self._flusher is not None:
             await asyncio.gather(self._flusher, return_exceptions=True)
 

@@ -232,11 +232,12 @@ class SqlStore(ProvisioningRows, IdempotencyRows, AuditRows, GroupCommit, Metada
 
     # -- sessions (ADR 0019) -------------------------------------------------------------------
 
-    async def save_cells(self, cells: Sequence[CellRun]) -> None:
-        await self._write(
-            _UPSERT_CELL,
-            [(c.session_id, c.number, c.state.value, c.model_dump_json()) for c in cells],
-        )
+    async def save_cells(self, cells: Sequence[CellRun], *, within: float | None = None) -> None:
+        rows = [(c.session_id, c.number, c.state.value, c.model_dump_json()) for c in cells]
+        if within is None:
+            await self._write(_UPSERT_CELL, rows)
+        elif rows:
+            await self._submit_within(_UPSERT_CELL, rows, within)
 
     async def get_cell(self, session_id: str, number: int) -> CellRun | None:
         row = await self._fetchone(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
@@ -32,8 +32,11 @@ from ..client.calls import Call, Req
 from ..client.httpbase import error_from, http_client, unreachable
 from ..clock import SYSTEM_CLOCK, Clock
 from ..contracts import PROTOCOL
-from ..ha.failover import Servers, send, send_sync
+from ..ha.failover import Sends, Servers, send, send_sync
 from ..security.tls import check_url
+
+if TYPE_CHECKING:
+    from .tunnel import Side, Tunnel
 
 T = TypeVar("T")
 Credential = str | Callable[[], str | None] | None
@@ -104,10 +107,16 @@ class Wire(_Base):
         timeout: float = 30.0,
         clock: Clock = SYSTEM_CLOCK,
         check_peer: bool = True,
+        tunnel: Side | None = None,
     ) -> None:
+        """``tunnel``: send that side's small requests on its tunnel where the control plane
+        has one: ``"worker"`` (a worker's transport) or ``"client"`` (the clients)."""
         super().__init__(urls, credential, ca_cert=ca_cert, timeout=timeout, check_peer=check_peer)
         self.clock = clock
         self._pools: dict[str, httpx.AsyncClient] = {}
+        # Small requests on one WebSocket per URL (``wire/tunnel.py``), where served.
+        self.tunnel = tunnel
+        self._tunnels: dict[str, Tunnel] = {}
 
     def pool(self) -> httpx.AsyncClient:
         """The kept-alive connection pool of the URL in use (one per URL, made on first use)."""
@@ -118,12 +127,25 @@ class Wire(_Base):
             self._pools[url] = http
         return self._pools[url]
 
+    def sender(self) -> Sends:
+        """What sends a request to the URL in use: its pool, or its tunnel before its pool."""
+        if self.tunnel is None:
+            return self.pool()
+        from .tunnel import Tunnel, Tunneled  # on first use: most wires have no tunnel
+
+        url = self.servers.url
+        if url not in self._tunnels:
+            credential = self.credential
+            token = credential if callable(credential) else lambda: credential
+            self._tunnels[url] = Tunnel(url, token, ca_cert=self.ca_cert, side=self.tunnel)
+        return Tunneled(self._tunnels[url], self.pool())
+
     async def send(self, req: Req, *, token: str | None = None) -> httpx.Response:
         """One request, failing over as ``ha/failover.py`` says; ``token``: this request's own
         credential (a worker's join token)."""
         outcome = await send(
             self.servers,
-            self.pool,
+            self.sender,
             req.method,
             req.path,
             default=self.timeout,
@@ -146,7 +168,10 @@ class Wire(_Base):
 
     async def aclose(self) -> None:
         pools, self._pools = self._pools, {}
-        await asyncio.gather(*(p.aclose() for p in pools.values()))
+        tunnels, self._tunnels = self._tunnels, {}
+        await asyncio.gather(
+            *(p.aclose() for p in pools.values()), *(t.aclose() for t in tunnels.values())
+        )
 
 
 class SyncWire(_Base):

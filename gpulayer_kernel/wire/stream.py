@@ -213,32 +213,10 @@ class Stream:
                 await asyncio.sleep(0.05)  # a dropped connection: again at once, then backoff
 
     async def _connect(self) -> tornado.websocket.WebSocketClientConnection:
-        base = urlsplit(api_base(self.servers.url))
-        scheme = "wss" if base.scheme == "https" else "ws"
         query = urlencode({"since": self._consumed, "writer": self._writer})
-        url = urlunsplit((scheme, base.netloc, base.path + self.path, query, ""))
-        request = tornado.httpclient.HTTPRequest(
-            url,
-            headers={"Authorization": f"Bearer {self._token()}", versions.HEADER: PROTOCOL},
-            connect_timeout=CONNECT_TIMEOUT,
-            request_timeout=CONNECT_TIMEOUT,
-            ssl_options=client_verify(self.ca_cert) if scheme == "wss" else None,
-        )
-        opening = asyncio.ensure_future(
-            tornado.websocket.websocket_connect(
-                request,
-                max_message_size=MAX_MESSAGE + (1 << 20),
-                ping_interval=PING_EVERY,
-                ping_timeout=PING_EVERY,
-            )
-        )
+        request = upgrade_request(self.servers.url, self.path, self._token(), self.ca_cert, query)
         try:
-            # Shielded: a close() while the upgrade is under way must not orphan the connection
-            # tornado goes on opening (unclosed, it warns when collected, in whatever runs then).
-            conn = await asyncio.shield(opening)
-        except asyncio.CancelledError:
-            opening.add_done_callback(_close_opened)
-            raise
+            conn = await connect(request, MAX_MESSAGE + (1 << 20))
         except tornado.httpclient.HTTPClientError as exc:
             raise _refusal(exc) from None
         except (OSError, tornado.websocket.WebSocketError, TimeoutError) as exc:
@@ -247,10 +225,7 @@ class Stream:
                 hint="is the control plane running? the stream is opened again",
                 code="server_unreachable",
             ) from None
-        # Small messages one after another (a reply, then its status): without this, Nagle's
-        # algorithm holds the second until the first is acknowledged (up to 40 ms on Linux).
-        if conn.protocol is not None and conn.protocol.stream is not None:
-            conn.protocol.stream.set_nodelay(True)
+        no_delay(conn)
         return conn
 
     def _token(self) -> str:
@@ -311,6 +286,50 @@ class Stream:
         self._settled.set()
         self._news.set()
         self._drained.set()
+
+
+def upgrade_request(
+    server_url: str, path: str, token: str, ca_cert: str | None, query: str = ""
+) -> tornado.httpclient.HTTPRequest:
+    """The WebSocket upgrade to ``path`` under a control plane's API (a kernel's stream, a
+    worker's tunnel): the token in the header, never the URL; TLS as the HTTP wire's."""
+    base = urlsplit(api_base(server_url))
+    scheme = "wss" if base.scheme == "https" else "ws"
+    return tornado.httpclient.HTTPRequest(
+        urlunsplit((scheme, base.netloc, base.path + path, query, "")),
+        headers={"Authorization": f"Bearer {token}", versions.HEADER: PROTOCOL},
+        connect_timeout=CONNECT_TIMEOUT,
+        request_timeout=CONNECT_TIMEOUT,
+        ssl_options=client_verify(ca_cert) if scheme == "wss" else None,
+    )
+
+
+def no_delay(conn: tornado.websocket.WebSocketClientConnection) -> None:
+    """Small messages one after another (a reply, then its status; a report, then a poll):
+    without this, Nagle's algorithm holds the second until the first is acknowledged (up to
+    40 ms on Linux)."""
+    if conn.protocol is not None and conn.protocol.stream is not None:
+        conn.protocol.stream.set_nodelay(True)
+
+
+async def connect(
+    request: tornado.httpclient.HTTPRequest, max_size: int
+) -> tornado.websocket.WebSocketClientConnection:
+    """Open a WebSocket (a kernel's stream, a tunnel), pinged every ``PING_EVERY`` seconds.
+
+    Shielded: a close while the upgrade is under way must not orphan the connection tornado goes
+    on opening (unclosed, it warns when collected, in whatever runs then): it is closed once made.
+    """
+    opening = asyncio.ensure_future(
+        tornado.websocket.websocket_connect(
+            request, max_message_size=max_size, ping_interval=PING_EVERY, ping_timeout=PING_EVERY
+        )
+    )
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        opening.add_done_callback(_close_opened)
+        raise
 
 
 def _close_opened(opening: asyncio.Future[tornado.websocket.WebSocketClientConnection]) -> None:

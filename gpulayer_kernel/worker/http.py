@@ -93,7 +93,10 @@ class HttpTransport(Transport):
         timeout: float = 30.0,
         retry_for: float = 120.0,
         clock: Clock = SYSTEM_CLOCK,
+        tunnel: bool = False,
     ) -> None:
+        """``tunnel``: its small requests on the worker tunnel where the server has one
+        (``wire/tunnel.py``; ``gpulayer worker`` uses it unless told ``--no-tunnel``)."""
         self.server = server
         self.clock = clock
         self.join_token = join_token
@@ -112,7 +115,12 @@ class HttpTransport(Transport):
         self._inline: OrderedDict[str, str] = OrderedDict()
         # GPUlayer's one HTTP client: failover, TLS, this worker's session token, errors.
         self.wire = Wire(
-            server, lambda: self.session_token, ca_cert=ca_cert, timeout=timeout, clock=clock
+            server,
+            lambda: self.session_token,
+            ca_cert=ca_cert,
+            timeout=timeout,
+            clock=clock,
+            tunnel="worker" if tunnel else None,
         )
         self.wire.pool()  # the first URL's pool now: a bad URL fails at once
 

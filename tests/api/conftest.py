@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
+import tornado.httpclient
+import tornado.websocket
 
 from gpulayer_kernel.api import ApiLimits, ApiServer
 from gpulayer_kernel.clock import SYSTEM_CLOCK, Clock
@@ -114,6 +117,27 @@ async def gl_api(tmp_path: Path) -> AsyncIterator[Api]:
         yield api
     finally:
         await stop_api(api)
+
+
+async def raw_tunnel(
+    api: Api, token: str | None, route: str
+) -> tornado.websocket.WebSocketClientConnection:
+    """A bare WebSocket to one of the API's tunnels (``route``: ``/tunnel``, ``/worker/tunnel``)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    ws_url = api.url.replace("http://", "ws://") + "/api/v1" + route
+    return await tornado.websocket.websocket_connect(
+        tornado.httpclient.HTTPRequest(ws_url, headers=headers)
+    )
+
+
+async def assert_tunnel_refused(api: Api, route: str, *tokens: str | None) -> None:
+    """Each token is refused the tunnel's upgrade with 401 or 403 and a JSON error."""
+    for token in tokens:
+        with pytest.raises(tornado.httpclient.HTTPClientError) as refused:
+            await raw_tunnel(api, token, route)
+        assert refused.value.code in (401, 403), token
+        assert refused.value.response is not None
+        assert "code" in json.loads(refused.value.response.body)
 
 
 def sha(data: bytes) -> str:

@@ -124,6 +124,9 @@ async def test_a_served_python_job_costs_three_requests(
         await client.put_bundle(data)  # uploaded once, as a script's bundle is
         warm, _ = _cell("None\n")  # the first job also starts the worker's zygote
         await client.run(warm, bundles.build({"cell.py": b"None\n"})[1], wait=20, linger=LINGER)
+        await client.workers()  # its second request: the client's tunnel opens (once, not counted)
+        [tunnel] = client.wire._tunnels.values()
+        await until(lambda: tunnel._conn is not None, 10, what="the client's tunnel to open")
         await _settled(api, agent)
         counted = Requests(api)
         page = await client.run(spec, wait=20, linger=LINGER)

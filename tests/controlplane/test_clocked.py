@@ -17,8 +17,10 @@ from gpulayer_kernel.contracts import (
     CommandWorkload,
     FinishReport,
     JobAssignment,
+    JobReport,
     JobSpec,
     JobState,
+    LogLine,
     Rendezvous,
     Resources,
     WorkerCapabilities,
@@ -126,6 +128,48 @@ async def test_a_heartbeat_keeps_a_worker_alive(gl_cp: ControlPlane, gl_clock: F
         await gl_clock.advance(HEARTBEAT / 2)
         await gl_cp.heartbeat(wid)
     assert [w.state for w in await gl_cp.workers()] == [WorkerState.READY]
+
+
+async def test_a_worker_that_reports_is_alive_without_heartbeats(
+    gl_cp: ControlPlane, gl_clock: FakeClock
+) -> None:
+    """Reports count as heartbeats: a worker shipping a job's lines (its heartbeats late behind
+    them on a loaded machine) keeps its job; once it falls silent, it is lost as ever."""
+    wid = await join(gl_cp)
+    job = await gl_cp.submit(cmd("sleep", "30"))
+    await take(gl_cp, wid)
+    await gl_cp.report_started(wid, job.id)
+    for i in range(10):
+        await gl_clock.advance(HEARTBEAT / 2)
+        line = LogLine(time=0, stream="stdout", text=str(i))
+        assert await gl_cp.report(wid, [JobReport(job_id=job.id, attempt=0, lines=[line])]) == [
+            None
+        ]
+    assert (await gl_cp.get(job.id)).state == JobState.RUNNING
+    assert [w.live for w in await gl_cp.workers()] == [True]
+    await advance_until(gl_clock, await state_is(gl_cp, job.id, JobState.LOST), 0.5, 5)
+
+
+async def test_a_report_after_its_long_poll_closed_does_not_make_a_worker_schedulable(
+    gl_cp: ControlPlane, gl_clock: FakeClock
+) -> None:
+    """A stopping worker closes its long-poll, then reports its jobs' ends: the report keeps it
+    alive but must not clear the closed poll's mark, or a retry of its job is handed back to
+    the worker that is leaving (seen in the suite's Slurm and SSH-fleet tests)."""
+    wid = await join(gl_cp)
+    job = await gl_cp.submit(cmd("sleep", "30"))
+    await take(gl_cp, wid)
+    await gl_cp.report_started(wid, job.id)
+    gl_cp.worker_disconnected(wid)
+    assert gl_cp.registry.trouble(wid) is not None
+    before = (await gl_cp.workers())[0].last_heartbeat
+    await gl_clock.advance(1.0)
+    line = LogLine(time=0, stream="stdout", text="last words")
+    assert await gl_cp.report(wid, [JobReport(job_id=job.id, attempt=0, lines=[line])]) == [None]
+    [w] = await gl_cp.workers()
+    assert w.last_heartbeat > before  # alive ...
+    trouble = gl_cp.registry.trouble(wid)  # ... and still not taking work
+    assert trouble is not None and "connection closed" in trouble
 
 
 async def test_a_failing_job_with_retries_is_requeued_and_counts_attempts(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +30,7 @@ def _torch_in_session_zygote(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 async def test_the_cell_that_breaks_the_session_names_the_cause_and_the_mend(
-    gl_cp: ControlPlane, gl_worker: WorkerFactory
+    gl_cp: ControlPlane, gl_worker: WorkerFactory, tmp_path: Path
 ) -> None:
     await gl_worker(gpus=2)
     await gl_cp.start_session(spec(gpus=2))
@@ -46,11 +47,19 @@ async def test_the_cell_that_breaks_the_session_names_the_cause_and_the_mend(
     shown = "\n".join(SessionCellError(page.cell, "s1")._render_traceback_())
     assert "restart" not in shown and "broken" not in shown
     started = time.monotonic()
+    # Rank 1 fails once rank 0 is in the collective: interrupted before it (a loaded machine
+    # can be that slow), rank 0 would stop cleanly, and rightly nothing would be broken.
+    entering = tmp_path / "rank0-enters-the-collective"
     page = await run(
         gl_cp,
         "s1",
-        "import torch, torch.distributed as dist\n"
-        "if dist.get_rank() == 1:\n    raise RuntimeError('rank 1 gives up')\n"
+        "import pathlib, time, torch, torch.distributed as dist\n"
+        f"entering = pathlib.Path({str(entering)!r})\n"
+        "if dist.get_rank() == 1:\n"
+        "    while not entering.exists():\n        time.sleep(0.01)\n"
+        "    time.sleep(0.5)\n"
+        "    raise RuntimeError('rank 1 gives up')\n"
+        "entering.touch()\n"
         "dist.all_reduce(torch.ones(1))  # rank 0 waits here for rank 1, forever\n",
     )
     # Not waited for forever: rank 0 is stuck once the grace after rank 1's failure is over.

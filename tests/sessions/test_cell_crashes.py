@@ -195,3 +195,40 @@ def test_random_kills_never_give_a_cell_another_cells_value(gl_session: ServePro
             assert f"value = {posted[cell.number] * 7919 + 13}\n" in ended.code
     assert posted.keys() <= seen.keys()
     assert "own value" in seen.values()
+
+
+def test_a_cell_answered_before_a_kill_is_stored_as_it_ended(gl_session: ServeProcess) -> None:
+    """A cell's end is answered from memory and stored with the next cell's start (ADR 0019):
+    a kill -9 at a random moment of a loop of quick cells loses none whose end was answered (the
+    worker's report, acknowledged only once stored, comes again)."""
+    server = gl_session
+    answered: dict[int, str] = {}
+    stop = threading.Event()
+
+    def cells() -> None:
+        with server.client(timeout=5) as c:
+            c.servers.failover_for = 0.5  # the server is gone: stop, do not wait for it
+            n = 0
+            while not stop.is_set():
+                n += 1
+                try:
+                    req = CellRequest(code=code_for(1000 + n), client=HOLDER.client)
+                    page = c.run_cell("s1", req, wait=30)
+                    while not page.finished:
+                        page = c.follow_cell("s1", page.cell.number, page.next_since, wait=30)
+                except GPUlayerError:
+                    return
+                answered[page.cell.number] = page.cell.value["data"]["text/plain"]
+
+    loop = threading.Thread(target=cells)
+    loop.start()
+    time.sleep(random.uniform(0.3, 1.5))
+    kill_and_restart(server)
+    stop.set()
+    loop.join(30)
+    assert not loop.is_alive()
+    assert len(answered) >= 3, answered
+    for number, value in answered.items():
+        cell = settled(server, number)
+        assert cell.state == CellState.OK, cell
+        assert cell.value is not None and cell.value["data"]["text/plain"] == value

@@ -17,6 +17,7 @@ from gpulayer_kernel.contracts import (
     SessionStatus,
 )
 from gpulayer_kernel.controlplane import ControlPlane
+from gpulayer_kernel.controlplane.sessions import cells as session_cells
 from gpulayer_kernel.errors import Conflict, Forbidden, NotFound
 from gpulayer_kernel.testing import until
 
@@ -298,3 +299,26 @@ async def test_a_users_session_is_theirs_alone(
     await gl_cp.attach_session("s1", SessionHolder(client="admin-kernel"), who=admin)
     page = await run(gl_cp, "s1", "x", client="admin-kernel")
     assert page.cell.value["data"]["text/plain"] == "1"  # type: ignore[index]
+
+
+async def test_a_cells_end_rides_with_the_next_cells_start(
+    gl_cp: ControlPlane, gl_worker: WorkerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One commit a cell, not two: an end is answered from memory, listed as it ended, and
+    stored with the next cell's start (or on its own, ``END_WITHIN`` later)."""
+    monkeypatch.setattr(session_cells, "END_WITHIN", 600.0)  # only the next write stores it
+    await gl_worker()
+    info = await gl_cp.start_session(spec())
+    await up(gl_cp, "s1")
+    first = await run(gl_cp, "s1", "y = 5\ny")
+    assert first.cell.state == CellState.OK
+    stored = await gl_cp.store.get_cell(info.id, 1)
+    assert stored is not None and stored.state == CellState.QUEUED  # its end not yet stored
+    assert [c.state for c in await gl_cp.session_cells("s1")] == [CellState.OK]
+    commits = gl_cp.store.commits  # type: ignore[attr-defined]
+    for n in range(2, 12):
+        assert (await run(gl_cp, "s1", "y += 1; y")).cell.number == n
+    # Ten starts, each with the end before it: ten commits (19 when each end took its own).
+    assert gl_cp.store.commits - commits <= 11  # type: ignore[attr-defined]
+    stored = await gl_cp.store.get_cell(info.id, 10)
+    assert stored is not None and stored.state == CellState.OK

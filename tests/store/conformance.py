@@ -63,6 +63,18 @@ class Backend:
     write_schema: Callable[[str, int], None] | None = None
 
 
+def cell(number: int, state: CellState = CellState.OK) -> CellRun:
+    """Cell ``number`` of session s1."""
+    return CellRun(
+        session_id="s1",
+        number=number,
+        state=state,
+        code_sha256="0" * 64,
+        code=f"x = {number}",
+        submitted_at=float(number),
+    )
+
+
 def job(i: int, state: JobState = JobState.QUEUED, name: str = "", **labels: str) -> Job:
     spec = JobSpec(name=name or f"j{i}", workload=CommandWorkload(argv=["true"]), labels=labels)
     return Job(id=f"job{i:08d}", seq=i, spec=spec, state=state, submitted_at=1000.0 + i)
@@ -243,16 +255,6 @@ class StoreConformance:
     async def test_cells_are_saved_updated_and_listed_newest_first(
         self, store: MetadataStore
     ) -> None:
-        def cell(n: int, state: CellState = CellState.OK) -> CellRun:
-            return CellRun(
-                session_id="s1",
-                number=n,
-                state=state,
-                code_sha256="0" * 64,
-                code=f"x = {n}",
-                submitted_at=float(n),
-            )
-
         await store.save_cells([cell(1), cell(2, CellState.RUNNING), cell(3)])
         await store.save_cells([cell(2, CellState.ERROR)])  # a cell's end replaces its start
         await store.save_cells([cell(1).model_copy(update={"session_id": "other"})])

@@ -10,7 +10,9 @@ each URL scheme, with its fixtures):
 - closing the store with writes in flight: each one queued before ``close`` is committed and its
   writer told so; one issued after is refused with a clear error; none hangs, none is lost after
   being acknowledged;
-- many concurrent writers cost one transaction, not one each (the commit count).
+- many concurrent writers cost one transaction, not one each (the commit count);
+- a write that may wait (a session cell's end, ``within``) rides with the next write's
+  transaction, commits on its own once its time is up, and is committed by ``close``.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gpulayer_kernel.contracts import JobState, LogRecord
+from gpulayer_kernel.contracts import CellState, JobState, LogRecord
 from gpulayer_kernel.errors import StoreError
 from gpulayer_kernel.store import JobQuery, MetadataStore, QuotaRecord
 
-from .conformance import Backend, job, lines, worker
+from .conformance import Backend, cell, job, lines, worker
 
 STATES = (JobState.QUEUED, JobState.PLACED, JobState.RUNNING, JobState.SUCCEEDED)
 KEYS = 2  # a small key space, so that writers collide on the same rows
@@ -202,6 +204,46 @@ class WriteConformance:
         with pytest.raises(asyncio.CancelledError):
             await waiting
         assert [j.seq for j in await store.list_jobs(JobQuery())] == [2, 1]
+
+    async def test_a_write_that_may_wait_rides_with_the_next_write(
+        self, store: MetadataStore
+    ) -> None:
+        commits = getattr(store, "commits", None)
+        if commits is None:
+            pytest.skip("this store does not count its transactions")
+        end = asyncio.ensure_future(store.save_cells([cell(1, CellState.OK)], within=60.0))
+        await asyncio.sleep(0.05)
+        assert not end.done() and store.commits == commits  # type: ignore[attr-defined]
+        await store.save_cells([cell(2, CellState.RUNNING)])  # the next cell's start
+        await end  # committed with it: one transaction
+        assert store.commits - commits == 1  # type: ignore[attr-defined]
+        assert [(c.number, c.state) for c in await store.list_cells("s1")] == [
+            (2, CellState.RUNNING),
+            (1, CellState.OK),
+        ]
+
+    async def test_a_write_that_may_wait_commits_alone_when_its_time_is_up(
+        self, store: MetadataStore
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await asyncio.wait_for(store.save_cells([cell(1, CellState.OK)], within=0.2), 30)
+        assert loop.time() - began >= 0.19
+        got = await store.get_cell("s1", 1)
+        assert got is not None and got.state == CellState.OK
+
+    async def test_closing_commits_a_write_that_may_wait(
+        self, backend: Backend, store_url: str, store: MetadataStore, opened: list[MetadataStore]
+    ) -> None:
+        end = asyncio.ensure_future(store.save_cells([cell(1, CellState.OK)], within=600.0))
+        await asyncio.sleep(0)
+        await asyncio.wait_for(store.close(), 30)  # not 600 s
+        await end
+        if not backend.durable:
+            return
+        store = await self.open(store_url, opened)  # type: ignore[attr-defined]
+        got = await store.get_cell("s1", 1)
+        assert got is not None and got.state == CellState.OK
 
     async def test_many_writers_at_once_are_one_transaction(self, store: MetadataStore) -> None:
         commits = getattr(store, "commits", None)

@@ -1,4 +1,6 @@
-"""The same WorkerAgent and JobExecutor over HttpTransport, against a real server in this loop."""
+"""The same WorkerAgent and JobExecutor over HttpTransport, against a real server in this loop:
+each test over plain HTTP and again with the worker tunnel (``wire/tunnel.py``) carrying the
+worker routes' small requests."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 
 from gpulayer_kernel import bundles
 from gpulayer_kernel.api import ApiServer
+from gpulayer_kernel.api.tunnel import WorkerTunnel
 from gpulayer_kernel.client.clients import AsyncClient
 from gpulayer_kernel.contracts import (
     CommandWorkload,
@@ -40,21 +43,17 @@ def cmd(*argv: str, **kw: object) -> JobSpec:
     return JobSpec(workload=CommandWorkload(argv=list(argv)), **kw)  # type: ignore[arg-type]
 
 
-@pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[Api]:
-    a = await start_api(tmp_path, heartbeat_timeout=5.0)
-    try:
-        yield a
-    finally:
-        await stop_api(a)
+@pytest.fixture(params=[False, True], ids=["http", "tunnel"])
+def tunnel(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
 
 
 @pytest.fixture
-async def agent(api: Api, tmp_path: Path) -> AsyncIterator[AgentFactory]:
+async def agent(api: Api, tmp_path: Path, tunnel: bool) -> AsyncIterator[AgentFactory]:
     agents: list[WorkerAgent] = []
 
     async def start(name: str = "w1", url: str | None = None) -> WorkerAgent:
-        t = HttpTransport(url or api.url, api.join_token, retry_for=20)
+        t = HttpTransport(url or api.url, api.join_token, retry_for=20, tunnel=tunnel)
         a = WorkerAgent(
             t,
             WorkerRegistration(name=name),
@@ -71,7 +70,9 @@ async def agent(api: Api, tmp_path: Path) -> AsyncIterator[AgentFactory]:
         await a.stop()
 
 
-async def test_a_job_with_logs_artifacts_and_result(api: Api, agent: AgentFactory) -> None:
+async def test_a_job_with_logs_artifacts_and_result(
+    api: Api, agent: AgentFactory, tunnel: bool
+) -> None:
     w = await agent()
     assert w.info is not None and w.info.transport == "http"
     script = (
@@ -92,6 +93,11 @@ async def test_a_job_with_logs_artifacts_and_result(api: Api, agent: AgentFactor
         assert texts == ["line one", "line two"]
         assert [a.name for a in done.artifacts] == ["sub/metrics.json"]
         assert json.loads(await c.artifact(job.id, "sub/metrics.json")) == {"acc": 0.9}
+    opened = [s for s in api.server.context.streams if isinstance(s, WorkerTunnel)]
+    if tunnel:  # the long-poll that brought the job and the reports went on it
+        assert len(opened) == 1 and opened[0].answered >= 2
+    else:
+        assert not opened
 
 
 async def test_a_bundle_is_fetched_by_digest(api: Api, agent: AgentFactory) -> None:
@@ -157,8 +163,8 @@ async def test_cancel_reaches_the_worker(api: Api, agent: AgentFactory) -> None:
         assert done.state == JobState.CANCELLED
 
 
-async def test_transport_errors_map_onto_the_agent_s_types(api: Api) -> None:
-    t = HttpTransport(api.url, api.join_token, retry_for=0.5)
+async def test_transport_errors_map_onto_the_agent_s_types(api: Api, tunnel: bool) -> None:
+    t = HttpTransport(api.url, api.join_token, retry_for=0.5, tunnel=tunnel)
     try:
         info = await t.register(WorkerRegistration(name="wx"))
         assert t.worker_id == info.id and t.max_wait == api.server.context.limits.max_wait
@@ -184,7 +190,7 @@ async def test_transport_errors_map_onto_the_agent_s_types(api: Api) -> None:
         await t.heartbeat()
     finally:
         await t.close()
-    dead = HttpTransport("http://127.0.0.1:9", api.join_token, retry_for=0.3)
+    dead = HttpTransport("http://127.0.0.1:9", api.join_token, retry_for=0.3, tunnel=tunnel)
     try:
         with pytest.raises(Unavailable) as down:
             await dead.register(WorkerRegistration(name="wy"))
@@ -196,9 +202,9 @@ async def test_transport_errors_map_onto_the_agent_s_types(api: Api) -> None:
         await dead.close()
 
 
-async def test_a_lost_worker_rejoins_with_its_id(tmp_path: Path) -> None:
+async def test_a_lost_worker_rejoins_with_its_id(tmp_path: Path, tunnel: bool) -> None:
     api = await start_api(tmp_path, heartbeat_timeout=0.3)
-    t = HttpTransport(api.url, api.join_token)
+    t = HttpTransport(api.url, api.join_token, tunnel=tunnel)
     try:
         first = await t.register(WorkerRegistration(name="wz"))
         old_session = t.session_token
@@ -221,12 +227,14 @@ async def test_a_lost_worker_rejoins_with_its_id(tmp_path: Path) -> None:
         await stop_api(api)
 
 
-async def test_a_server_restart_mid_job_records_the_result_once(tmp_path: Path) -> None:
+async def test_a_server_restart_mid_job_records_the_result_once(
+    tmp_path: Path, tunnel: bool
+) -> None:
     """Stop the server (and its ControlPlane) while a job runs; start a new one on the same port
     and database: the worker reconnects and the job's result is recorded exactly once."""
     api = await start_api(tmp_path, heartbeat_timeout=10.0)
     port = api.server.port
-    t = HttpTransport(api.url, api.join_token, retry_for=60)
+    t = HttpTransport(api.url, api.join_token, retry_for=60, tunnel=tunnel)
     w = WorkerAgent(
         t,
         WorkerRegistration(name="wr"),

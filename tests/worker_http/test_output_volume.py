@@ -60,7 +60,8 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServeProce
 def run(
     server: ServeProcess, script: str, timeout: float = 240
 ) -> tuple[str, list[tuple[str, str]]]:
-    """``script`` run as a one-shot job: its end state and its log (stream, text), stored."""
+    """``script`` run as a one-shot job: its end state (with its reason when it did not succeed)
+    and its log (stream, text), stored."""
     with server.client(timeout=60) as c:
         job = c.submit(JobSpec(workload=CommandWorkload(argv=[PY, "-c", script])))
         done = c.wait(job.id, timeout=timeout)
@@ -70,7 +71,11 @@ def run(
             "SELECT seq, stream, text FROM logs WHERE job_id = ? ORDER BY seq", (job.id,)
         ).fetchall()
     assert [r[0] for r in rows] == list(range(1, len(rows) + 1))  # no gap, nothing twice
-    return done.state.value, [(s, t) for _, s, t in rows]
+    state = done.state.value
+    if state != "succeeded":  # why, for the reader of a failed run: the reason and what was said
+        said = [t for _, s, t in rows if s == "system"][-5:]
+        state = f"{state}: {done.reason}; {said}; the server said: {server.output()[-1500:]}"
+    return state, [(s, t) for _, s, t in rows]
 
 
 def test_a_million_short_lines(plane: tuple[ServeProcess, WorkerProcess]) -> None:

@@ -52,6 +52,10 @@ log = logging.getLogger("gpulayer.controlplane")
 
 RECENT_CELLS = 64  # finished cells of a session kept in memory (the store has all of them)
 PAGE = 5_000  # log records read per step when collecting a cell's output
+# A cell's end is answered from memory; its write waits this long at most for the next write
+# (a notebook's next cell comes within milliseconds) to share its commit (``_ended_cell``).
+# None: each end is committed at once (bench_session.py measures both).
+END_WITHIN: float | None = 0.05
 # Cell starts and ends are announced (to the panel's event stream) at most this often per
 # session: a loop of quick cells would otherwise put two events per cell on every watcher.
 ANNOUNCE_EVERY = 0.25
@@ -231,13 +235,16 @@ class SessionCells:
             s.recent.popitem(last=False)
         s.idle_since = self.clock.now()
         # Waiters are woken before the write: the result is in ``recent`` already, and the
-        # worker's report is acknowledged only once the write is done.
+        # worker's report is acknowledged only once the write is done. So the write can wait for
+        # the next cell's start and share its commit (one commit a cell, not two: the start need
+        # not queue behind this end's own). A worker runs one cell at a time, after its report of
+        # the last is acknowledged: when a queued cell starts now, the end goes at once.
         self.jobs.wake(s.id)
         self._next(s)
         if s.running is None and not s.ended:
             self._arm(s)
         self._announce_soon(s)
-        await self.store.save_cells([done])
+        await self.store.save_cells([done], within=None if s.running is not None else END_WITHIN)
 
     async def _orphan(self, s: LiveSession, report: CellReport, lines: list[LogLine]) -> None:
         """A cell that ran across a control-plane restart: record what its report says."""

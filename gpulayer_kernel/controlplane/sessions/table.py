@@ -322,7 +322,9 @@ class SessionTable(SessionCells):
         pending = [c for c in (*reversed(s.queue), s.running) if c is not None]
         stored = await self.store.list_cells(s.id, limit)
         seen = {c.number for c in pending}
-        return [*pending, *(c for c in stored if c.number not in seen)][:limit]
+        # A cell that just ended is in memory before its end is stored (``_ended_cell``).
+        ended = (s.recent.get(c.number, c) for c in stored if c.number not in seen)
+        return [*pending, *ended][:limit]
 
     # -- interrupts and restarts -----------------------------------------------------------------
 

@@ -1,0 +1,19 @@
+"""A real API server in this loop, for the worker's HTTP transport and its tunnel."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from ..api.conftest import Api, start_api, stop_api
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[Api]:
+    a = await start_api(tmp_path, heartbeat_timeout=5.0)
+    try:
+        yield a
+    finally:
+        await stop_api(a)
