@@ -3,6 +3,7 @@ boot failures with backoff, boot deadlines, preemption, strays, and what explana
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -252,3 +253,32 @@ async def test_a_provider_whose_offers_fail_is_down_and_the_job_is_told_why(
             most=3,
         )
         assert "(fake: providers.toml:" in await c.cp.explain(j.id)
+
+
+async def test_a_launch_answered_while_the_machines_are_listed_is_not_taken_for_gone(
+    tmp_path: Path,
+) -> None:
+    """A round lists the machines, then compares: a launch that answered in between is absent
+    from that listing only because the listing is older (an SSH fleet's CI run failed a booting
+    box as "no longer reported" and launched it again)."""
+    from gpulayer_kernel.providers import Census
+
+    quiet = {"reconcile_every": 1000}  # this test runs the one round itself
+    async with cloud(tmp_path, autoscale=quiet) as c:
+        real = c.provider.instances
+        listed, go = asyncio.Event(), asyncio.Event()
+
+        async def slow_listing() -> Census:
+            census = await real()  # what the provider saw when asked: no machine yet
+            listed.set()
+            await go.wait()
+            return census
+
+        c.provider.instances = slow_listing  # type: ignore[method-assign]
+        rnd = asyncio.create_task(c.cp.provisioning.autoscaler.reconciler.round())  # type: ignore[union-attr]
+        await listed.wait()
+        await c.cp.submit(job("sleep", "1"))
+        await c.run_until(lambda: [i for i in live(c) if i.state == InstanceState.BOOTING], most=3)
+        go.set()
+        await rnd
+        assert states(c) == [InstanceState.BOOTING], [i.reason for i in live(c)]

@@ -52,6 +52,7 @@ with Client(url, token, ca_cert=ca) as c:
     print(json.dumps({
         "jobs": [(d.state.value, d.history[0].workers[0]) for d in done],
         "instances": [(i.offer.id, i.state.value) for i in ended],
+        "why": [(i.offer.id, i.state.value, i.reason) for i in ended],
     }))
 """
 
@@ -160,6 +161,7 @@ def test_two_hosts_in_two_namespaces_each_get_a_worker_and_both_are_stopped(
                 timeout=240,
             )
             assert out.returncode == 0, out.stdout + out.stderr + server.output()[-3000:]
+            log = server.output()[-4000:]  # why an instance ended as it did, if one surprises
         result = json.loads(out.stdout.strip().splitlines()[-1])
         assert [state for state, _ in result["jobs"]] == ["succeeded", "succeeded"]
         workers = {w for _, w in result["jobs"]}
@@ -167,7 +169,7 @@ def test_two_hosts_in_two_namespaces_each_get_a_worker_and_both_are_stopped(
         assert sorted(result["instances"]) == [
             ["fleet/box1", "terminated"],
             ["fleet/box2", "terminated"],
-        ]
+        ], f"{result['why']}\n{log}"  # a string: pytest shortens a tuple's repr
     finally:
         for s in servers:
             s.stop()

@@ -102,6 +102,9 @@ class Autoscaler:
         self.state = {name: ProviderState() for name in self.providers}
         self.last_plan = ScalingPlan()
         self.in_flight: set[str] = set()  # instances whose launch call runs now
+        # Instances whose launch answered since the reconciler's listing began: that listing
+        # may be older than their machine, so it cannot say they are gone (reconciler.round).
+        self.answered: set[str] = set()
         self.ending: set[str] = set()  # instances whose termination runs now
         self.dirty: set[str] = set()  # instances changed in memory only (idle times)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -304,6 +307,7 @@ class Autoscaler:
             await self._failed(iid, f"launch failed: {why}", boot=True)
         finally:
             self.in_flight.discard(iid)
+            self.answered.add(iid)
             self.kick()
 
     async def _failed(self, iid: str, why: str, *, boot: bool) -> None:

@@ -45,6 +45,7 @@ class Scaler(Protocol):
     clock: Clock
     settings: AutoscaleSettings
     in_flight: set[str]
+    answered: set[str]
     ending: set[str]
     dirty: set[str]
     budgets: Budgets
@@ -133,6 +134,7 @@ class Reconciler:
     async def round(self) -> None:
         """One reconciler round (the loop runs one every ``reconcile_every`` seconds)."""
         await self.refresh()
+        self.a.answered.clear()
         census: dict[str, Census | None] = {}
         for name, p in self.a.providers.items():
             try:
@@ -146,7 +148,9 @@ class Reconciler:
             self.a.instances.all(),
             census,
             now=now,
-            in_flight=frozenset(self.a.in_flight),
+            # A launch that answered while the machines were listed counts as in flight: the
+            # listing may predate its machine.
+            in_flight=frozenset(self.a.in_flight | self.a.answered),
             workers_live=live,
         )
         changed = set(self.a.dirty)
