@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import tornado.web
 
+from ..client.calls import ENROLMENT
 from ..errors import Forbidden
 from ..security import Principal, TokenKind
 from .context import ApiContext
@@ -63,7 +64,9 @@ class WorkerTokenAuth(tornado.web.RequestHandler):
         spec = op_of(getattr(self, (self.request.method or "").lower(), None))
         if spec is None or spec.kinds is None:
             return  # unknown method: the mixin answers 405
-        self.principal = await self.ctx.tokens.authenticate(bearer_of(self.request), spec.kinds)
+        self.principal = await self.ctx.tokens.authenticate(
+            bearer_of(self.request), spec.kinds, enrolment=self.request.headers.get(ENROLMENT)
+        )
 
     def check_xsrf_cookie(self) -> None:
         """Worker routes never read cookies, so Jupyter's XSRF cookie check does not apply."""

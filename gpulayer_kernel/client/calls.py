@@ -96,6 +96,9 @@ class Req:
 
 Call = Generator[Req, httpx.Response, T]
 IDEMPOTENCY_KEY = "Idempotency-Key"
+# A worker's enrolment nonce, the same on every try of one join with an instance token
+# (``security.tokens.enrolled_worker_id``): a retry whose answer was lost is that worker again.
+ENROLMENT = "GPUlayer-Enrolment"
 
 
 def new_key(key: str | None = None) -> str:

@@ -19,9 +19,9 @@ from .tokens import (
     Principal,
     TokenKind,
     TokenService,
-    parse_ttl,
     token_state,
 )
+from .ttl import parse_ttl
 from .users import Limits, UserService, subject
 from .vault import MEMORY_KEYS, KeySource, Vault, key_source
 

@@ -89,6 +89,8 @@ class Principal:
     name: str = ""
     # For a client token: the user it belongs to and the role it acts with.
     identity: Identity | None = None
+    # For an instance token: the worker's enrolment nonce (``client.calls.ENROLMENT``), if sent.
+    enrolment: str | None = None
 
 
 def _check_kind(kind: TokenKind, kinds: Collection[TokenKind]) -> None:
@@ -100,6 +102,20 @@ def _check_kind(kind: TokenKind, kinds: Collection[TokenKind]) -> None:
             details={"token_kind": kind.value, "accepted": sorted(k.value for k in kinds)},
             code="wrong_token_kind",
         )
+
+
+# A worker joining with an instance token sends a random nonce of its own, the same on each try of
+# that enrolment. Its worker id is derived from it: stored with the spent token, it lets a retry
+# whose first answer was lost (the control plane killed before the answer left, a failover) be
+# that worker again, and nobody else (the nonce never leaves the request; the id does not reveal
+# it). Without a nonce (an older worker) the token is single-use as before. The nonce travels in
+# the header ``client.calls.ENROLMENT``.
+_NONCE_RE = re.compile(r"^[0-9a-f]{32,64}$")
+
+
+def enrolled_worker_id(token_id: str, nonce: str) -> str:
+    """The worker id an instance token's enrolment with ``nonce`` makes (as ``new_id``'s)."""
+    return hashlib.sha256(f"enrolment:{token_id}:{nonce}".encode()).hexdigest()[:12]
 
 
 def _replayed(token_id: str) -> Unauthorized:
@@ -126,30 +142,6 @@ def token_state(rec: TokenRecord, now: float) -> str:
     return "active"
 
 
-_TTL_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_TTL_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-MAX_TTL = 10 * 365 * 86400.0
-
-
-def parse_ttl(text: str | None) -> float | None:
-    """``"1h"``, ``"30m"``, ``"7d"``, ``"90"`` (seconds) → seconds; ``None``/``"never"`` → None."""
-    if text is None or text.strip().lower() in ("", "never", "none"):
-        return None
-    m = _TTL_RE.match(text.lower())
-    if not m:
-        raise InvalidInput(
-            f"--ttl {text!r} is not a duration",
-            hint='write it as seconds or with a unit: "90", "30m", "1h", "7d", "2w"',
-            details={"ttl": text},
-        )
-    seconds = float(m.group(1)) * _TTL_UNITS[m.group(2)]
-    if not 0 < seconds <= MAX_TTL:
-        raise InvalidInput(
-            f"--ttl {text!r} is out of range", hint="use a duration between 1s and 10 years"
-        )
-    return seconds
-
-
 class TokenService:
     """Creates, checks, lists and revokes tokens; the only code that sees a token's secret."""
 
@@ -171,6 +163,7 @@ class TokenService:
         # Job tokens: derived, not stored (``api.make_context`` wires whose live job is whose).
         self.jobs = JobTokens(store)
         self._records: dict[str, TokenRecord] = {}
+        self._enrolling: set[str] = set()  # instance tokens whose enrolment runs here now
 
     async def load(self) -> TokenService:
         uses = await self.store.token_uses()
@@ -246,8 +239,11 @@ class TokenService:
 
     # -- checking --------------------------------------------------------------------------------
 
-    async def authenticate(self, text: str | None, kinds: Collection[TokenKind]) -> Principal:
-        """The principal behind ``text`` if it is valid and one of ``kinds``.
+    async def authenticate(
+        self, text: str | None, kinds: Collection[TokenKind], *, enrolment: str | None = None
+    ) -> Principal:
+        """The principal behind ``text`` if it is valid and one of ``kinds``; ``enrolment``: an
+        instance token's enrolment nonce (``client.calls.ENROLMENT``), ignored for other kinds.
 
         Unauthorized (401): missing, malformed, unknown, wrong secret, expired, revoked, replayed.
         Forbidden (403): a valid token of a kind this endpoint does not accept.
@@ -296,18 +292,38 @@ class TokenService:
                 f"token {token_id} has expired", hint="ask for a new token", code="token_expired"
             )
         _check_kind(kind, kinds)
-        if state == "used":
+        if kind != TokenKind.INSTANCE or (enrolment is not None and not _NONCE_RE.match(enrolment)):
+            enrolment = None  # a malformed nonce is no nonce: single use, as an older worker's
+        if state == "used" and not self._retried(rec, enrolment):
             raise _replayed(token_id)
         if kind == TokenKind.JOB:  # a stored one, made before job tokens were derived
             self.jobs.live_owner(token_id, rec.name.removeprefix(JOB_PREFIX))
         self._used(rec)
-        return self._principal(rec)
+        return self._principal(rec, enrolment)
 
-    def _principal(self, rec: TokenRecord) -> Principal:
+    def _principal(self, rec: TokenRecord, enrolment: str | None = None) -> Principal:
         kind = TokenKind(rec.kind)
         identity = self.identity_of(rec) if kind in (TokenKind.CLIENT, TokenKind.JOB) else None
+        worker_id = rec.worker_id
+        if enrolment is not None and worker_id is None:
+            worker_id = enrolled_worker_id(rec.id, enrolment)
         return Principal(
-            kind=kind, token_id=rec.id, worker_id=rec.worker_id, name=rec.name, identity=identity
+            kind=kind,
+            token_id=rec.id,
+            worker_id=worker_id,
+            name=rec.name,
+            identity=identity,
+            enrolment=enrolment,
+        )
+
+    def _retried(self, rec: TokenRecord, enrolment: str | None) -> bool:
+        """A spent instance token sent again by the enrolment that spent it (its nonce), once
+        that enrolment has ended here: the worker did not get its answer."""
+        return (
+            enrolment is not None
+            and rec.id not in self._enrolling
+            and rec.worker_id is not None
+            and hmac.compare_digest(rec.worker_id, enrolled_worker_id(rec.id, enrolment))
         )
 
     def _used(self, rec: TokenRecord) -> None:
@@ -331,24 +347,35 @@ class TokenService:
         ``authenticate`` only checks, so a request refused after it (a bad body, a failed
         enrolment) leaves the token usable. The token is marked used before the block runs
         (memory and store), so a concurrent second use is refused and a crash inside the block
-        never leaves it spendable twice; an error in the block gives it back.
+        never leaves it spendable twice; an error in the block gives it back. With an enrolment
+        nonce, the worker id it makes is stored with the spend (``enrolled_worker_id``): the
+        same enrolment sent again after its answer was lost may spend it again, nobody else.
         """
         if principal.kind != TokenKind.INSTANCE:
             yield
             return
         token_id = principal.token_id
         rec = self._records[token_id]
-        if rec.used:  # another request spent it after this one was authenticated
-            raise _replayed(token_id)
-        self._records[token_id] = replace(rec, used=True)  # before the first await
+        replay = rec.used and not self._retried(rec, principal.enrolment)
+        if token_id in self._enrolling or replay:
+            raise _replayed(token_id)  # another request spent it after this one was checked
+        spent = replace(rec, used=True)
+        if principal.enrolment is not None:
+            spent = replace(spent, worker_id=principal.worker_id)
+        self._records[token_id] = spent  # before the first await
+        self._enrolling.add(token_id)
         try:
-            await self.store.save_token(self._records[token_id])
+            await self.store.save_token(spent)
             yield
         except BaseException:
             # Revoked meanwhile stays revoked: only the spend is undone.
-            self._records[token_id] = replace(self._records[token_id], used=False)
+            self._records[token_id] = replace(
+                self._records[token_id], used=rec.used, worker_id=rec.worker_id
+            )
             await self.store.save_token(self._records[token_id])
             raise
+        finally:
+            self._enrolling.discard(token_id)
 
     # -- administration --------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ import base64
 import hashlib
 import json
 import logging
+import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -44,7 +45,7 @@ from typing import Any, TypeVar
 import httpx
 
 from .. import versions
-from ..client.calls import Req
+from ..client.calls import ENROLMENT, Req
 from ..clock import SYSTEM_CLOCK, Clock
 from ..codes import ErrorCode
 from ..contracts import (
@@ -101,6 +102,9 @@ class HttpTransport(Transport):
         self.clock = clock
         self.join_token = join_token
         self.session_token: str | None = None
+        # Sent with every join by join_token: an instance token's enrolment whose answer was
+        # lost (its control plane killed, a failover) is this worker again when retried.
+        self._enrolment = secrets.token_hex(16)
         # One join at a time: a re-join (the poll loop's, after a loss) and a re-registration
         # (the full probe's answer) racing would each start a session, and the later answer
         # could leave the worker holding the session the other one replaced (its heartbeats
@@ -147,6 +151,7 @@ class HttpTransport(Transport):
         timeout: float | None = None,
         minimal: bool = False,
         repeatable: bool = False,
+        headers: dict[str, str] | None = None,
     ) -> httpx.Response:
         """One request on the wire (failover, TLS, errors); ``token``: its own credential (the
         join token); ``timeout``: a long-poll's or transfer's own; ``repeatable``: sending it
@@ -160,6 +165,7 @@ class HttpTransport(Transport):
             timeout=timeout,
             minimal=minimal,
             repeatable=repeatable,
+            headers=headers or {},
         )
         return await self.wire.send(req, token=token)
 
@@ -205,7 +211,12 @@ class HttpTransport(Transport):
         if resp is None:
             try:
                 resp = await self._request(
-                    "POST", "/workers/join", token=self.join_token, body=body, params=params
+                    "POST",
+                    "/workers/join",
+                    token=self.join_token,
+                    body=body,
+                    params=params,
+                    headers={ENROLMENT: self._enrolment},
                 )
             except ValidationFailed as exc:
                 if reg.shares is None or not _refused_field(exc, "shares"):

@@ -150,3 +150,30 @@ async def test_two_joins_racing_with_one_instance_token_enrol_one_worker(api: Ap
     )
     assert sorted(r.status_code for r in answers) == [200, 401, 401, 401]
     assert len(await api.cp.workers()) == 1
+
+
+async def test_a_worker_whose_join_answer_was_lost_joins_again_as_itself(api: Api) -> None:
+    """Its instance token was spent, its answer never came (the control plane killed, a
+    failover): the worker sends its join again, with the same enrolment nonce, and is the worker
+    that join made. Another worker with the token, or a join without the nonce, is refused."""
+    from gpulayer_kernel.contracts import WorkerRegistration
+    from gpulayer_kernel.errors import Unauthorized
+    from gpulayer_kernel.worker.http import HttpTransport
+
+    token = await api.new_token("instance")
+    reg = WorkerRegistration.model_validate(registration("box", 0))
+    worker, thief = HttpTransport(api.url, token), HttpTransport(api.url, token)
+    try:
+        first = await worker.register(reg)
+        worker.session_token = worker.worker_id = None  # the answer that never arrived
+        again = await worker.register(reg)
+        assert again.id == first.id and [w.id for w in api.cp.registry.all()] == [first.id]
+        await worker.heartbeat()  # with the session the second answer brought
+        with pytest.raises(Unauthorized) as replay:
+            await thief.register(reg)  # another nonce
+        assert replay.value.code == "token_replayed"
+        r = await api.call("POST", "/workers/join", token, json=registration("box", 0))
+        assert r.status_code == 401 and r.json()["code"] == "token_replayed"  # no nonce
+    finally:
+        await worker.close()
+        await thief.close()

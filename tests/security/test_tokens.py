@@ -18,6 +18,7 @@ from gpulayer_kernel.security import (
     is_loopback,
     parse_ttl,
 )
+from gpulayer_kernel.security.tokens import enrolled_worker_id
 from gpulayer_kernel.store import SqliteStore
 
 
@@ -187,6 +188,45 @@ async def test_an_instance_token_works_once_and_a_replay_is_logged(
     # Spent for good, across a restart too.
     with pytest.raises(Unauthorized):
         await (await TokenService(store).load()).authenticate(text, kinds)
+
+
+async def test_an_enrolment_whose_answer_was_lost_is_the_same_worker_when_sent_again(
+    store: SqliteStore,
+) -> None:
+    """The spend is stored, then the control plane is killed before its answer leaves: the
+    worker sends the same enrolment (its nonce) to this control plane or the standby, and is the
+    worker that spend made. Nothing else spends the token again."""
+    svc = TokenService(store)
+    rec, text = await svc.create("instance")
+    kinds = (TokenKind.JOIN, TokenKind.INSTANCE)
+    nonce, other = "ab" * 16, "cd" * 16
+    first = await svc.authenticate(text, kinds, enrolment=nonce)
+    assert first.worker_id == enrolled_worker_id(rec.id, nonce) != enrolled_worker_id(rec.id, other)
+    async with svc.spending(first):
+        # While it enrols, the same enrolment sent again waits for no second spend: refused.
+        with pytest.raises(Unauthorized) as concurrent:
+            async with svc.spending(await svc.authenticate(text, kinds, enrolment=nonce)):
+                pass
+        assert concurrent.value.code == "token_replayed"
+    assert svc.get(rec.id).used and svc.get(rec.id).worker_id == first.worker_id
+    for plane in (svc, await TokenService(store).load()):  # this one, or the standby
+        again = await plane.authenticate(text, kinds, enrolment=nonce)
+        assert again.worker_id == first.worker_id
+        async with plane.spending(again):
+            pass
+        for wrong in (None, other, "not-hex", "AB" * 16):  # no nonce, another, malformed ones
+            with pytest.raises(Unauthorized) as replay:
+                await plane.authenticate(text, kinds, enrolment=wrong)
+            assert replay.value.code == "token_replayed"
+    # A nonce is an instance token's only: a join token's principal is none the different.
+    _, join = await svc.create("join")
+    assert (await svc.authenticate(join, kinds, enrolment=nonce)).worker_id is None
+    # An enrolment that fails gives the spend back, and the worker id it would have made.
+    rec2, text2 = await svc.create("instance")
+    with pytest.raises(RuntimeError):
+        async with svc.spending(await svc.authenticate(text2, kinds, enrolment=nonce)):
+            raise RuntimeError("the enrolment failed")
+    assert not svc.get(rec2.id).used and svc.get(rec2.id).worker_id is None
 
 
 async def test_worker_sessions_rotate(store: SqliteStore) -> None:
