@@ -202,7 +202,7 @@ def test_a_cell_answered_before_a_kill_is_stored_as_it_ended(gl_session: ServePr
     a kill -9 at a random moment of a loop of quick cells loses none whose end was answered (the
     worker's report, acknowledged only once stored, comes again)."""
     server = gl_session
-    answered: dict[int, str] = {}
+    answered: dict[int, CellRun] = {}
     stop = threading.Event()
 
     def cells() -> None:
@@ -218,7 +218,9 @@ def test_a_cell_answered_before_a_kill_is_stored_as_it_ended(gl_session: ServePr
                         page = c.follow_cell("s1", page.cell.number, page.next_since, wait=30)
                 except GPUlayerError:
                     return
-                answered[page.cell.number] = page.cell.value["data"]["text/plain"]
+                # Ended as answered, whatever that was: a cell running at the kill ends
+                # without a value when the restarted server answers its follow.
+                answered[page.cell.number] = page.cell
 
     loop = threading.Thread(target=cells)
     loop.start()
@@ -228,7 +230,7 @@ def test_a_cell_answered_before_a_kill_is_stored_as_it_ended(gl_session: ServePr
     loop.join(30)
     assert not loop.is_alive()
     assert len(answered) >= 3, answered
-    for number, value in answered.items():
+    assert sum(c.state == CellState.OK for c in answered.values()) >= 3, answered
+    for number, said in answered.items():
         cell = settled(server, number)
-        assert cell.state == CellState.OK, cell
-        assert cell.value is not None and cell.value["data"]["text/plain"] == value
+        assert (cell.state, cell.value, cell.error) == (said.state, said.value, said.error), cell
