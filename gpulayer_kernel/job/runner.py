@@ -14,6 +14,7 @@ contracts, and only a value that needs a precise error message loads ``ensure_js
 from __future__ import annotations
 
 import ast
+import faulthandler
 import json
 import linecache
 import os
@@ -64,6 +65,9 @@ def main(argv: list[str], sources: Mapping[str, str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m gpulayer_kernel.job.runner ENTRYPOINT", file=sys.stderr)
         return 2
+    # A native crash (a segfault, C++'s std::terminate raising SIGABRT) prints each thread's
+    # Python stack to the job's log: where it happened, not only the signal.
+    faulthandler.enable()
     entry = argv[0]
     if entry == SESSION_ENTRYPOINT:
         # A rank of a session (ADR 0019): IPython's shell, served over stdin's socket.
