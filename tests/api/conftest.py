@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import AsyncIterator
@@ -110,13 +111,20 @@ async def stop_api(api: Api) -> None:
     await api.store.close()
 
 
-@pytest.fixture
-async def gl_api(tmp_path: Path) -> AsyncIterator[Api]:
-    api = await start_api(tmp_path)
+@contextlib.asynccontextmanager
+async def running_api(tmp_path: Path, **kw: Any) -> AsyncIterator[Api]:
+    """``start_api(tmp_path, **kw)``, then ``stop_api`` whatever happens."""
+    api = await start_api(tmp_path, **kw)
     try:
         yield api
     finally:
         await stop_api(api)
+
+
+@pytest.fixture
+async def gl_api(tmp_path: Path) -> AsyncIterator[Api]:
+    async with running_api(tmp_path) as api:
+        yield api
 
 
 async def raw_tunnel(

@@ -31,7 +31,7 @@ from gpulayer_kernel.worker.executor import ExecutorConfig
 from gpulayer_kernel.worker.transport import InProcessTransport
 
 from ..sessions.conftest import up
-from .conftest import Api, start_api, stop_api
+from .conftest import Api, running_api
 
 SPEC = {"workload": {"kind": "command", "argv": ["true"]}, "name": "once"}
 OTHER = {"workload": {"kind": "command", "argv": ["false"]}, "name": "other"}
@@ -61,11 +61,10 @@ async def jobs_in_store(api: Api) -> int:
 
 @pytest.fixture
 async def short_window(tmp_path: Path, gl_fake_clock: FakeClock) -> AsyncIterator[Api]:
-    api = await start_api(tmp_path, limits=ApiLimits(idempotency_window=0.5), clock=gl_fake_clock)
-    try:
+    async with running_api(
+        tmp_path, limits=ApiLimits(idempotency_window=0.5), clock=gl_fake_clock
+    ) as api:
         yield api
-    finally:
-        await stop_api(api)
 
 
 async def test_the_same_key_and_body_makes_one_job_and_replays_its_answer(gl_api: Api) -> None:

@@ -15,7 +15,7 @@ import pytest
 from gpulayer_kernel.api import ApiLimits
 from gpulayer_kernel.testing import until
 
-from .conftest import Api, sha, start_api, stop_api
+from .conftest import Api, running_api, sha
 
 LIMIT = 1 << 20
 
@@ -34,11 +34,8 @@ async def api(tmp_path: Path) -> AsyncIterator[Api]:
         max_uploads=2,
         upload_buffer=64 << 10,
     )
-    a = await start_api(tmp_path, limits=limits)
-    try:
+    async with running_api(tmp_path, limits=limits) as a:
         yield a
-    finally:
-        await stop_api(a)
 
 
 def uploads(api: Api) -> int:

@@ -17,16 +17,13 @@ from gpulayer_kernel.security import TokenKind, TokenService
 from gpulayer_kernel.store import AuditQuery, SqliteStore
 from gpulayer_kernel.testing import GL
 
-from ..api.conftest import Api, start_api, stop_api
+from ..api.conftest import Api, running_api
 
 
 @pytest.fixture
 async def gl_api(tmp_path: Path) -> AsyncIterator[Api]:
-    api = await start_api(tmp_path)
-    try:
+    async with running_api(tmp_path) as api:
         yield api
-    finally:
-        await stop_api(api)
 
 
 SECRET_VALUE = "hunter2-never-in-the-log"

@@ -19,16 +19,13 @@ from gpulayer_kernel.contracts import CommandWorkload, JobSpec, JobState, Resour
 from gpulayer_kernel.contracts.workers import MAX_DEVICE_INDEX
 from gpulayer_kernel.testing import until
 
-from ..api.conftest import Api, start_api, stop_api
+from ..api.conftest import Api, running_api
 
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
-    a = await start_api(tmp_path, heartbeat_timeout=600)
-    try:
+    async with running_api(tmp_path, heartbeat_timeout=600) as a:
         yield a
-    finally:
-        await stop_api(a)
 
 
 def device(index: int) -> dict[str, Any]:

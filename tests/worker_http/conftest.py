@@ -7,13 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from ..api.conftest import Api, start_api, stop_api
+from ..api.conftest import Api, running_api
 
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
-    a = await start_api(tmp_path, heartbeat_timeout=5.0)
-    try:
+    async with running_api(tmp_path, heartbeat_timeout=5.0) as a:
         yield a
-    finally:
-        await stop_api(a)

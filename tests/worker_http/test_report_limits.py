@@ -32,16 +32,13 @@ from gpulayer_kernel.worker.http import HttpTransport
 from gpulayer_kernel.worker.logship import LogShipper
 from gpulayer_kernel.worker.reports import Reporter
 
-from ..api.conftest import Api, start_api, stop_api
+from ..api.conftest import Api, running_api
 
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
-    a = await start_api(tmp_path, heartbeat_timeout=30.0)
-    try:
+    async with running_api(tmp_path, heartbeat_timeout=30.0) as a:
         yield a
-    finally:
-        await stop_api(a)
 
 
 @pytest.fixture
