@@ -257,8 +257,10 @@ class WorkerHandler(GLMixin):
     async def delete(self, worker_id: str, force: float) -> WorkerInfo:
         removed = await self.cp.remove_worker(worker_id, force=bool(force))
         # It cannot come back under this id: a process still running joins as a new worker.
+        # Its sessions go, and the instance token whose enrolment made it (a retry of that
+        # enrolment would otherwise be this worker again: security/tokens.py).
         await self.ctx.tokens.revoke_where(
-            lambda r: r.kind == TokenKind.WORKER and r.worker_id == removed.id
+            lambda r: r.kind in (TokenKind.WORKER, TokenKind.INSTANCE) and r.worker_id == removed.id
         )
         return removed
 

@@ -171,6 +171,13 @@ async def test_a_worker_whose_join_answer_was_lost_joins_again_as_itself(api: Ap
         assert replay.value.code == "token_replayed"
         r = await api.call("POST", "/workers/join", token, json=registration("box", 0))
         assert r.status_code == 401 and r.json()["code"] == "token_replayed"  # no nonce
+        # Removed by an admin, it cannot come back under its id, not even by that retry.
+        r = await api.call("DELETE", f"/workers/{first.id}", params={"force": "1"})
+        assert r.status_code == 200, r.text
+        worker.session_token = worker.worker_id = None
+        with pytest.raises(Unauthorized) as revoked:
+            await worker.register(reg)
+        assert revoked.value.code == "token_revoked"
     finally:
         await worker.close()
         await thief.close()
