@@ -26,6 +26,7 @@ def test_bench_session_quick() -> None:
     lines = done.stdout.strip().splitlines()
     assert any(line.startswith("Python API, session call:") for line in lines), lines
     assert any(line.startswith("session cell, server extension:") for line in lines), lines
+    assert any(line.startswith("the same cell in the kernel (x += 1; x)") for line in lines), lines
     assert any(line.startswith("a fresh worker's first session") for line in lines), lines
     assert any("2 ranks, warm worker: p50" in line for line in lines), lines
     assert re.fullmatch(r"session/floor ratio: \d+\.\d\d", lines[-1]), lines[-1]
