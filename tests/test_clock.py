@@ -60,7 +60,7 @@ async def test_signal_wait_times_out_on_the_fake_clock_and_wakes_on_fire() -> No
     assert clock.pending == 0  # the timeout's timer is gone with its wait
 
 
-async def test_a_cancelled_waiter_does_not_cancel_the_shared_future() -> None:
+async def test_a_cancelled_waiter_does_not_cancel_the_others() -> None:
     for clock in (FakeClock(), SYSTEM_CLOCK):
         sig = Signal(clock)
         first = asyncio.create_task(sig.wait(30))
@@ -68,8 +68,32 @@ async def test_a_cancelled_waiter_does_not_cancel_the_shared_future() -> None:
         await asyncio.sleep(0)
         first.cancel()
         await asyncio.sleep(0)
+        assert sig.waiting == 1  # the cancelled one left
         sig.fire()
         assert await second is True
+
+
+async def test_a_fire_wakes_its_waiters_in_the_next_turn_of_the_loop() -> None:
+    # On every long-poll's answer: the waiting task runs in the turn after the fire, not two.
+    for clock in (FakeClock(), SYSTEM_CLOCK):
+        sig = Signal(clock)
+        waiters = [asyncio.create_task(sig.wait(t)) for t in (30, None)]
+        await asyncio.sleep(0)
+        assert sig.waiting == 2
+        sig.fire()
+        await asyncio.sleep(0)
+        assert all(w.done() for w in waiters) and [w.result() for w in waiters] == [True, True]
+        assert sig.waiting == 0
+
+
+async def test_waiters_that_time_out_leave_nothing_behind() -> None:
+    clock = FakeClock()
+    sig = Signal(clock)
+    for _ in range(3):
+        waiters = [asyncio.create_task(sig.wait(5)) for _ in range(100)]
+        await clock.advance(5)
+        assert [await w for w in waiters] == [False] * 100
+    assert sig.waiting == 0 and clock.pending == 0  # a long-lived key's list does not grow
 
 
 async def test_system_clock_waits_for_real() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from ..clock import SYSTEM_CLOCK, Clock
 
@@ -13,55 +14,67 @@ class Signal:
     Use as: check your condition; if unmet, ``await signal.wait(timeout)``; check again. Between the
     check and the wait there is no ``await``, so no change can slip by on a single event loop.
     Timeouts run on ``clock``, so a test's FakeClock decides when a long-poll gives up.
+
+    Each waiter parks on a future of its own that ``fire()`` resolves itself: the waiting task
+    runs in the loop's next turn. (Parking on one shared future, which a waiter must not cancel,
+    took a private future behind it, woken by a callback: a turn more on every wake-up, and
+    every long-poll's answer waits on one.)
     """
 
-    __slots__ = ("_clock", "_fut")
+    __slots__ = ("_clock", "_waiters")
 
     def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
         self._clock = clock
-        self._fut: asyncio.Future[None] | None = None
+        self._waiters: list[asyncio.Future[bool]] = []
 
     def fire(self) -> None:
-        fut, self._fut = self._fut, None
-        if fut is not None and not fut.done():
-            fut.set_result(None)
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(True)
+
+    @property
+    def waiting(self) -> int:
+        """How many waiters the next ``fire()`` wakes."""
+        return len(self._waiters)
 
     async def wait(self, timeout: float | None) -> bool:
         """Wait for the next ``fire()``; False when ``timeout`` seconds passed first."""
-        fut = self.armed()
         if timeout is not None and timeout <= 0:
             return False
-        return await self._clock.wait_for(fut, timeout)
-
-    def armed(self) -> asyncio.Future[None]:
-        """The future the next ``fire()`` resolves, taken now (no await: nothing slips by)."""
-        if self._fut is None or self._fut.done():
-            self._fut = asyncio.get_running_loop().create_future()
-        return self._fut
+        return await _park(self._clock, timeout, (self,))
 
 
 async def first_of(clock: Clock, timeout: float | None, *signals: Signal) -> bool:
     """Wait for the next fire of any of ``signals``; False when ``timeout`` passed first. The
-    futures are taken before the first await, so a fire between a check and this wait counts;
-    one private waiter, no task (this is on every stream's path)."""
-    futs = [s.armed() for s in signals]
-    if any(f.done() for f in futs):
-        return True
+    waiter is registered before the first await, so a fire between a check and this wait counts;
+    one future, no task (this is on every stream's path)."""
     if timeout is not None and timeout <= 0:
         return False
-    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    return await _park(clock, timeout, signals)
 
-    def settle(_: object) -> None:
+
+async def _park(clock: Clock, timeout: float | None, signals: tuple[Signal, ...]) -> bool:
+    """One waiter on each of ``signals`` (registered now, before any await); True when one fired,
+    False when ``timeout`` passed first."""
+    waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    for sig in signals:
+        sig._waiters.append(waiter)
+
+    def expire() -> None:
         if not waiter.done():
-            waiter.set_result(None)
+            waiter.set_result(False)
 
-    for f in futs:
-        f.add_done_callback(settle)
+    timer = None if timeout is None else clock.call_later(timeout, expire)
     try:
-        return await clock.wait_for(waiter, timeout)
+        return await waiter
     finally:
-        for f in futs:
-            f.remove_done_callback(settle)
+        if timer is not None:
+            timer.cancel()
+        for sig in signals:
+            # A fire took it off already; a timeout or a cancel leaves it to take off here.
+            with contextlib.suppress(ValueError):
+                sig._waiters.remove(waiter)
 
 
 class Signals:

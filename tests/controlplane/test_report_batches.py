@@ -113,7 +113,7 @@ async def test_a_batch_of_ends_is_one_write_stored_before_anyone_hears_of_it(
 
     def parked(job_id: str) -> bool:  # its waiter awaits the job's signal (JobTable.wait)
         signal = cp.jobs._signals._by_key.get(job_id)
-        return signal is not None and signal._fut is not None and not signal._fut.done()
+        return signal is not None and signal.waiting > 0
 
     await until(lambda: all(parked(j.id) for j in jobs), 10, what="every waiter to wait")
     since = cp.event_log.seq

@@ -213,11 +213,13 @@ class SessionCells:
             if lines:
                 await self.tails.append(s.id, lines, keep=False)
             return
+        done = self._end_of(s)
+        if not lines:  # a quiet cell: no tasks for a gather (two loop turns on its answer's path)
+            await self._ended_cell(s, done)
+            return
         # The last output lines and the cell's end share one group commit (one thread hop on
         # a short cell's path, not two); its waiters wake once both are stored.
-        await asyncio.gather(
-            self.tails.append(s.id, lines, keep=False), self._ended_cell(s, self._end_of(s))
-        )
+        await asyncio.gather(self.tails.append(s.id, lines, keep=False), self._ended_cell(s, done))
 
     def _end_of(self, s: LiveSession) -> CellRun:
         """The running cell as its workers' reports say it ended."""

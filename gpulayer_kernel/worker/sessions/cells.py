@@ -175,7 +175,11 @@ class CellRunner:
         while pending and not abort.done():
             futures = [r.done for r in pending.values() if r.done is not None]
             left = None if deadline is None else max(0.0, deadline - clock.monotonic())
-            await clock.wait_for(_first_of([*futures, abort]), left)
+            any_done = _first_of([*futures, abort])
+            if left is None:
+                await any_done  # its own future (no one else's to cancel): a loop turn less
+            else:
+                await clock.wait_for(any_done, left)
             for rank, r in list(pending.items()):
                 if r.done is not None and r.done.done():
                     frames[rank] = r.done.result()
