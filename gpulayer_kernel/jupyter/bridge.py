@@ -10,10 +10,10 @@ thread with its own asyncio loop; on it lives the Connection the kernel talks to
   Jupyter server extension sets it, with ``GPULAYER_TOKEN``, in every kernel's environment) or
   after ``%gpulayer connect URL``.
 
-Each call hops onto that loop with ``run_coroutine_threadsafe`` and blocks the caller until the
-answer. The wait is interruptible: Ctrl-C or "interrupt kernel" raises ``KeyboardInterrupt`` in the
-caller and cancels the call on the loop. ``watch`` follows a job and hands updates to a callback
-on the loop thread.
+Each call hops onto that loop as a task and blocks the caller until the answer, which the task's
+last step sets (the caller wakes in that turn of the loop). The wait is interruptible: Ctrl-C or
+"interrupt kernel" raises ``KeyboardInterrupt`` in the caller and cancels the call on the loop.
+``watch`` follows a job and hands updates to a callback on the loop thread.
 
 A one-shot cell costs as few requests as protocol 1.1 allows (ADR 0003): its bundle rides with
 its submit (``upload_bundle`` stages it; ``submit`` sends it with the job in one ``run`` request,
@@ -210,17 +210,36 @@ class Bridge:
         if self.closed:
             raise Unavailable("this GPUlayer connection is closed", hint="run the cell again")
 
-        async def run() -> T:
-            return await fn(session)
+        # The answer is set by the call's own last step, so the caller wakes in that turn of
+        # the loop (``run_coroutine_threadsafe`` sets it from a callback a turn later).
+        answer: concurrent.futures.Future[T] = concurrent.futures.Future()
+        started: list[asyncio.Task[None]] = []
 
-        future = asyncio.run_coroutine_threadsafe(run(), self._loop)
+        async def run() -> None:
+            try:
+                result = await fn(session)
+            except asyncio.CancelledError:
+                answer.cancel()
+                raise
+            except BaseException as exc:
+                if answer.set_running_or_notify_cancel():
+                    answer.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise  # SystemExit and the like stay the loop's, as the caller learns of it
+            else:
+                if answer.set_running_or_notify_cancel():
+                    answer.set_result(result)
+
+        def cancel() -> None:  # on the loop, after ``start``: a task cancelled unstarted never runs
+            if started:
+                started[0].cancel()
+
+        self._loop.call_soon_threadsafe(lambda: started.append(self._loop.create_task(run())))
         try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise
-        except KeyboardInterrupt:
-            future.cancel()
+            return answer.result(timeout)
+        except (concurrent.futures.TimeoutError, KeyboardInterrupt):
+            answer.cancel()
+            self._loop.call_soon_threadsafe(cancel)
             raise
 
     def submit(self, spec: JobSpec) -> Job:
