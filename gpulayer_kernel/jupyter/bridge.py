@@ -230,7 +230,8 @@ class Bridge:
                 if answer.set_running_or_notify_cancel():
                     answer.set_result(result)
 
-        def cancel() -> None:  # on the loop, after ``start``: a task cancelled unstarted never runs
+        def cancel() -> None:  # on the loop, after the task was made (callbacks run in order);
+            # a task cancelled before its first step never runs ``fn``
             if started:
                 started[0].cancel()
 
