@@ -277,8 +277,17 @@ class HostWorkspace:
         return await asyncio.to_thread(self._apply_outputs, outputs, data)
 
     def _apply_outputs(self, outputs: list[FileEntry], data: dict[str, bytes]) -> list[str]:
-        words = write_back(self.root, outputs, data, self.synced)
-        self.detector.drain()  # our own writes are not the user's edits
+        wrote: set[bytes] = set()
+        words = write_back(self.root, outputs, data, self.synced, wrote)
+        # Our own writes are not the user's edits: their events go (hashing an output again at
+        # the next cell is what this saves). Anything else that changed meanwhile, a file saved
+        # in Lab while this cell's outputs came back, is still news for the next cell.
+        changed = self.detector.drain()
+        if changed is None:
+            self.detector.lose()
+        else:
+            for rel in changed - wrote:
+                self.detector.dirty(rel)
         return words
 
     async def pull(self, paths: list[str], progress: Progress | None = None) -> str | None:
@@ -378,12 +387,17 @@ def big_words(big: list[FileEntry], cap: int, where: str = "the worker") -> str:
 
 
 def write_back(
-    root: Path, outputs: list[FileEntry], data: dict[str, bytes], synced: dict[bytes, str]
+    root: Path,
+    outputs: list[FileEntry],
+    data: dict[str, bytes],
+    synced: dict[bytes, str],
+    wrote: set[bytes] | None = None,
 ) -> list[str]:
     """Write the worker's ``outputs`` into ``root``, never over a file changed here since
     ``synced`` (what both sides last agreed on; updated): that one stays, the worker's goes
-    beside it. The words about it, for the notebook."""
+    beside it. The words about it, for the notebook; ``wrote`` gets the paths written."""
     words: list[str] = []
+    written = wrote if wrote is not None else set()
     for e in outputs:
         try:
             rel = name_of(e)
@@ -400,8 +414,10 @@ def write_back(
                 pass
             elif local is None or local_digest == synced.get(rel):
                 write_inside(root, rel, body, e.mode)
+                written.add(rel)
             else:
                 kept = _conflict_copy(root, rel, body, e.mode)
+                written.add(kept)
                 words.append(
                     f"{shown(rel)} changed here and on the worker since the last sync: "
                     f"yours is kept, the worker's is {shown(kept)}"

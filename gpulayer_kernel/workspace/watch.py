@@ -86,6 +86,11 @@ class Detector:
         """Make ``rel`` news at the next drain (a file that could not be sent this time)."""
         self._again.add(rel)
 
+    def lose(self) -> None:
+        """Make the next drain answer None (look at everything): what a drain said could not
+        be used."""
+        self._lost = True
+
     def drain(self) -> set[bytes] | None:
         """Paths (relative) that changed since the last call; None when that is not known."""
         if self._ino is None:
