@@ -353,7 +353,9 @@ class LocalRelay:
         self._say(ident, parent, "execute_reply", reply, channel="shell")
 
     def _stream(self, parent: dict[str, Any], text: str) -> None:
-        """A line of the relay's own in the cell's output (the workspace's notes)."""
+        """A line of the relay's own in the cell's output (the workspace's notes). It ends its
+        line: the kernel's own output may still arrive after it (its IOPub trails its reply)."""
+        text = text if text.endswith("\n") else text + "\n"
         self._say([], parent, "stream", {"name": "stderr", "text": text})
 
     def _say(

@@ -120,7 +120,9 @@ async def test_a_folder_too_big_starts_the_kernel_without_a_workspace_and_says_s
     km, kc = await start(folder)
     try:
         _, out = await run(kc, "import os\nprint(os.path.exists('data.csv'), 6 * 7)")
-        assert out.split()[:2] == ["False", "42"]  # the kernel works, without the folder
+        # The kernel works, without the folder (the relay's note may come before or after the
+        # cell's own line: the kernel's output can trail its reply, which the note follows).
+        assert "False 42" in out.splitlines(), out
         said = out if "gpulayer:" in out else await note(kc)
         assert "the workspace was not synced" in said and "weights.bin (10 GiB)" in said
         assert ".gpulayerignore" in said
